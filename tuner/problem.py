@@ -1,0 +1,77 @@
+"""The attention problem a kernel is tuned for, and its parsing from the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.errors import TunerError
+
+DTYPES = ("fp16", "bf16")
+LAYOUTS = ("bhsd", "bshd")
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """Q [B, H, Sq, D]; K and V [B, Hkv, Sk, D] (layout says how they lie in memory)."""
+
+    batch: int
+    heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    dtype: str = "fp16"
+    causal: bool = False
+    heads_kv: int = 0  # 0 means "same as heads" and is normalised away in __post_init__
+    layout: str = "bhsd"
+
+    def __post_init__(self) -> None:
+        if self.heads_kv == 0:
+            object.__setattr__(self, "heads_kv", self.heads)
+        for field_name in ("batch", "heads", "seq_q", "seq_k", "head_dim", "heads_kv"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 1:
+                raise TunerError(f"problem {field_name} must be a positive integer, got {value!r}")
+        if self.heads % self.heads_kv:
+            raise TunerError(f"heads ({self.heads}) must be a multiple of heads_kv ({self.heads_kv})")
+        if self.dtype not in DTYPES:
+            raise TunerError(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if self.layout not in LAYOUTS:
+            raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+
+    @property
+    def flops(self) -> float:
+        """4*B*H*Sq*Sk*D, halved for causal (FlashAttention's benchmark convention)."""
+        total = 4.0 * self.batch * self.heads * self.seq_q * self.seq_k * self.head_dim
+        return total / 2 if self.causal else total
+
+    def tflops(self, microseconds: float) -> float:
+        return self.flops / (microseconds * 1e-6) / 1e12
+
+    @property
+    def label(self) -> str:
+        seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"Sq{self.seq_q} Sk{self.seq_k}"
+        gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
+        causal = " causal" if self.causal else ""
+        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}"
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, int]:
+    """Parse 'B,H,S,D' or 'B,H,Sq,Sk,D' into (B, H, Sq, Sk, D)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        raise TunerError(f"malformed shape {text!r}: expected B,H,S,D or B,H,Sq,Sk,D with integers") from None
+    if len(numbers) == 4:
+        b, h, s, d = numbers
+        numbers = [b, h, s, s, d]
+    if len(numbers) != 5 or any(n < 1 for n in numbers):
+        raise TunerError(f"malformed shape {text!r}: expected B,H,S,D or B,H,Sq,Sk,D with positive integers")
+    return tuple(numbers)  # type: ignore[return-value]
+
+
+def problem_from_shape(
+    text: str, dtype: str = "fp16", causal: bool = False, heads_kv: int | None = None, layout: str = "bhsd"
+) -> Problem:
+    b, h, sq, sk, d = parse_shape(text)
+    return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout)
