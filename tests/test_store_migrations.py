@@ -1,0 +1,113 @@
+"""The Alembic migrations in db/: they build exactly the models, and old stores are refused."""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import run_tuner
+from sqlalchemy import text
+
+from tuner.errors import TunerError
+from tuner.store import NcuMetric, TrialFilter, open_store, store_info, upgrade_store
+from tuner.store.engine import create_store_engine, current_revision, head_revision, migrate
+
+
+def _diff(url: str) -> list:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from tuner.store.models import Base
+
+    engine, _ = create_store_engine(url)
+    try:
+        with engine.connect() as conn:
+            return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    finally:
+        engine.dispose()
+
+
+def test_head_matches_models(store_url):
+    open_store(store_url).close()
+    assert _diff(store_url) == []
+
+
+def test_migrations_are_reversible(store_url):
+    engine, _ = create_store_engine(store_url)
+    try:
+        migrate(engine, "head")
+        from alembic import command
+
+        from tuner.store.engine import alembic_config
+
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "base")
+        with engine.connect() as conn:
+            assert current_revision(conn) is None
+        migrate(engine, "head")
+    finally:
+        engine.dispose()
+    assert _diff(store_url) == []
+
+
+def _store_at(url: str, revision: str) -> None:
+    engine, _ = create_store_engine(url)
+    try:
+        migrate(engine, revision)
+    finally:
+        engine.dispose()
+
+
+def test_old_store_is_refused_then_upgraded(store_url):
+    _store_at(store_url, "0001")
+    with pytest.raises(TunerError, match=r"revision 0001.*run `tuner db upgrade`"):
+        open_store(store_url)
+    info = run_tuner("--db", store_url, "db", "info")
+    assert info.exit_code == 0 and "outdated" in info.stdout and "0001" in info.stdout
+    refused = run_tuner("--db", store_url, "results")
+    assert refused.exit_code == 2 and "tuner db upgrade" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    result = run_tuner("--db", store_url, "db", "upgrade")
+    assert result.exit_code == 0, result.stderr
+    assert f"from revision 0001 to {head_revision()}" in result.stdout
+    with open_store(store_url) as store:
+        assert store.current_revision() == head_revision()
+        from store_factories import H100, trial
+
+        t = store.add_trial(trial(store.start_run(H100)))
+        store.add_ncu_metrics(t, [NcuMetric("x", 1.0)])  # the table added by 0002
+        assert store.query_trials(TrialFilter())[0].id == t
+    again = run_tuner("--db", store_url, "db", "upgrade")
+    assert again.exit_code == 0 and "already at revision" in again.stdout
+
+
+def test_unknown_revision_is_refused(store_url):
+    open_store(store_url).close()
+    engine, _ = create_store_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00d'"))
+    engine.dispose()
+    with pytest.raises(TunerError, match="unknown to this tuner"):
+        open_store(store_url)
+    with pytest.raises(TunerError, match="unknown to this tuner"):
+        upgrade_store(store_url)
+
+
+def test_foreign_tables_without_revision_are_refused(sqlite_url):
+    engine, _ = create_store_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE trials (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    with pytest.raises(TunerError, match="without a schema revision"):
+        open_store(sqlite_url)
+
+
+def test_create_false_needs_an_existing_store(sqlite_url, tmp_path):
+    with pytest.raises(TunerError, match="no results store"):
+        open_store(sqlite_url, create=False)
+    assert not (tmp_path / "results.db").exists()
+
+
+def test_upgrade_store_creates_a_new_one(store_url):
+    assert store_info(store_url).revision is None
+    before, after = upgrade_store(store_url)
+    assert (before, after) == (None, head_revision())
+    assert store_info(store_url).up_to_date

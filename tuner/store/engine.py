@@ -1,0 +1,281 @@
+"""Store URLs, engine creation (SQLite pragmas, PostgreSQL timeouts) and the schema version.
+
+Every failure a user can cause (bad URL, unwritable path, unreachable server,
+old schema) becomes a one-line TunerError; no password is ever put in a message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import sqlalchemy.exc
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, make_url
+
+from tuner.errors import TunerError
+
+APP_NAME = "flashcore-tuner"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+PG_CONNECT_TIMEOUT_S = 5
+# Execution option that makes a SQLite transaction take the write lock at BEGIN
+# (BEGIN IMMEDIATE), so that concurrent writers queue on the busy timeout
+# instead of failing when a read lock cannot be upgraded.
+WRITE_OPTION = "tuner_write"
+# Arbitrary key of the PostgreSQL advisory lock held while creating/upgrading the schema.
+_PG_MIGRATION_LOCK = 0x7475_6E65
+
+
+def default_db_url() -> str:
+    """TUNER_DB if set, else a SQLite file in the user's data folder."""
+    env = os.environ.get("TUNER_DB")
+    if env:
+        return env
+    try:
+        from platformdirs import user_data_dir
+
+        folder = Path(user_data_dir(APP_NAME))
+    except ImportError:  # platformdirs is a dependency; this is only a safety net
+        folder = Path.home() / ".local" / "share" / APP_NAME
+    return f"sqlite:///{folder / 'results.db'}"
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url.strip())
+    except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
+        # SQLAlchemy's message repeats the raw string, password included: say it ourselves.
+        raise TunerError(
+            "malformed database URL: expected sqlite:///path/to/results.db or postgresql://user@host[:port]/dbname"
+        ) from None
+    if parsed.drivername in ("postgres",) or parsed.drivername.startswith("postgres+"):
+        parsed = parsed.set(drivername="postgresql" + parsed.drivername[len("postgres") :])
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername=f"postgresql+{_installed_pg_driver()}")
+    return parsed
+
+
+def _installed_pg_driver() -> str:
+    """psycopg (3) if installed, else psycopg2 (SQLAlchemy's default differs between 2.0 and 2.1)."""
+    from importlib.util import find_spec
+
+    for module in ("psycopg", "psycopg2"):
+        if find_spec(module) is not None:
+            return module
+    return "psycopg2"
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***; safe to print."""
+    try:
+        return make_url(url.strip()).render_as_string(hide_password=True)
+    except Exception:
+        return "<malformed database URL>"
+
+
+def _redacted(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def scrub(message: str, url: URL) -> str:
+    """First line of a driver message, with the password removed should it appear."""
+    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else "unknown error"
+    if url.password:
+        first = first.replace(str(url.password), "***")
+    return first
+
+
+def db_error_message(exc: BaseException, url: URL) -> str:
+    orig = getattr(exc, "orig", None)
+    return scrub(str(orig if orig is not None else exc), url)
+
+
+def _prepare_sqlite_path(url: URL) -> URL:
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return url
+    path = Path(os.path.expanduser(database))
+    if path.is_dir():
+        raise TunerError(f"results store path {path} is a directory, not a SQLite file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TunerError(
+            f"cannot create folder {path.parent} for the results store: {exc.strerror or exc}"
+        ) from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise TunerError(f"results store folder {path.parent} is not writable")
+    return url.set(database=str(path))
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy (below) emit BEGIN, instead of pysqlite's implicit one.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+            except Exception:  # read-only media or an odd file system: keep the default journal
+                pass
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_store_engine(url: str) -> tuple[Engine, URL]:
+    """An Engine for `url` with the project's connection settings (does not connect)."""
+    parsed = _parse(url)
+    backend = parsed.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        parsed = _prepare_sqlite_path(parsed)
+        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    elif backend == "postgresql":
+        driver = parsed.get_driver_name()
+        if driver in ("psycopg2", "psycopg") and "connect_timeout" not in parsed.query:
+            kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+        kwargs["pool_pre_ping"] = True
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except sqlalchemy.exc.NoSuchModuleError:
+        raise TunerError(f"unsupported database URL scheme {parsed.drivername!r}; use sqlite:/// or postgresql://") from None
+    except ImportError as exc:
+        hint = " (pip install 'flashcore-tuner[postgres]')" if backend == "postgresql" else ""
+        raise TunerError(f"database driver for {parsed.drivername!r} is not installed: {exc.name or exc}{hint}") from None
+    except sqlalchemy.exc.ArgumentError as exc:
+        raise TunerError(f"invalid database URL {_redacted(parsed)}: {scrub(str(exc), parsed)}") from None
+    if backend == "sqlite":
+        _install_sqlite_hooks(engine)
+    return engine, parsed
+
+
+# --- schema version (Alembic) ---------------------------------------------------------------
+
+
+def migrations_dir() -> Path:
+    from tuner.resources import asset_dir
+
+    return asset_dir("db")
+
+
+def alembic_config(connection: Optional[Connection] = None):  # -> alembic.config.Config
+    """An Alembic Config built in code: script_location is the shipped db/ folder."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "db/versions holds no migration"
+    return head
+
+
+def known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def current_revision(conn: Connection) -> Optional[str]:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def has_tables(conn: Connection) -> bool:
+    from tuner.store.models import Base
+
+    existing = set(inspect(conn).get_table_names())
+    return bool(existing & set(Base.metadata.tables))
+
+
+def _lock_for_migration(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+
+
+def migrate(engine: Engine, target: str = "head") -> None:
+    """Run the migrations up to `target` in one transaction (serialised between processes)."""
+    from alembic import command
+
+    with engine.connect() as conn:
+        conn.execution_options(**{WRITE_OPTION: True})
+        with conn.begin():
+            _lock_for_migration(conn)
+            command.upgrade(alembic_config(conn), target)
+
+
+def check_schema(engine: Engine, url: URL, *, create: bool) -> str:
+    """Make sure the schema is at head: create it on a new database, refuse an old one."""
+    head = head_revision()
+    with engine.connect() as conn:
+        revision = current_revision(conn)
+        tables = revision is None and has_tables(conn)
+    where = _redacted(url)
+    if revision == head:
+        return head
+    if revision is None and not tables:
+        if not create:
+            raise TunerError(f"no results store at {where} (it holds no tuner tables)")
+        migrate(engine)
+        return head
+    if revision is None:
+        raise TunerError(
+            f"the database at {where} holds tuner tables without a schema revision; "
+            "it was not created by this tool"
+        )
+    if revision not in known_revisions():
+        raise TunerError(
+            f"the results store at {where} has schema revision {revision}, unknown to this tuner "
+            "(written by a newer version?); upgrade flashcore-tuner"
+        )
+    raise TunerError(
+        f"the results store at {where} has schema revision {revision}, this tuner needs {head}; "
+        "run `tuner db upgrade` to migrate it"
+    )
+
+
+def translate_errors(url: URL, action: str) -> "_ErrorTranslator":
+    return _ErrorTranslator(url, action)
+
+
+class _ErrorTranslator:
+    """Context manager: database and OS errors become one-line TunerErrors."""
+
+    def __init__(self, url: URL, action: str) -> None:
+        self.url = url
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], _tb: Any) -> bool:
+        if exc is None or isinstance(exc, TunerError):
+            return False
+        where = _redacted(self.url)
+        if isinstance(exc, sqlalchemy.exc.DBAPIError):
+            raise TunerError(f"{self.action} ({where}): {db_error_message(exc, self.url)}") from None
+        if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):
+            raise TunerError(f"{self.action} ({where}): {scrub(str(exc), self.url)}") from None
+        if isinstance(exc, OSError):
+            raise TunerError(f"{self.action} ({where}): {exc.strerror or exc}") from None
+        return False
+

@@ -1,0 +1,171 @@
+"""ORM models of the results store (SQLAlchemy 2.0 declarative style).
+
+The schema is owned by the Alembic migrations in db/versions; these models must
+match them exactly (tests/test_store_migrations.py compares the two).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from tuner.store.records import TrialStatus
+
+# Deterministic constraint names, so that migrations can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATUS_TYPE = Enum(
+    TrialStatus,
+    name="status",
+    native_enum=False,
+    create_constraint=True,
+    length=16,
+    values_callable=lambda enum: [member.value for member in enum],
+    validate_strings=True,
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    """One invocation of the tuner on one GPU (search, baseline or profile session)."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_name: Mapped[str] = mapped_column(String)
+    gpu_uuid: Mapped[Optional[str]] = mapped_column(String)
+    profile: Mapped[str] = mapped_column(String, index=True)
+    driver: Mapped[Optional[str]] = mapped_column(String)
+    cuda_version: Mapped[Optional[str]] = mapped_column(String)
+    torch_version: Mapped[Optional[str]] = mapped_column(String)
+    tuner_version: Mapped[Optional[str]] = mapped_column(String)
+    host: Mapped[Optional[str]] = mapped_column(String)
+    command_line: Mapped[Optional[str]] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+
+
+class ProblemRow(Base):
+    """An attention problem; one row per distinct shape/dtype/mask/layout."""
+
+    __tablename__ = "problems"
+    __table_args__ = (
+        UniqueConstraint(
+            "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout", name="uq_problems_shape"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch: Mapped[int] = mapped_column(Integer)
+    heads: Mapped[int] = mapped_column(Integer)
+    heads_kv: Mapped[int] = mapped_column(Integer)
+    seq_q: Mapped[int] = mapped_column(Integer)
+    seq_k: Mapped[int] = mapped_column(Integer)
+    head_dim: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    causal: Mapped[bool] = mapped_column(Boolean)
+    layout: Mapped[str] = mapped_column(String(16))
+
+
+class Variant(Base):
+    """A template instantiated with frozen parameters.
+
+    params_key is the canonical JSON text of params (sorted keys, no spaces):
+    the uniqueness key, since JSON columns cannot be compared portably.
+    """
+
+    __tablename__ = "variants"
+    __table_args__ = (UniqueConstraint("template", "template_hash", "params_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    template: Mapped[str] = mapped_column(String, index=True)
+    template_hash: Mapped[str] = mapped_column(String)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    params_key: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String)
+
+
+class Trial(Base):
+    """One evaluated variant on one problem in one run; failures are rows too."""
+
+    __tablename__ = "trials"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"), index=True)
+    variant_id: Mapped[int] = mapped_column(ForeignKey("variants.id"), index=True)
+    study: Mapped[Optional[str]] = mapped_column(String)
+    trial_number: Mapped[Optional[int]] = mapped_column(Integer)
+    status: Mapped[TrialStatus] = mapped_column(STATUS_TYPE, index=True)
+    median_us: Mapped[Optional[float]] = mapped_column(Float)
+    p20_us: Mapped[Optional[float]] = mapped_column(Float)
+    p80_us: Mapped[Optional[float]] = mapped_column(Float)
+    tflops: Mapped[Optional[float]] = mapped_column(Float)
+    rel_error: Mapped[Optional[float]] = mapped_column(Float)
+    compile_s: Mapped[Optional[float]] = mapped_column(Float)
+    registers: Mapped[Optional[int]] = mapped_column(Integer)
+    smem_bytes: Mapped[Optional[int]] = mapped_column(Integer)
+    spill_bytes: Mapped[Optional[int]] = mapped_column(Integer)
+    cubin_sha256: Mapped[Optional[str]] = mapped_column(String(64))
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    compile_log: Mapped[Optional[str]] = mapped_column(Text)
+    source_path: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Baseline(Base):
+    """A reference implementation (torch SDPA backend) timed in the same run."""
+
+    __tablename__ = "baselines"
+    __table_args__ = (Index("ix_baselines_run_id_problem_id", "run_id", "problem_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"))
+    impl: Mapped[str] = mapped_column(String)
+    median_us: Mapped[float] = mapped_column(Float)
+    p20_us: Mapped[Optional[float]] = mapped_column(Float)
+    p80_us: Mapped[Optional[float]] = mapped_column(Float)
+    tflops: Mapped[Optional[float]] = mapped_column(Float)
+
+
+class NcuMetricRow(Base):
+    """One Nsight Compute counter of one trial's kernel."""
+
+    __tablename__ = "ncu_metrics"
+    __table_args__ = (UniqueConstraint("trial_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    name: Mapped[str] = mapped_column(String)
+    value: Mapped[float] = mapped_column(Float)
+    unit: Mapped[Optional[str]] = mapped_column(String)

@@ -1,0 +1,260 @@
+"""Plain records passed into and out of the store (no ORM object leaves the store)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import socket
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from enum import Enum
+from typing import Any, Mapping, Optional
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+
+class TrialStatus(str, Enum):
+    """Outcome of one trial; a failed trial is a result, not an exception."""
+
+    OK = "ok"
+    PRUNED = "pruned"  # rejected by the feasibility check before compiling
+    COMPILE_ERROR = "compile_error"
+    LAUNCH_ERROR = "launch_error"
+    TIMEOUT = "timeout"
+    INCORRECT = "incorrect"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: "TrialStatus | str") -> "TrialStatus":
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(member.value for member in cls)
+            raise TunerError(f"unknown trial status {value!r}; expected one of {choices}") from None
+
+
+def canonical_json(params: Mapping[str, Any]) -> str:
+    """The canonical text of a params dict: sorted keys, no spaces, ASCII only."""
+    try:
+        return json.dumps(dict(params), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TunerError(f"variant params must be a JSON object of finite values: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """Where and with what a run happened (one row of `runs`)."""
+
+    gpu_name: str
+    profile: str
+    gpu_uuid: Optional[str] = None
+    driver: Optional[str] = None
+    cuda_version: Optional[str] = None
+    torch_version: Optional[str] = None
+    tuner_version: Optional[str] = None
+    host: Optional[str] = None
+    command_line: Optional[str] = None
+
+    @classmethod
+    def for_this_process(cls, *, gpu_name: str, profile: str, **gpu_facts: Optional[str]) -> "RunInfo":
+        """Fill host, versions and command line from the current process."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        import tuner
+
+        try:
+            torch_version: Optional[str] = version("torch")
+        except PackageNotFoundError:
+            torch_version = None
+        return cls(
+            gpu_name=gpu_name,
+            profile=profile,
+            torch_version=torch_version,
+            tuner_version=tuner.__version__,
+            host=socket.gethostname(),
+            command_line=shlex.join(sys.argv),
+            **gpu_facts,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    """One trial to store; problem and variant rows are found or created with it."""
+
+    run_id: int
+    problem: Problem
+    template: str
+    template_hash: str
+    params: Mapping[str, Any]
+    variant_name: str
+    status: TrialStatus
+    study: Optional[str] = None
+    trial_number: Optional[int] = None
+    median_us: Optional[float] = None
+    p20_us: Optional[float] = None
+    p80_us: Optional[float] = None
+    tflops: Optional[float] = None  # computed from problem and median_us when left out
+    rel_error: Optional[float] = None
+    compile_s: Optional[float] = None
+    registers: Optional[int] = None
+    smem_bytes: Optional[int] = None
+    spill_bytes: Optional[int] = None
+    cubin_sha256: Optional[str] = None
+    error: Optional[str] = None
+    compile_log: Optional[str] = None
+    source_path: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineRecord:
+    """A baseline implementation timed in the same run and process."""
+
+    run_id: int
+    problem: Problem
+    impl: str
+    median_us: float
+    p20_us: Optional[float] = None
+    p80_us: Optional[float] = None
+    tflops: Optional[float] = None  # computed from problem and median_us when left out
+
+
+@dataclass(frozen=True)
+class NcuMetric:
+    name: str
+    value: float
+    unit: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialFilter:
+    """What `query_trials`/`best_trials` select; None means "any"."""
+
+    gpu: Optional[str] = None  # runs.profile exactly, or a case-insensitive substring of runs.gpu_name
+    shape: Optional[tuple[int, int, int, int, int]] = None  # (B, H, Sq, Sk, D)
+    dtype: Optional[str] = None
+    causal: Optional[bool] = None
+    template: Optional[str] = None
+    status: Optional[TrialStatus] = None
+    run_id: Optional[int] = None
+    study: Optional[str] = None
+    limit: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            object.__setattr__(self, "status", TrialStatus.parse(self.status))
+        if self.shape is not None:
+            if len(self.shape) == 4:
+                b, h, s, d = self.shape
+                object.__setattr__(self, "shape", (b, h, s, s, d))
+            elif len(self.shape) != 5:
+                raise TunerError(f"shape filter must have 4 or 5 numbers, got {self.shape!r}")
+        if self.limit is not None and self.limit < 1:
+            raise TunerError(f"limit must be a positive integer, got {self.limit}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineRow:
+    id: int
+    run_id: int
+    problem_id: int
+    impl: str
+    median_us: float
+    p20_us: Optional[float]
+    p80_us: Optional[float]
+    tflops: Optional[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Problem):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRow:
+    """A stored trial with its problem, variant, GPU and ratio to the best baseline."""
+
+    id: int
+    run_id: int
+    problem_id: int
+    variant_id: int
+    problem: Problem
+    template: str
+    template_hash: str
+    variant_name: str
+    params: dict[str, Any]
+    study: Optional[str]
+    trial_number: Optional[int]
+    status: TrialStatus
+    median_us: Optional[float]
+    p20_us: Optional[float]
+    p80_us: Optional[float]
+    tflops: Optional[float]
+    rel_error: Optional[float]
+    compile_s: Optional[float]
+    registers: Optional[int]
+    smem_bytes: Optional[int]
+    spill_bytes: Optional[int]
+    cubin_sha256: Optional[str]
+    error: Optional[str]
+    gpu_name: str
+    profile: str
+    created_at: datetime
+    best_baseline_impl: Optional[str] = None
+    best_baseline_us: Optional[float] = None
+    # best_baseline_us / median_us: > 1 means the trial beats every baseline of its run.
+    ratio_to_best_baseline: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (problem nested, label added)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                out[f.name] = [item.to_dict() if hasattr(item, "to_dict") else _jsonable(asdict(item)) for item in value]
+            elif isinstance(value, RunInfo):
+                out[f.name] = asdict(value)
+            else:
+                out[f.name] = _jsonable(value)
+        out["problem_label"] = self.problem.label
+        return out
+
+    CSV_FIELDS = (
+        "id", "run_id", "gpu_name", "profile", "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim",
+        "dtype", "causal", "layout", "template", "variant_name", "params", "status", "median_us", "p20_us",
+        "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
+        "smem_bytes", "spill_bytes", "study", "trial_number", "created_at",
+    )  # fmt: skip
+
+    def csv_row(self) -> dict[str, Any]:
+        flat = self.to_dict()
+        flat.update(flat.pop("problem"))
+        flat["params"] = canonical_json(self.params)
+        return {name: flat.get(name) for name in self.CSV_FIELDS}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialDetail(TrialRow):
+    """Everything known about one trial (`tuner show`)."""
+
+    compile_log: Optional[str] = None
+    source_path: Optional[str] = None
+    run: Optional[RunInfo] = None
+    run_started_at: Optional[datetime] = None
+    run_ended_at: Optional[datetime] = None
+    ncu_metrics: list[NcuMetric] = field(default_factory=list)
+    baselines: list[BaselineRow] = field(default_factory=list)

@@ -1,0 +1,415 @@
+"""The results store: one object per process, one transaction per write."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Mapping, Optional
+
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.store import engine as eng
+from tuner.store import queries as q
+from tuner.store.models import Baseline, NcuMetricRow, ProblemRow, Run, Trial, Variant, utcnow
+from tuner.store.records import (
+    BaselineRecord,
+    BaselineRow,
+    NcuMetric,
+    RunInfo,
+    TrialDetail,
+    TrialFilter,
+    TrialRecord,
+    TrialRow,
+    TrialStatus,
+    canonical_json,
+)
+
+
+def _text(value: Optional[str]) -> Optional[str]:
+    """PostgreSQL text cannot hold NUL characters; replace them on every backend alike."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
+def _num(value: Optional[float]) -> Optional[float]:
+    """NaN is stored as NULL (SQLite does so anyway); infinities are kept."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _tflops(problem: Problem, tflops: Optional[float], median_us: Optional[float]) -> Optional[float]:
+    if tflops is not None:
+        return _num(tflops)
+    if median_us is not None and math.isfinite(median_us) and median_us > 0:
+        return problem.tflops(median_us)
+    return None
+
+
+def _upsert_insert(session: Session, model: type) -> Any:
+    """The dialect's INSERT with ON CONFLICT support, or None."""
+    name = session.get_bind().dialect.name
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    elif name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        return None
+    return dialect_insert(model)
+
+
+def _get_or_create(session: Session, model: type, values: Mapping[str, Any], keys: tuple[str, ...]) -> int:
+    """Id of the row with these key values, inserting it if missing; safe under concurrent writers.
+
+    On PostgreSQL a concurrent insert of the same key makes ON CONFLICT DO NOTHING
+    wait for it, and the following SELECT (a new snapshot) sees it. SQLite write
+    transactions are serialised (BEGIN IMMEDIATE), so no race is possible there.
+    """
+    where = [getattr(model, key) == values[key] for key in keys]
+    found = session.scalar(select(model.id).where(*where))
+    if found is not None:
+        return found
+    stmt = _upsert_insert(session, model)
+    if stmt is not None:
+        session.execute(stmt.values(**values).on_conflict_do_nothing(index_elements=list(keys)))
+    else:
+        try:
+            with session.begin_nested():
+                session.execute(insert(model).values(**values))
+        except IntegrityError:
+            pass
+    found = session.scalar(select(model.id).where(*where))
+    assert found is not None, f"{model.__tablename__} row vanished after insert"
+    return found
+
+
+_PROBLEM_KEYS = ("batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout")
+_VARIANT_KEYS = ("template", "template_hash", "params_key")
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    url: str  # redacted
+    backend: str
+    revision: Optional[str]
+    head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.revision == self.head
+
+
+class Store:
+    """Results of runs, trials, baselines and ncu metrics in one SQL database.
+
+    Create it with open_store(); each process should open its own.
+    """
+
+    def __init__(self, engine: Engine, url: URL) -> None:
+        self._engine = engine
+        self._url = url
+        self._reads = sessionmaker(engine, expire_on_commit=False)
+        self._writes = sessionmaker(engine.execution_options(**{eng.WRITE_OPTION: True}), expire_on_commit=False)
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The store's URL with the password hidden."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> str:
+        return self._engine.dialect.name
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[Session]:
+        with eng.translate_errors(self._url, action), self._writes.begin() as session:
+            yield session
+
+    @contextmanager
+    def _read(self, action: str) -> Iterator[Session]:
+        with eng.translate_errors(self._url, action), self._reads() as session:
+            yield session
+
+    def current_revision(self) -> Optional[str]:
+        with eng.translate_errors(self._url, "cannot read the schema revision"), self._engine.connect() as conn:
+            return eng.current_revision(conn)
+
+    def upgrade(self) -> None:
+        """Migrate the schema to the newest revision (no-op when already there)."""
+        with eng.translate_errors(self._url, "cannot upgrade the results store"):
+            eng.migrate(self._engine)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def start_run(self, info: RunInfo) -> int:
+        with self._write("cannot record the run") as session:
+            run = Run(**{key: _text(value) for key, value in asdict(info).items()}, started_at=utcnow())
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def finish_run(self, run_id: int) -> None:
+        with self._write("cannot record the end of the run") as session:
+            result = session.execute(update(Run).where(Run.id == run_id).values(ended_at=utcnow()))
+            if result.rowcount == 0:
+                raise TunerError(f"no run with id {run_id}")
+
+    def problem_id(self, problem: Problem) -> int:
+        """Id of the problem's row, created if missing."""
+        values = q.problem_values(problem)
+        with self._read("cannot look up the problem") as session:
+            found = session.scalar(select(ProblemRow.id).filter_by(**values))
+        if found is not None:
+            return found
+        with self._write("cannot record the problem") as session:
+            return _get_or_create(session, ProblemRow, values, _PROBLEM_KEYS)
+
+    def variant_id(self, template: str, template_hash: str, params: Mapping[str, Any], name: str) -> int:
+        """Id of the variant (template, template_hash, params), created with `name` if missing.
+
+        The name is not part of the key: an existing variant keeps the name it was created with.
+        """
+        values = self._variant_values(template, template_hash, params, name)
+        with self._read("cannot look up the variant") as session:
+            found = session.scalar(
+                select(Variant.id).where(*(getattr(Variant, key) == values[key] for key in _VARIANT_KEYS))
+            )
+        if found is not None:
+            return found
+        with self._write("cannot record the variant") as session:
+            return _get_or_create(session, Variant, values, _VARIANT_KEYS)
+
+    @staticmethod
+    def _variant_values(template: str, template_hash: str, params: Mapping[str, Any], name: str) -> dict[str, Any]:
+        key = canonical_json(params)
+        return {
+            "template": _text(template),
+            "template_hash": _text(template_hash),
+            "params": json.loads(key),
+            "params_key": key,
+            "name": _text(name),
+        }
+
+    def add_trial(self, rec: TrialRecord) -> int:
+        """Store one trial (with its problem and variant) in one transaction; returns its id."""
+        status = TrialStatus.parse(rec.status)
+        variant_values = self._variant_values(rec.template, rec.template_hash, rec.params, rec.variant_name)
+        with self._write("cannot store the trial") as session:
+            trial = Trial(
+                run_id=rec.run_id,
+                problem_id=_get_or_create(session, ProblemRow, q.problem_values(rec.problem), _PROBLEM_KEYS),
+                variant_id=_get_or_create(session, Variant, variant_values, _VARIANT_KEYS),
+                study=_text(rec.study),
+                trial_number=rec.trial_number,
+                status=status,
+                median_us=_num(rec.median_us),
+                p20_us=_num(rec.p20_us),
+                p80_us=_num(rec.p80_us),
+                tflops=_tflops(rec.problem, rec.tflops, _num(rec.median_us)),
+                rel_error=_num(rec.rel_error),
+                compile_s=_num(rec.compile_s),
+                registers=rec.registers,
+                smem_bytes=rec.smem_bytes,
+                spill_bytes=rec.spill_bytes,
+                cubin_sha256=_text(rec.cubin_sha256),
+                error=_text(rec.error),
+                compile_log=_text(rec.compile_log),
+                source_path=_text(rec.source_path),
+                created_at=utcnow(),
+            )
+            self._require_run(session, rec.run_id)
+            session.add(trial)
+            session.flush()
+            return trial.id
+
+    def add_baseline(self, rec: BaselineRecord) -> int:
+        with self._write("cannot store the baseline") as session:
+            self._require_run(session, rec.run_id)
+            baseline = Baseline(
+                run_id=rec.run_id,
+                problem_id=_get_or_create(session, ProblemRow, q.problem_values(rec.problem), _PROBLEM_KEYS),
+                impl=_text(rec.impl),
+                median_us=float(rec.median_us),
+                p20_us=_num(rec.p20_us),
+                p80_us=_num(rec.p80_us),
+                tflops=_tflops(rec.problem, rec.tflops, rec.median_us),
+            )
+            session.add(baseline)
+            session.flush()
+            return baseline.id
+
+    def add_ncu_metrics(self, trial_id: int, metrics: list[NcuMetric]) -> None:
+        """Insert or replace (by name) the ncu metrics of one trial."""
+        with self._write("cannot store the ncu metrics") as session:
+            if session.get(Trial, trial_id) is None:
+                raise TunerError(f"no trial with id {trial_id}")
+            for metric in metrics:
+                values = {"trial_id": trial_id, "name": _text(metric.name), "value": float(metric.value),
+                          "unit": _text(metric.unit)}  # fmt: skip
+                stmt = _upsert_insert(session, NcuMetricRow)
+                if stmt is not None:
+                    stmt = stmt.values(**values)
+                    session.execute(
+                        stmt.on_conflict_do_update(
+                            index_elements=["trial_id", "name"],
+                            set_={"value": stmt.excluded.value, "unit": stmt.excluded.unit},
+                        )
+                    )
+                    continue
+                existing = session.scalar(
+                    select(NcuMetricRow).where(NcuMetricRow.trial_id == trial_id, NcuMetricRow.name == values["name"])
+                )
+                if existing is None:
+                    session.add(NcuMetricRow(**values))
+                else:
+                    existing.value, existing.unit = values["value"], values["unit"]
+
+    @staticmethod
+    def _require_run(session: Session, run_id: int) -> None:
+        if session.get(Run, run_id) is None:
+            raise TunerError(f"no run with id {run_id}")
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def find_trial(
+        self, problem: Problem, template: str, template_hash: str, params: Mapping[str, Any], gpu_name: str
+    ) -> Optional[TrialRow]:
+        """An earlier non-pruned measurement of this variant on this problem and GPU, if any."""
+        stmt = q.find_select(problem, template, template_hash, canonical_json(params), gpu_name)
+        with self._read("cannot query trials") as session:
+            row = session.execute(stmt).first()
+            return None if row is None else q.to_trial_row(row)
+
+    def query_trials(self, filt: TrialFilter) -> list[TrialRow]:
+        """Trials matching the filter, newest first."""
+        with self._read("cannot query trials") as session:
+            return [q.to_trial_row(row) for row in session.execute(q.query_select(filt))]
+
+    def best_trials(self, filt: TrialFilter) -> list[TrialRow]:
+        """The fastest ok trial per problem and GPU profile among those matching the filter."""
+        if filt.status is not None and filt.status is not TrialStatus.OK:
+            raise TunerError("best trials are ok trials; drop the status filter or use status ok")
+        with self._read("cannot query trials") as session:
+            return [q.to_trial_row(row) for row in session.execute(q.best_select(filt))]
+
+    def trial_detail(self, trial_id: int) -> TrialDetail:
+        with self._read("cannot read the trial") as session:
+            row = session.execute(q.trial_select(with_logs=True).where(Trial.id == trial_id)).first()
+            if row is None:
+                raise TunerError(f"no trial with id {trial_id}")
+            trial, run = row[0], row[3]
+            fields = q.to_trial_fields(row)
+            metrics = [q.to_ncu_metric(m) for m in session.scalars(q.ncu_select(trial_id))]
+            baselines = [
+                q.to_baseline_row(b) for b in session.scalars(q.baselines_select(trial.run_id, trial.problem_id))
+            ]
+            return TrialDetail(
+                **fields,
+                compile_log=trial.compile_log,
+                source_path=trial.source_path,
+                run=RunInfo(
+                    gpu_name=run.gpu_name,
+                    profile=run.profile,
+                    gpu_uuid=run.gpu_uuid,
+                    driver=run.driver,
+                    cuda_version=run.cuda_version,
+                    torch_version=run.torch_version,
+                    tuner_version=run.tuner_version,
+                    host=run.host,
+                    command_line=run.command_line,
+                ),
+                run_started_at=q.utc(run.started_at),
+                run_ended_at=q.utc(run.ended_at),
+                ncu_metrics=metrics,
+                baselines=baselines,
+            )
+
+    def baselines_for(self, run_id: int, problem_id: int) -> list[BaselineRow]:
+        """Baselines of one run and problem, fastest first."""
+        with self._read("cannot read baselines") as session:
+            return [q.to_baseline_row(b) for b in session.scalars(q.baselines_select(run_id, problem_id))]
+
+
+def _connect(url: Optional[str]) -> tuple[Engine, URL]:
+    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
+    return engine, parsed
+
+
+def open_store(url: Optional[str] = None, *, create: bool = True) -> Store:
+    """Open the store at `url` (default: default_db_url()).
+
+    A new database is created at the newest schema; one at an older schema
+    revision is refused with a hint to run `tuner db upgrade`.
+    """
+    engine, parsed = _connect(url)
+    if not create and parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database not in ("", ":memory:") and not database.startswith("file:"):
+            if not os.path.exists(database):
+                engine.dispose()
+                raise TunerError(f"no results store at {parsed.render_as_string(hide_password=True)}")
+    try:
+        with eng.translate_errors(parsed, "cannot open the results store"):
+            eng.check_schema(engine, parsed, create=create)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine, parsed)
+
+
+def store_info(url: Optional[str] = None) -> StoreInfo:
+    """URL, backend and schema revision of a store, whatever its revision."""
+    engine, parsed = _connect(url)
+    try:
+        with eng.translate_errors(parsed, "cannot open the results store"), engine.connect() as conn:
+            revision = eng.current_revision(conn)
+        return StoreInfo(parsed.render_as_string(hide_password=True), engine.dialect.name, revision, eng.head_revision())
+    finally:
+        engine.dispose()
+
+
+def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
+    """Migrate a store (or create a new one) to the newest revision; returns (before, after)."""
+    engine, parsed = _connect(url)
+    try:
+        with eng.translate_errors(parsed, "cannot upgrade the results store"):
+            with engine.connect() as conn:
+                before = eng.current_revision(conn)
+                if before is None and eng.has_tables(conn):
+                    raise TunerError(
+                        f"the database at {parsed.render_as_string(hide_password=True)} holds tuner tables "
+                        "without a schema revision; it was not created by this tool"
+                    )
+            if before is not None and before not in eng.known_revisions():
+                raise TunerError(
+                    f"schema revision {before} is unknown to this tuner (written by a newer version?)"
+                )
+            eng.migrate(engine)
+            with engine.connect() as conn:
+                after = eng.current_revision(conn)
+        assert after is not None
+        return before, after
+    finally:
+        engine.dispose()
