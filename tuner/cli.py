@@ -1,0 +1,307 @@
+"""The `tuner` command line. Thin: parse, call one service function, print."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from tuner.errors import TunerError
+
+app = typer.Typer(
+    name="tuner",
+    help="Autotune and profile fused attention kernels on NVIDIA GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+class State:
+    """Options shared by every command (set by the top-level callback)."""
+
+    db_url: Optional[str] = None
+
+
+state = State()
+
+
+@app.callback()
+def _root(
+    db: Annotated[
+        Optional[str],
+        typer.Option("--db", envvar="TUNER_DB", help="Results store URL (sqlite:///path or postgresql://...)."),
+    ] = None,
+) -> None:
+    state.db_url = db
+
+
+# --- tuner profiles (owner: profiles) -------------------------------------
+
+
+class ProfilesFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command("profiles")
+def profiles_command(
+    output_format: Annotated[
+        ProfilesFormat,
+        typer.Option("--format", help="table (default) or json (every field of every profile)."),
+    ] = ProfilesFormat.table,
+) -> None:
+    """List the GPU profiles shipped with the tuner (works without a GPU)."""
+    import json
+
+    from rich.table import Table
+
+    from tuner.profiles import list_profiles
+
+    profiles = list_profiles()
+    if output_format is ProfilesFormat.json:
+        typer.echo(json.dumps([p.to_dict() for p in profiles], indent=2))
+        return
+    table = Table(title="GPU profiles")
+    for column, justify in (
+        ("name", "left"), ("card", "left"), ("arch", "left"), ("SMs", "right"), ("smem/block", "right"),
+        ("L2", "right"), ("peak fp16", "right"), ("bandwidth", "right"), ("problems", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for p in profiles:
+        table.add_row(
+            p.name,
+            p.display_name,
+            p.nvcc_arch,
+            str(p.sm_count),
+            f"{p.smem_per_block_optin // 1024} KiB",
+            f"{p.l2_bytes / 2**20:g} MiB",
+            f"{p.peak_fp16_tflops:g} TFLOP/s",
+            f"{p.mem_bandwidth_gbs:g} GB/s",
+            str(len(p.default_problems)),
+        )
+    console.print(table)
+
+
+# --- tuner results / show / db (owner: store) ----------------------------
+
+from tuner.store import default_db_url as _default_db_url  # noqa: E402
+from tuner.store import redact_url as _redact_url  # noqa: E402
+
+_STORE_EPILOG = f"Results store: {_redact_url(_default_db_url())} (change it with --db or TUNER_DB)."
+_OUTPUT_FORMATS = ("table", "json", "csv")
+
+
+def _output_format(value: str, allowed: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in allowed:
+        raise TunerError(f"unknown format {value!r}; expected one of {', '.join(allowed)}")
+    return value
+
+
+def _fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+@app.command("results", epilog=_STORE_EPILOG)
+def results_command(
+    gpu: Annotated[Optional[str], typer.Option(help="GPU profile name, or part of the GPU name.")] = None,
+    shape: Annotated[Optional[str], typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="fp16 or bf16.")] = None,
+    causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Only causal / non-causal.")] = None,
+    template: Annotated[Optional[str], typer.Option(help="Kernel template name.")] = None,
+    status: Annotated[
+        Optional[str], typer.Option(help="ok, pruned, compile_error, launch_error, timeout or incorrect.")
+    ] = None,
+    best: Annotated[bool, typer.Option("--best", help="Only the fastest ok trial per problem and GPU profile.")] = False,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 50,
+    output_format: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
+) -> None:
+    """List stored trials (newest first), or the best one per problem with --best."""
+    import csv
+    import io
+    import json
+
+    from rich.table import Table
+
+    from tuner.problem import parse_shape
+    from tuner.store import TrialFilter, open_store
+
+    fmt = _output_format(output_format, _OUTPUT_FORMATS)
+    filt = TrialFilter(
+        gpu=gpu,
+        shape=parse_shape(shape) if shape else None,
+        dtype=dtype,
+        causal=causal,
+        template=template,
+        status=status,
+        limit=limit,
+    )
+    with open_store(state.db_url) as store:
+        rows = store.best_trials(filt) if best else store.query_trials(filt)
+        where = store.url
+    if fmt == "json":
+        typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
+        return
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=rows[0].CSV_FIELDS if rows else _csv_fields(), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(row.csv_row() for row in rows)
+        typer.echo(buffer.getvalue(), nl=False)
+        return
+    table = Table(title="best trials" if best else "trials")
+    for column, justify in (
+        ("id", "right"), ("GPU", "left"), ("problem", "left"), ("variant", "left"), ("status", "left"),
+        ("median µs", "right"), ("TFLOP/s", "right"), ("vs best baseline", "right"),
+    ):  # fmt: skip
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            row.profile or row.gpu_name,
+            row.problem.label,
+            row.variant_name,
+            row.status.value,
+            _fmt(row.median_us),
+            _fmt(row.tflops),
+            _fmt(row.ratio_to_best_baseline, ".2f", "x"),
+        )
+    console.print(table if rows else "no trials match", markup=False, highlight=False)
+    console.print(f"store: {where}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _csv_fields() -> tuple[str, ...]:
+    from tuner.store import TrialRow
+
+    return TrialRow.CSV_FIELDS
+
+
+@app.command("show", epilog=_STORE_EPILOG)
+def show_command(
+    trial_id: Annotated[int, typer.Argument(help="Trial id (see `tuner results`).")],
+    output_format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """Everything stored about one trial: parameters, timings, baselines, ncu metrics, errors."""
+    import json
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from tuner.store import open_store
+
+    fmt = _output_format(output_format, ("table", "json"))
+    with open_store(state.db_url) as store:
+        d = store.trial_detail(trial_id)
+    if fmt == "json":
+        typer.echo(json.dumps(d.to_dict(), indent=2))
+        return
+
+    def line(label: str, value: object) -> None:
+        console.print(Text.assemble((f"{label}: ", "bold"), str(value)), soft_wrap=True)
+
+    console.print(Text(f"trial {d.id}: {d.variant_name}", style="bold"))
+    line("status", d.status.value)
+    line("problem", f"{d.problem.label} (layout {d.problem.layout})")
+    line("gpu", f"{d.gpu_name} (profile {d.profile}), run {d.run_id}")
+    line("template", f"{d.template} @ {d.template_hash}")
+    if d.study is not None:
+        line("study", f"{d.study} #{d.trial_number}")
+    line("params", ", ".join(f"{k}={v}" for k, v in sorted(d.params.items())) or "-")
+    line("median / p20 / p80", f"{_fmt(d.median_us, '.2f')} / {_fmt(d.p20_us, '.2f')} / {_fmt(d.p80_us, '.2f')} µs")
+    line("TFLOP/s", _fmt(d.tflops, ".1f"))
+    best = f" (vs {d.best_baseline_impl}, {_fmt(d.best_baseline_us, '.2f')} µs)" if d.best_baseline_impl else ""
+    line("ratio to best baseline", _fmt(d.ratio_to_best_baseline, ".3f", "x") + best)
+    line("relative error", _fmt(d.rel_error, ".2e"))
+    line("registers / smem / spill", f"{d.registers if d.registers is not None else '-'} / "
+         f"{d.smem_bytes if d.smem_bytes is not None else '-'} B / {d.spill_bytes if d.spill_bytes is not None else '-'} B")  # fmt: skip
+    line("compile time", _fmt(d.compile_s, ".2f", " s"))
+    if d.cubin_sha256:
+        line("cubin sha256", d.cubin_sha256)
+    line("source", d.source_path or "-")
+    if d.baselines:
+        table = Table(title="baselines (same run)", title_justify="left")
+        for column in ("impl", "median µs", "p20 µs", "p80 µs", "TFLOP/s", "trial speed-up"):
+            table.add_column(column, justify="left" if column == "impl" else "right")
+        for b in d.baselines:
+            speedup = b.median_us / d.median_us if d.median_us else None
+            table.add_row(b.impl, _fmt(b.median_us, ".2f"), _fmt(b.p20_us, ".2f"), _fmt(b.p80_us, ".2f"),
+                          _fmt(b.tflops), _fmt(speedup, ".3f", "x"))  # fmt: skip
+        console.print(table)
+    if d.ncu_metrics:
+        table = Table(title="ncu metrics", title_justify="left")
+        for column, justify in (("name", "left"), ("value", "right"), ("unit", "left")):
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for m in d.ncu_metrics:
+            table.add_row(m.name, f"{m.value:g}", m.unit or "")
+        console.print(table)
+    if d.error:
+        line("error", d.error)
+    if d.compile_log:
+        console.print(Text("compile log:", style="bold"))
+        console.print(Text(d.compile_log), soft_wrap=True)
+
+
+db_app = typer.Typer(help="The results store: schema revision and migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db", epilog=_STORE_EPILOG)
+
+
+@db_app.command("info", epilog=_STORE_EPILOG)
+def db_info_command() -> None:
+    """Print the store URL (password hidden), backend and schema revision."""
+    from tuner.store import store_info
+
+    info = store_info(state.db_url)
+    line = "up to date" if info.up_to_date else "outdated: run `tuner db upgrade`"
+    if info.revision is None:
+        line = "empty: created on first use"
+    for text in (f"url: {info.url}", f"backend: {info.backend}",
+                 f"revision: {info.revision or '-'} (newest {info.head}, {line})"):  # fmt: skip
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+@db_app.command("upgrade", epilog=_STORE_EPILOG)
+def db_upgrade_command() -> None:
+    """Migrate the store's schema to the newest revision (creates a new store)."""
+    from tuner.store import redact_url, upgrade_store
+
+    before, after = upgrade_store(state.db_url)
+    where = redact_url(state.db_url or _default_db_url())
+    if before == after:
+        message = f"{where} is already at revision {after}"
+    else:
+        message = f"upgraded {where} from revision {before or 'none'} to {after}"
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+# Recent Typer releases vendor click as typer._click: their usage errors are
+# not click.ClickException, so catch both.
+_CLICK_ERRORS: tuple[type[Exception], ...] = (__import__("click").ClickException,)
+try:
+    from typer._click.exceptions import ClickException as _TyperClickException
+
+    _CLICK_ERRORS += (_TyperClickException,)
+except ImportError:  # typer that uses click itself
+    pass
+
+
+def main() -> None:
+    """Console-script entry: user errors become one line on stderr and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except TunerError as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("aborted", markup=False)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except _CLICK_ERRORS as exc:  # bad usage: click's own message, no traceback
+        exc.show()
+        sys.exit(exc.exit_code)
