@@ -1,0 +1,541 @@
+// FlashAttention-2-style fused attention forward pass for sm_80 and newer.
+//
+// Tensor cores through mma.sync m16n8k16 (fp32 accumulation) fed by ldmatrix;
+// K/V tiles brought into shared memory by cp.async in a STAGES-deep ring;
+// online softmax in registers with exp2. Every tunable is a template
+// parameter: the tuner appends one `extern "C"` instantiation per variant
+// (see tuner/templates.py), so the compiler type-checks each of them.
+//
+// Problem: Q [B, H, Sq, D], K/V [B, Hkv, Sk, D], O like Q, all given by
+// element strides (batch, head, sequence; the head dim is contiguous), so
+// BHSD and BSHD both work without a copy. H must be a multiple of Hkv (GQA).
+// Causal masking is bottom-right aligned: query i sees key j iff
+// j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace fc {
+
+enum Swizzle { SWIZZLE_NONE = 0, SWIZZLE_PAD = 1, SWIZZLE_XOR = 2 };
+enum WarpSplit { SPLIT_Q_ROWS = 0 };  // KV_SPLIT > 1 splits keys across warps
+
+// ---------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; when `valid` is false the destination is zero-filled
+// (src-size 0), so tails never feed garbage (or NaN) into the tensor cores.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 2^x on the special-function unit, flushing denormals: exp2f() adds range
+// fix-ups around the same instruction that softmax does not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<half> {
+  __device__ static __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ static __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// ------------------------------------------------------ shared-memory layout
+
+// A tile of `rows` x D elements, addressed in 16-byte chunks (8 elements).
+// NONE: dense rows (a row of 128 bytes puts the 8 rows an ldmatrix phase reads
+//   in one bank group: 8-way conflicts). PAD: each row padded by one chunk.
+// XOR: chunk index XOR (row % 8), conflict-free without padding (D % 64 == 0).
+template <int D, int SWIZZLE>
+struct TileLayout {
+  static constexpr int ROW_ELEMS = (SWIZZLE == SWIZZLE_PAD) ? D + 8 : D;
+  static_assert(SWIZZLE != SWIZZLE_XOR || D % 64 == 0, "XOR swizzle needs D a multiple of 64");
+  static constexpr int ROW_BYTES = ROW_ELEMS * 2;  // 16-bit elements
+  __device__ static __forceinline__ int offset(int row, int col) {  // col: multiple of 8
+    if constexpr (SWIZZLE == SWIZZLE_XOR) {
+      return row * ROW_ELEMS + ((((col >> 3) ^ (row & 7))) << 3);
+    } else {
+      return row * ROW_ELEMS + col;
+    }
+  }
+  // ldmatrix addressing without a register per fragment: a thread keeps the
+  // byte address of its base row and the (swizzled) byte offset of its base
+  // chunk (0 or 1); moving by dr rows (dr % 8 == 0, so row & 7 is unchanged)
+  // and dc columns (dc % 16 == 0) is then an add and an XOR of constants,
+  // which fold into the instruction's immediate offset.
+  __device__ static __forceinline__ uint32_t chunk_bytes(int row0, int chunk0) {
+    return SWIZZLE == SWIZZLE_XOR ? (uint32_t)((chunk0 ^ (row0 & 7)) << 4) : (uint32_t)(chunk0 << 4);
+  }
+  __device__ static __forceinline__ uint32_t addr(uint32_t row_base, uint32_t cb, int dr, int dc) {
+    if constexpr (SWIZZLE == SWIZZLE_XOR) {
+      return row_base + dr * ROW_BYTES + (cb ^ (uint32_t)(dc * 2));
+    } else {
+      return row_base + dr * ROW_BYTES + cb + dc * 2;
+    }
+  }
+};
+
+// --------------------------------------------------------------- the kernel
+
+template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int KV_SPLIT_, int SWIZZLE_,
+          int STAGES_, bool Q_IN_REGS_, bool CAUSAL_>
+struct AttnConfig {
+  using T = T_;
+  static constexpr int D = HEAD_DIM_;
+  static constexpr int BM = BLOCK_M_;
+  static constexpr int BN = BLOCK_N_;
+  static constexpr int NUM_WARPS = NUM_WARPS_;
+  static constexpr int KV_SPLIT = KV_SPLIT_;
+  static constexpr int SWIZZLE = SWIZZLE_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr bool Q_IN_REGS = Q_IN_REGS_;
+  static constexpr bool CAUSAL = CAUSAL_;
+
+  static constexpr int THREADS = NUM_WARPS * 32;
+  static constexpr int WARPS_M = NUM_WARPS / KV_SPLIT;  // warps stacked along query rows
+  static constexpr int ROWS_PER_WARP = BM / WARPS_M;
+  static constexpr int MT = ROWS_PER_WARP / 16;  // m16 tiles per warp
+  static constexpr int KEYS_PER_WARP = BN / KV_SPLIT;
+  static constexpr int NT = KEYS_PER_WARP / 8;  // n8 tiles of S per warp
+  static constexpr int KD = D / 16;             // k16 steps of Q.K^T
+  static constexpr int KN = KEYS_PER_WARP / 16;  // k16 steps of P.V
+  static constexpr int DT = D / 8;              // n8 tiles of O
+
+  static_assert(NUM_WARPS % KV_SPLIT == 0, "KV_SPLIT must divide NUM_WARPS");
+  static_assert(BM % (16 * WARPS_M) == 0, "each warp needs a multiple of 16 query rows");
+  static_assert(BN % (16 * KV_SPLIT) == 0, "each warp needs a multiple of 16 keys per tile");
+  static_assert(D % 16 == 0, "head dim must be a multiple of 16");
+  static_assert(STAGES >= 1 && STAGES <= 4, "1-4 cp.async stages");
+
+  using Layout = TileLayout<D, SWIZZLE>;
+  static constexpr int Q_TILE = BM * Layout::ROW_ELEMS;  // elements
+  static constexpr int KV_TILE = BN * Layout::ROW_ELEMS;
+  static constexpr int MAIN_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * (int)sizeof(T);
+  // The key-split reduction reuses the K/V ring: fp32 O partials + row stats.
+  static constexpr int COMBINE_BYTES =
+      KV_SPLIT > 1 ? Q_TILE * (int)sizeof(T) + (BM * D + 2 * KV_SPLIT * BM) * 4 : 0;
+  static constexpr int SMEM_BYTES = MAIN_BYTES > COMBINE_BYTES ? MAIN_BYTES : COMBINE_BYTES;
+};
+
+struct AttnArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // [B, H, Sq] contiguous, or null
+  long long q_sb, q_sh, q_ss;
+  long long k_sb, k_sh, k_ss;
+  long long v_sb, v_sh, v_ss;
+  long long o_sb, o_sh, o_ss;
+  int sq, sk, h_per_kv;
+  float scale;  // softmax scale (natural units)
+};
+
+// Copy `ROWS` x D elements from global rows [row0, row0 + ROWS) into a tile;
+// rows at or past `row_end` are zero-filled.
+template <class C, int ROWS>
+__device__ __forceinline__ void load_tile(typename C::T* tile, const typename C::T* base, long long row_stride,
+                                          int row0, int row_end) {
+  constexpr int CHUNKS_PER_ROW = C::D / 8;
+  constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
+  constexpr int ITERS = (TOTAL + C::THREADS - 1) / C::THREADS;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int i = it * C::THREADS + (int)threadIdx.x;
+    if (TOTAL % C::THREADS == 0 || i < TOTAL) {
+      const int r = i / CHUNKS_PER_ROW;
+      const int c = (i % CHUNKS_PER_ROW) * 8;
+      const bool valid = row0 + r < row_end;
+      const typename C::T* src = base + (valid ? (long long)(row0 + r) * row_stride + c : 0);
+      cp_async_16(tile + C::Layout::offset(r, c), src, valid);
+    }
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
+  using T = typename C::T;
+  using L = typename C::Layout;
+  using M = Mma<T>;
+  const float NEG_INF = -INFINITY;
+  constexpr float LOG2E = 1.4426950408889634f;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + C::Q_TILE;
+  T* sV = sK + C::STAGES * C::KV_TILE;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int wm = warp % C::WARPS_M, wn = warp / C::WARPS_M;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
+
+  // Causal: the heaviest query blocks (most keys) are scheduled first.
+  const int m_block = C::CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / a.h_per_kv;
+  const int m0 = m_block * C::BM;
+  const int diag = a.sk - a.sq;  // bottom-right alignment offset
+
+  const T* q = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh;
+  const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
+  const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+  T* o = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+
+  int n_end = a.sk;
+  if (C::CAUSAL) n_end = min(a.sk, max(0, m0 + C::BM + diag));
+  const int n_tiles = (n_end + C::BN - 1) / C::BN;
+
+  // Q first (its own cp.async group), then the K/V prologue.
+  load_tile<C, C::BM>(sQ, q, a.q_ss, m0, a.sq);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < n_tiles) load_tile<C, C::BN>(sK + s * C::KV_TILE, k, a.k_ss, s * C::BN, a.sk);
+    cp_async_commit();
+    if (s < n_tiles) load_tile<C, C::BN>(sV + s * C::KV_TILE, v, a.v_ss, s * C::BN, a.sk);
+    cp_async_commit();
+  }
+
+  const int row_base = wm * C::ROWS_PER_WARP;   // first row of this warp in the tile
+  const int key_base = wn * C::KEYS_PER_WARP;   // first key of this warp in a K/V tile
+
+  // Per-thread ldmatrix bases (see TileLayout::addr). A (Q): rows r..r+15 in
+  // two 8-row halves, chunks k..k+1; B of Q.K^T (K, non-transposed): two
+  // 8-key groups; B of P.V (V, transposed): two 8-key halves, two d chunks.
+  const int q_row0 = row_base + (lane % 8) + ((lane / 8) % 2) * 8;
+  const uint32_t q_rb = smem_addr(sQ) + q_row0 * L::ROW_BYTES, q_cb = L::chunk_bytes(q_row0, lane / 16);
+  const int k_row0 = key_base + (lane / 16) * 8 + (lane % 8);
+  const uint32_t k_rb = smem_addr(sK) + k_row0 * L::ROW_BYTES, k_cb = L::chunk_bytes(k_row0, (lane / 8) % 2);
+  const int v_row0 = key_base + ((lane / 8) % 2) * 8 + (lane % 8);
+  const uint32_t v_rb = smem_addr(sV) + v_row0 * L::ROW_BYTES, v_cb = L::chunk_bytes(v_row0, lane / 16);
+  constexpr uint32_t KV_TILE_BYTES = C::KV_TILE * 2;
+
+  uint32_t q_frag[C::Q_IN_REGS ? C::MT : 1][C::Q_IN_REGS ? C::KD : 1][4];
+  if constexpr (C::Q_IN_REGS) {
+    cp_async_wait<2 * (C::STAGES - 1)>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int kd = 0; kd < C::KD; ++kd) ldmatrix_x4(q_frag[mt][kd], L::addr(q_rb, q_cb, mt * 16, kd * 16));
+  }
+
+  float acc_o[C::MT][C::DT][4];
+  float row_max[C::MT][2], row_sum[C::MT][2];
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < C::DT; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_o[mt][dt][i] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = NEG_INF;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  const float scale_log2 = a.scale * LOG2E;
+
+  // Barriers per K/V tile: with STAGES >= 2, one (tile j landed everywhere
+  // and every warp is done with tile j-1, whose slot the prefetch refills);
+  // with STAGES == 1 the single slot forces load -> wait -> use -> release.
+  for (int j = 0; j < n_tiles; ++j) {
+    const int slot = j % C::STAGES;
+    if constexpr (C::STAGES == 1) {
+      load_tile<C, C::BN>(sK, k, a.k_ss, j * C::BN, a.sk);
+      cp_async_commit();
+      load_tile<C, C::BN>(sV, v, a.v_ss, j * C::BN, a.sk);
+      cp_async_commit();
+      cp_async_wait<1>();  // Q and K_j have landed; V_j may still be in flight
+    } else {
+      cp_async_wait<2 * (C::STAGES - 2)>();  // Q, K_j and V_j have landed
+    }
+    __syncthreads();
+    if constexpr (C::STAGES > 1) {
+      const int jn = j + C::STAGES - 1;  // prefetch into the slot tile j-1 used
+      const int slot_n = jn % C::STAGES;
+      if (jn < n_tiles) load_tile<C, C::BN>(sK + slot_n * C::KV_TILE, k, a.k_ss, jn * C::BN, a.sk);
+      cp_async_commit();
+      if (jn < n_tiles) load_tile<C, C::BN>(sV + slot_n * C::KV_TILE, v, a.v_ss, jn * C::BN, a.sk);
+      cp_async_commit();
+    }
+
+    const uint32_t slot_bytes = (uint32_t)slot * KV_TILE_BYTES;
+    const uint32_t tk_rb = k_rb + slot_bytes, tv_rb = v_rb + slot_bytes;
+
+    // ---- S = Q K^T for this warp's rows x keys
+    float acc_s[C::MT][C::NT][4];
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+
+#pragma unroll
+    for (int kd = 0; kd < C::KD; ++kd) {
+      uint32_t a_frag[C::MT][4];
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) {
+        if constexpr (C::Q_IN_REGS) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a_frag[mt][i] = q_frag[mt][kd][i];
+        } else {
+          ldmatrix_x4(a_frag[mt], L::addr(q_rb, q_cb, mt * 16, kd * 16));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < C::NT / 2; ++np) {
+        uint32_t b_frag[4];
+        ldmatrix_x4(b_frag, L::addr(tk_rb, k_cb, np * 16, kd * 16));
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) {
+          M::run(acc_s[mt][2 * np], a_frag[mt], b_frag[0], b_frag[1]);
+          M::run(acc_s[mt][2 * np + 1], a_frag[mt], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+
+    // ---- masks: key tail, and the causal diagonal (only on tiles that need it)
+    const int n0 = j * C::BN;
+    const bool tail = n0 + C::BN > a.sk;
+    const bool on_diag = C::CAUSAL && (n0 + C::BN - 1 > m0 + diag);
+    if (tail || on_diag) {
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = m0 + row_base + mt * 16 + g + r * 8;
+          const int limit = C::CAUSAL ? min(a.sk, row + diag + 1) : a.sk;
+#pragma unroll
+          for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = n0 + key_base + nt * 8 + 2 * t + e;
+              if (key >= limit) acc_s[mt][nt][2 * r + e] = NEG_INF;
+            }
+        }
+    }
+
+    // ---- online softmax (row stats kept per thread-quad; sums reduced at the end)
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        // A row that has seen only masked keys keeps max -inf: use 0 as the
+        // exponent offset so exp2 yields 0 instead of NaN.
+        const float m_scaled = (mx == NEG_INF) ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(fmaf(acc_s[mt][nt][2 * r + e], scale_log2, -m_scaled));
+            acc_s[mt][nt][2 * r + e] = p;
+            sum += p;
+          }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < C::DT; ++dt) {
+          acc_o[mt][dt][2 * r] *= alpha;
+          acc_o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+
+    if constexpr (C::STAGES == 1) {
+      cp_async_wait<0>();  // V_j has landed
+      __syncthreads();
+    }
+
+    // ---- O += P V (P converted from the S accumulators, layout-compatible)
+#pragma unroll
+    for (int kk = 0; kk < C::KN; ++kk) {
+      uint32_t p_frag[C::MT][4];
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) {
+        p_frag[mt][0] = M::pack(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        p_frag[mt][1] = M::pack(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        p_frag[mt][2] = M::pack(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        p_frag[mt][3] = M::pack(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < C::DT / 2; ++dp) {
+        uint32_t b_frag[4];
+        ldmatrix_x4_trans(b_frag, L::addr(tv_rb, v_cb, kk * 16, dp * 16));
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) {
+          M::run(acc_o[mt][2 * dp], p_frag[mt], b_frag[0], b_frag[1]);
+          M::run(acc_o[mt][2 * dp + 1], p_frag[mt], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+    if constexpr (C::STAGES == 1) __syncthreads();  // the next tile overwrites the only slot
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 1);
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 2);
+    }
+  constexpr int CHUNKS_PER_ROW = C::D / 8;
+  constexpr int OUT_CHUNKS = C::BM * CHUNKS_PER_ROW;
+  __syncthreads();  // every warp is done reading sQ/sK/sV
+
+  if constexpr (C::KV_SPLIT == 1) {
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float l = row_sum[mt][r];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row_t = row_base + mt * 16 + g + r * 8;
+#pragma unroll
+        for (int dt = 0; dt < C::DT; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(sQ + L::offset(row_t, col & ~7) + (col & 7)) =
+              M::pack(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+        }
+        const int row = m0 + row_t;
+        if (a.lse != nullptr && t == 0 && row < a.sq)
+          a.lse[((long long)b * gridDim.y + h) * a.sq + row] = l > 0.f ? row_max[mt][r] * a.scale + logf(l) : NEG_INF;
+      }
+    __syncthreads();
+    for (int i = tid; i < OUT_CHUNKS; i += C::THREADS) {
+      const int r = i / CHUNKS_PER_ROW, c = (i % CHUNKS_PER_ROW) * 8;
+      if (m0 + r < a.sq)
+        *reinterpret_cast<uint4*>(o + (long long)(m0 + r) * a.o_ss + c) =
+            *reinterpret_cast<const uint4*>(sQ + L::offset(r, c));
+    }
+  } else {
+    // Keys were split across warps: merge their partial (max, sum, O).
+    float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_TILE * sizeof(T));  // [BM][D]
+    float* s_max = s_acc + C::BM * C::D;                                        // [KV_SPLIT][BM]
+    float* s_sum = s_max + C::KV_SPLIT * C::BM;                                 // [KV_SPLIT][BM]
+    for (int i = tid; i < C::BM * C::D; i += C::THREADS) s_acc[i] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (t == 0) {
+          const int row_t = row_base + mt * 16 + g + r * 8;
+          s_max[wn * C::BM + row_t] = row_max[mt][r];
+          s_sum[wn * C::BM + row_t] = row_sum[mt][r];
+        }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row_t = row_base + mt * 16 + g + r * 8;
+        float m_all = NEG_INF;
+#pragma unroll
+        for (int s = 0; s < C::KV_SPLIT; ++s) m_all = fmaxf(m_all, s_max[s * C::BM + row_t]);
+        const float m_scaled = (m_all == NEG_INF) ? 0.f : m_all * scale_log2;
+        float l_all = 0.f;
+#pragma unroll
+        for (int s = 0; s < C::KV_SPLIT; ++s)
+          l_all += s_sum[s * C::BM + row_t] * fast_exp2(s_max[s * C::BM + row_t] * scale_log2 - m_scaled);
+        const float factor = l_all > 0.f ? fast_exp2(row_max[mt][r] * scale_log2 - m_scaled) / l_all : 0.f;
+#pragma unroll
+        for (int dt = 0; dt < C::DT; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          atomicAdd(s_acc + row_t * C::D + col, acc_o[mt][dt][2 * r] * factor);
+          atomicAdd(s_acc + row_t * C::D + col + 1, acc_o[mt][dt][2 * r + 1] * factor);
+        }
+        const int row = m0 + row_t;
+        if (wn == 0 && a.lse != nullptr && t == 0 && row < a.sq)
+          a.lse[((long long)b * gridDim.y + h) * a.sq + row] = l_all > 0.f ? m_all * a.scale + logf(l_all) : NEG_INF;
+      }
+    __syncthreads();
+    for (int i = tid; i < OUT_CHUNKS; i += C::THREADS) {
+      const int r = i / CHUNKS_PER_ROW, c = (i % CHUNKS_PER_ROW) * 8;
+      if (m0 + r < a.sq) {
+        const float* src = s_acc + r * C::D + c;
+        uint4 packed;
+        packed.x = M::pack(src[0], src[1]);
+        packed.y = M::pack(src[2], src[3]);
+        packed.z = M::pack(src[4], src[5]);
+        packed.w = M::pack(src[6], src[7]);
+        *reinterpret_cast<uint4*>(o + (long long)(m0 + r) * a.o_ss + c) = packed;
+      }
+    }
+  }
+}
+
+}  // namespace fc
+
+// The tuner appends, for one variant:
+//   using Cfg = fc::AttnConfig<...>;
+//   extern "C" __global__ void __launch_bounds__(Cfg::THREADS) <variant name>(ATTN_FWD_PARAMS)
+//   { ATTN_FWD_BODY(Cfg) }
+#define ATTN_FWD_PARAMS                                                                                   \
+  const void *q, const void *k, const void *v, void *o, float *lse, long long q_sb, long long q_sh,      \
+      long long q_ss, long long k_sb, long long k_sh, long long k_ss, long long v_sb, long long v_sh,     \
+      long long v_ss, long long o_sb, long long o_sh, long long o_ss, int sq, int sk, int h_per_kv,       \
+      float scale
+
+#define ATTN_FWD_BODY(CFG)                                                                                 \
+  fc::AttnArgs args{q,    k,    v,    o,    lse,  q_sb, q_sh, q_ss, k_sb, k_sh,     k_ss,                  \
+                    v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, sq,   sk,   h_per_kv, scale};                      \
+  fc::attn_fwd<CFG>(args);

@@ -1,0 +1,112 @@
+"""Pure checks of (variant, problem, GPU profile): feasible, or not with a reason.
+
+Runs before any compile, so infeasible points never reach nvcc or the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.expr import evaluate
+from tuner.problem import Problem
+from tuner.profiles import GpuProfile
+from tuner.space import Variant
+from tuner.templates import Manifest, load_manifest
+
+_ELEM_BYTES = {"fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    ok: bool
+    reason: str = ""
+    smem_bytes: int = 0
+    threads: int = 0
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def expression_names(variant: Variant) -> dict[str, object]:
+    """The names a manifest expression may use for this variant."""
+    return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": _ELEM_BYTES[variant.dtype],
+            "causal": variant.causal}
+
+
+def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, int]:
+    """Evaluate the manifest's resource formulas (threads, smem_bytes, ...) in order."""
+    manifest = manifest or load_manifest(variant.template)
+    names = expression_names(variant)
+    out: dict[str, int] = {}
+    for key, formula in manifest.resources.items():
+        out[key] = int(evaluate(formula, {**names, **out}))
+    return out
+
+
+def supports_problem(manifest: Manifest, problem: Problem) -> str:
+    """Empty string when the template can take the problem, else why not."""
+    feats = manifest.features
+    if problem.head_dim not in feats.head_dims:
+        return f"head dim {problem.head_dim} unsupported by {manifest.name} (supported: {list(feats.head_dims)})"
+    if problem.dtype not in feats.dtypes:
+        return f"dtype {problem.dtype} unsupported by {manifest.name} (supported: {list(feats.dtypes)})"
+    if problem.causal and not feats.causal:
+        return f"{manifest.name} has no causal masking"
+    if problem.heads_kv != problem.heads and not feats.gqa:
+        return f"{manifest.name} has no GQA/MQA support"
+    if problem.layout not in feats.layouts:
+        return f"layout {problem.layout} unsupported by {manifest.name}"
+    return ""
+
+
+def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibility:
+    """Decide feasibility; the first failed rule is the reason."""
+    manifest = load_manifest(variant.template)
+    if (variant.head_dim, variant.dtype, variant.causal) != (problem.head_dim, problem.dtype, problem.causal):
+        return Feasibility(False, "variant was built for another head dim, dtype or causality than the problem")
+    why = supports_problem(manifest, problem)
+    if why:
+        return Feasibility(False, why)
+    if tuple(profile.compute_capability) < tuple(manifest.min_compute_capability):
+        cc = ".".join(map(str, manifest.min_compute_capability))
+        return Feasibility(False, f"{manifest.name} needs compute capability {cc}+, {profile.name} has "
+                                  f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
+    names = expression_names(variant)
+    for constraint in manifest.constraints:
+        if not evaluate(constraint.rule, names):
+            return Feasibility(False, constraint.reason)
+    res = resources(variant, manifest)
+    threads, smem = res.get("threads", 0), res.get("smem_bytes", 0)
+    if threads > profile.max_threads_per_block:
+        return Feasibility(False, f"{threads} threads per block exceed {profile.name}'s {profile.max_threads_per_block}",
+                           smem, threads)
+    if smem > profile.smem_per_block_optin:
+        return Feasibility(False, f"shared memory {smem} B exceeds {profile.name}'s {profile.smem_per_block_optin} B per block",
+                           smem, threads)
+    return Feasibility(True, "", smem, threads)
+
+
+def feasible_space(template: str, problem: Problem, profile: GpuProfile) -> list[Variant]:
+    from tuner.space import enumerate_space
+
+    return [v for v in enumerate_space(template, problem) if check(v, problem, profile)]
+
+
+def covering_sample(template: str, problem: Problem, profile: GpuProfile, seed: int = 0) -> list[Variant]:
+    """A small set of feasible variants in which every value of every parameter appears.
+
+    Values that no feasible variant can take (for this problem and GPU) are
+    skipped. Greedy: each pick covers as many not-yet-seen values as possible.
+    """
+    import random
+
+    rng = random.Random(seed)
+    pool = feasible_space(template, problem, profile)
+    rng.shuffle(pool)
+    wanted = {(p, repr(v)) for var in pool for p, v in var.params.items()}
+    chosen: list[Variant] = []
+    while wanted:
+        best = max(pool, key=lambda var: len(wanted & {(p, repr(v)) for p, v in var.params.items()}))
+        chosen.append(best)
+        wanted -= {(p, repr(v)) for p, v in best.params.items()}
+    return chosen

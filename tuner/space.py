@@ -1,0 +1,132 @@
+"""The search space of a template: Variant (frozen, named) and its enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterator, Mapping
+
+from tuner.errors import TunerError
+from tuner.problem import DTYPES, Problem
+from tuner.templates import Manifest, ParamValue, list_templates, load_manifest
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of a template's space, with the problem features compiled into it.
+
+    `name` is procedural (e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg)
+    and identifies the variant everywhere: entry point, NVTX range, database row.
+    """
+
+    template: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    params: Mapping[str, ParamValue] = field(hash=False, compare=False)
+    _key: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", dict(sorted(self.params.items())))
+        object.__setattr__(self, "_key", tuple(self.params.items()))
+
+    def __hash__(self) -> int:
+        return hash((self.template, self.head_dim, self.dtype, self.causal, self._key))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Variant) and (
+            (self.template, self.head_dim, self.dtype, self.causal, self._key)
+            == (other.template, other.head_dim, other.dtype, other.causal, other._key)
+        )
+
+    @property
+    def name(self) -> str:
+        manifest = load_manifest(self.template)
+        labels = {p: manifest.params[p].label(v) for p, v in self.params.items()}
+        suffix = "_causal" if self.causal else ""
+        return f"{self.template}_d{self.head_dim}_{self.dtype}_{manifest.name_format.format(**labels)}{suffix}"
+
+    def stored_params(self) -> dict[str, ParamValue]:
+        """Tunables plus the compiled-in problem features: the variant's identity in the store."""
+        return {**self.params, "head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal}
+
+    @classmethod
+    def from_stored(cls, template: str, stored: Mapping[str, ParamValue]) -> "Variant":
+        """Inverse of stored_params (validated against the manifest)."""
+        params = {k: v for k, v in stored.items() if k not in ("head_dim", "dtype", "causal")}
+        try:
+            variant = cls(template, int(stored["head_dim"]), str(stored["dtype"]), bool(stored["causal"]), params)
+        except KeyError as exc:
+            raise TunerError(f"stored variant of {template} lacks {exc.args[0]!r}") from None
+        validate_variant(variant)
+        return variant
+
+    def to_dict(self) -> dict:
+        return {"template": self.template, "head_dim": self.head_dim, "dtype": self.dtype,
+                "causal": self.causal, "params": dict(self.params), "name": self.name}
+
+
+def _same_type(value: object, allowed: ParamValue) -> bool:
+    return type(value) is type(allowed) and value == allowed
+
+
+def validate_variant(variant: Variant, manifest: Manifest | None = None) -> None:
+    """Raise TunerError unless every value is one the manifest declares."""
+    manifest = manifest or load_manifest(variant.template)
+    if set(variant.params) != set(manifest.params):
+        missing = set(manifest.params) - set(variant.params)
+        extra = set(variant.params) - set(manifest.params)
+        raise TunerError(f"variant of {manifest.name}: missing parameters {sorted(missing)}, unknown {sorted(extra)}")
+    for pname, value in variant.params.items():
+        spec = manifest.params[pname]
+        if not any(_same_type(value, allowed) for allowed in spec.values):
+            raise TunerError(f"{manifest.name}: {pname}={value!r} is not one of {list(spec.values)}")
+    if variant.head_dim not in manifest.features.head_dims:
+        raise TunerError(f"{manifest.name}: head dim {variant.head_dim} unsupported; supported: {list(manifest.features.head_dims)}")
+    if variant.dtype not in manifest.features.dtypes:
+        raise TunerError(f"{manifest.name}: dtype {variant.dtype!r} unsupported; supported: {list(manifest.features.dtypes)}")
+    if variant.causal and not manifest.features.causal:
+        raise TunerError(f"{manifest.name}: causal masking unsupported")
+
+
+@lru_cache(maxsize=None)
+def _name_regex(template: str) -> re.Pattern[str]:
+    manifest = load_manifest(template)
+    pattern = re.escape(manifest.name_format)
+    for pname, spec in manifest.params.items():
+        alternatives = "|".join(re.escape(lab) for lab in sorted(spec.labels, key=len, reverse=True))
+        pattern = pattern.replace(re.escape("{" + pname + "}"), f"(?P<{pname}>{alternatives})")
+    dtypes = "|".join(DTYPES)
+    return re.compile(rf"^{re.escape(template)}_d(?P<head_dim>\d+)_(?P<dtype>{dtypes})_{pattern}(?P<causal>_causal)?$")
+
+
+def parse_variant_name(name: str) -> Variant:
+    """Inverse of Variant.name (validated against the manifest)."""
+    for manifest in sorted(list_templates(), key=lambda m: len(m.name), reverse=True):
+        if not name.startswith(manifest.name + "_"):
+            continue
+        match = _name_regex(manifest.name).match(name)
+        if not match:
+            break
+        params = {p: spec.values[spec.labels.index(match.group(p))] for p, spec in manifest.params.items()}
+        variant = Variant(manifest.name, int(match.group("head_dim")), match.group("dtype"),
+                          bool(match.group("causal")), params)
+        validate_variant(variant, manifest)
+        return variant
+    raise TunerError(f"not a variant name: {name!r}")
+
+
+def variant_from_params(template: str, problem: Problem, params: Mapping[str, ParamValue]) -> Variant:
+    variant = Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(params))
+    validate_variant(variant)
+    return variant
+
+
+def enumerate_space(template: str, problem: Problem) -> Iterator[Variant]:
+    """Every combination of the template's parameter values for this problem (feasible or not)."""
+    manifest = load_manifest(template)
+    names = list(manifest.params)
+    for values in itertools.product(*(manifest.params[n].values for n in names)):
+        yield Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(zip(names, values)))
