@@ -1,0 +1,31 @@
+"""GPU test fixtures: skip (with the reason) where no CUDA GPU or pycuda is present."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def gpu_unavailable_reason() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    if importlib.util.find_spec("pycuda") is None:
+        return "pycuda is not installed (pip install '.[gpu]')"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def gpu_profile():
+    reason = gpu_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from tuner import runtime
+    from tuner.profiles import resolve_profile
+
+    runtime.cuda_driver(0)
+    return resolve_profile("auto")

@@ -1,0 +1,61 @@
+"""Timing discipline: warm-up, L2 flush between repetitions, CUDA events, median and spread."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: how stable the figure is."""
+        return (self.p80_us - self.p20_us) / self.median_us if self.median_us else 0.0
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: float = 25.0,
+              rep_ms: float = 100.0, min_reps: int = 10, max_reps: int = 1000) -> Timing:
+    """Median time of `fn` on the current stream, L2 flushed before each repetition.
+
+    Each repetition is bracketed by its own pair of events, so the flush
+    (a memset twice the L2 size) is not counted.
+    """
+    import torch
+
+    flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    # Estimate one call to size the warm-up and the repetition count.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est_ms = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est_ms))):
+        fn()
+    reps = max(min_reps, min(max_reps, int(rep_ms / est_ms)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), reps)

@@ -1,0 +1,56 @@
+"""How a trial is measured: the interface between the search loop and its backends.
+
+The search (tuner.search) asks a Backend to measure compiled variants and
+baselines; the GPU backend (tuner.gpu_worker) runs them in a worker process
+on a real card, the replay backend (tuner.replay) answers from a recorded run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from tuner.compiler import CompileResult
+from tuner.problem import Problem
+from tuner.space import Variant
+from tuner.store.records import TrialStatus
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Outcome of verifying then timing one variant on one problem."""
+
+    status: TrialStatus  # ok, incorrect, launch_error or timeout (compile/pruned are decided before)
+    median_us: Optional[float] = None
+    p20_us: Optional[float] = None
+    p80_us: Optional[float] = None
+    rel_error: Optional[float] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BaselineMeasurement:
+    impl: str  # e.g. sdpa_flash, sdpa_cudnn, sdpa_efficient
+    median_us: float
+    p20_us: float
+    p80_us: float
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What a run records about the card it measured on."""
+
+    gpu_name: str
+    gpu_uuid: Optional[str] = None
+    driver: Optional[str] = None
+    cuda_version: Optional[str] = None
+
+
+class Backend(Protocol):
+    def device_facts(self) -> DeviceFacts: ...
+
+    def baselines(self, problem: Problem) -> list[BaselineMeasurement]: ...
+
+    def measure(self, problem: Problem, variant: Variant, compiled: CompileResult) -> Measurement: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,94 @@
+"""Correctness: inputs, the fp32 reference and the error metric."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tuner.problem import Problem
+
+# Relative L2 error allowed against the fp32 reference (DESIGN.md: measurement).
+TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
+
+
+def torch_dtype(dtype: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def make_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any]:
+    """Fresh random q, k, v as logical [B, H, S, D] views in the problem's layout."""
+    import torch
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed())
+    dt = torch_dtype(problem.dtype)
+
+    def tensor(heads: int, seq: int) -> Any:
+        if problem.layout == "bshd":
+            t = torch.randn(problem.batch, seq, heads, problem.head_dim, device=device, dtype=dt, generator=gen)
+            return t.transpose(1, 2)
+        return torch.randn(problem.batch, heads, seq, problem.head_dim, device=device, dtype=dt, generator=gen)
+
+    return tensor(problem.heads, problem.seq_q), tensor(problem.heads_kv, problem.seq_k), tensor(problem.heads_kv, problem.seq_k)
+
+
+def empty_output(q: Any) -> Any:
+    """An output laid out like q (BSHD stays BSHD), poisoned with NaN so unwritten elements show."""
+    import torch
+
+    out = torch.empty_like(q)  # empty_like preserves q's strides for dense permuted tensors
+    out.fill_(float("nan"))
+    return out
+
+
+def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, chunk_rows: int = 1 << 26) -> tuple[Any, Any]:
+    """fp32 attention (output, log-sum-exp) with bottom-right causal alignment.
+
+    Rows that see no key give 0 and lse = -inf, as the kernels do. Computed in
+    chunks of (batch, head) so that large problems fit in memory.
+    """
+    import torch
+
+    b, h, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, h, sq, device=q.device, dtype=torch.float32)
+    mask = None
+    if causal:
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        mask = cols > rows + (sk - sq)
+    heads_per_chunk = max(1, chunk_rows // max(1, sq * sk))
+    group = h // hkv
+    for bi in range(b):
+        for h0 in range(0, h, heads_per_chunk):
+            h1 = min(h, h0 + heads_per_chunk)
+            qc = q[bi, h0:h1].float()
+            kv_idx = torch.arange(h0, h1, device=q.device) // group
+            kc, vc = k[bi, kv_idx].float(), v[bi, kv_idx].float()
+            s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+            if mask is not None:
+                s = s.masked_fill(mask, float("-inf"))
+            m = s.amax(dim=-1, keepdim=True)
+            m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(s - m_safe)
+            l = p.sum(dim=-1, keepdim=True)
+            o = torch.matmul(p, vc) / torch.where(l > 0, l, torch.ones_like(l))
+            out[bi, h0:h1] = o
+            lse[bi, h0:h1] = torch.where(l[..., 0] > 0, m_safe[..., 0] + torch.log(l[..., 0]), torch.full_like(l[..., 0], float("-inf")))
+    return out, lse
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in fp64; NaN anywhere gives inf."""
+    import torch
+
+    o = out.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    r = ref.double()
+    denom = torch.linalg.vector_norm(r).item()
+    return torch.linalg.vector_norm(o - r).item() / (denom if denom > 0 else 1.0)
