@@ -88,6 +88,58 @@ def profiles_command(
     console.print(table)
 
 
+# --- tuner space / render (owner: templates) ------------------------------
+
+
+@app.command("space")
+def space_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile name (h100, h200, a100, l4) or auto.")],
+    shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
+    dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
+    causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
+    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA); default: same as heads.")] = None,
+    template: Annotated[str, typer.Option(help="Kernel template name.")] = "attn_fwd_mma",
+    show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
+    output_format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """List the variants of a template that fit a problem on a GPU (no GPU needed)."""
+    import json
+
+    from rich.table import Table
+
+    from tuner.feasibility import space_report
+    from tuner.problem import problem_from_shape
+    from tuner.profiles import resolve_profile
+
+    fmt = _output_format(output_format, ("table", "json"))
+    profile = resolve_profile(gpu)
+    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv)
+    rows = [(v, f) for v, f in space_report(template, problem, profile) if f.ok or show_all]
+    if fmt == "json":
+        typer.echo(json.dumps([{**v.to_dict(), "feasible": f.ok, "reason": f.reason or None,
+                                "smem_bytes": f.smem_bytes, "threads": f.threads} for v, f in rows], indent=2))
+        return
+    feasible = sum(f.ok for _, f in rows)
+    table = Table(title=f"{template} on {profile.name}, {problem.label}: {feasible} feasible")
+    for column in ("variant", "smem", "threads") + (("reason",) if show_all else ()):
+        table.add_column(column)
+    for v, f in rows:
+        cells = [v.name, f"{f.smem_bytes // 1024} KiB" if f.smem_bytes else "-", str(f.threads or "-")]
+        table.add_row(*cells, *((f.reason or "feasible",) if show_all else ()))
+    console.print(table)
+
+
+@app.command("render")
+def render_command(
+    variant: Annotated[str, typer.Argument(help="Variant name, e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg.")],
+) -> None:
+    """Print the CUDA source of one variant (the template plus its instantiation)."""
+    from tuner.space import parse_variant_name
+    from tuner.templates import render
+
+    typer.echo(render(parse_variant_name(variant)), nl=False)
+
+
 # --- tuner results / show / db (owner: store) ----------------------------
 
 from tuner.store import default_db_url as _default_db_url  # noqa: E402

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.errors import TunerError
 from tuner.expr import evaluate
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
@@ -110,3 +111,15 @@ def covering_sample(template: str, problem: Problem, profile: GpuProfile, seed: 
         chosen.append(best)
         wanted -= {(p, repr(v)) for p, v in best.params.items()}
     return chosen
+
+
+def space_report(template: str, problem: Problem, profile: GpuProfile) -> list[tuple[Variant, Feasibility]]:
+    """Every variant of the template for this problem with its feasibility (feasible first)."""
+    from tuner.space import enumerate_space
+
+    manifest = load_manifest(template)
+    why = supports_problem(manifest, problem)
+    if why:
+        raise TunerError(why)
+    report = [(v, check(v, problem, profile)) for v in enumerate_space(template, problem)]
+    return sorted(report, key=lambda item: not item[1].ok)

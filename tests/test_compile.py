@@ -1,0 +1,80 @@
+"""The template compiles with the local nvcc, for sm_80 and sm_90a, across a covering sample.
+
+Needs nvcc (no GPU). Register and spill figures from ptxas are written to
+build/ptxas_report.json so a change that adds spills is visible in CI logs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tuner.compiler import compile_many, compile_source, parse_ptxas
+from tuner.feasibility import covering_sample
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.templates import render
+
+pytestmark = [
+    pytest.mark.nvcc,
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (CUDA toolkit not installed)"),
+]
+REPORT = Path(__file__).resolve().parent.parent / "build" / "ptxas_report.json"
+CASES = [(64, "fp16", False), (64, "bf16", True), (128, "fp16", True), (128, "bf16", False)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))  # really run nvcc, never a stale cubin
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_covering_sample_compiles(arch: str) -> None:
+    profile = load_profile("a100" if arch == "sm_80" else "h100")
+    variants = []
+    for head_dim, dtype, causal in CASES:
+        problem = Problem(1, 1, 128, 128, head_dim, dtype=dtype, causal=causal)
+        variants += covering_sample("attn_fwd_mma", problem, profile, seed=head_dim)
+    # Every value of every parameter, both dtypes and head dims 64 and 128 appear.
+    for name in variants[0].params:
+        values = {repr(v.params[name]) for v in variants}
+        assert len(values) >= 2 or name == "Q_IN_REGS", (name, values)
+    results = compile_many([(render(v), v.name, arch) for v in variants], workers=2)
+    failures = [f"{v.name}:\n{r.log[-1500:]}" for v, r in zip(variants, results) if not r.ok]
+    assert not failures, "\n".join(failures)
+    figures = {v.name: {"registers": r.registers, "spill_bytes": r.spill_bytes, "compile_s": round(r.seconds, 2)}
+               for v, r in zip(variants, results)}
+    assert all(0 < f["registers"] <= 255 for f in figures.values())
+    REPORT.parent.mkdir(exist_ok=True)
+    existing = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    existing[arch] = figures
+    REPORT.write_text(json.dumps(existing, indent=1, sort_keys=True))
+
+
+def test_compile_error_is_a_result_with_the_log() -> None:
+    res = compile_source("this is not CUDA;", "broken_kernel", "sm_80")
+    assert not res.ok and res.cubin_path is None
+    assert "error" in res.log and "tuner-nvcc-" not in res.log
+
+
+def test_cache_serves_the_same_cubin() -> None:
+    src = 'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] = 1.0f; }\n'
+    first = compile_source(src, "tiny", "sm_80")
+    second = compile_source(src, "tiny", "sm_80")
+    assert first.ok and not first.cached and second.cached
+    assert first.cubin_sha256 == second.cubin_sha256 and second.cubin == first.cubin
+
+
+def test_ptxas_report_parsing() -> None:
+    log = (
+        "ptxas info    : Compiling entry function 'other' for 'sm_90a'\n"
+        "ptxas info    : Used 40 registers\n"
+        "ptxas info    : Compiling entry function 'mine' for 'sm_90a'\n"
+        "ptxas info    : Function properties for mine\n"
+        "    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 16 bytes cumulative stack size\n"
+    )
+    assert parse_ptxas(log, "mine") == {"registers": 255, "spill_bytes": 20, "stack_bytes": 16, "static_smem_bytes": 1024}

@@ -1,0 +1,60 @@
+"""Template manifests: loading, validation errors, source hashing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import TunerError
+from tuner.resources import asset_dir
+from tuner.templates import list_templates, load_manifest, load_manifest_file
+
+
+def test_shipped_manifest_loads() -> None:
+    m = load_manifest("attn_fwd_mma")
+    assert "attn_fwd_mma" in [t.name for t in list_templates()]
+    assert set(m.params) == {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "KV_SPLIT", "SWIZZLE", "STAGES", "Q_IN_REGS"}
+    assert {64, 128} <= set(m.features.head_dims) and set(m.features.dtypes) == {"fp16", "bf16"}
+    assert "sm_80" in m.archs and "sm_90a" in m.archs
+    assert len(m.source_hash) == 64
+
+
+def test_unknown_template_lists_known() -> None:
+    with pytest.raises(TunerError, match="known: .*attn_fwd_mma"):
+        load_manifest("nope")
+
+
+def _copy_template(tmp_path: Path) -> Path:
+    src = asset_dir("kernel_templates")
+    for name in ("attn_fwd_mma.toml", "attn_fwd_mma.cu"):
+        shutil.copy(src / name, tmp_path / name)
+    return tmp_path / "attn_fwd_mma.toml"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('name = "attn_fwd_mma"\n', ""), "missing field 'name'"),
+        (lambda t: t.replace('source = "attn_fwd_mma.cu"', 'source = "gone.cu"'), "gone.cu not found"),
+        (lambda t: t.replace("values = [32, 64, 128]\ndoc = \"query", "values = \"64\"\ndoc = \"query"), "values"),
+        (lambda t: t.replace("{BLOCK_M}", "BM"), "name_format must contain {BLOCK_M}"),
+        (lambda t: t + "\n[broken", "cannot read manifest"),
+    ],
+)
+def test_broken_manifest_errors_name_file_and_field(tmp_path: Path, edit, message: str) -> None:
+    path = _copy_template(tmp_path)
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(TunerError, match=message) as info:
+        load_manifest_file(path)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_source_hash_changes_with_the_template(tmp_path: Path) -> None:
+    path = _copy_template(tmp_path)
+    before = load_manifest_file(path).source_hash
+    cu = tmp_path / "attn_fwd_mma.cu"
+    cu.write_text(cu.read_text() + "\n// changed\n")
+    assert load_manifest_file(path).source_hash != before
