@@ -24,6 +24,7 @@ from tuner import runtime
 from tuner.baselines import available_baselines
 from tuner.bench import time_cuda
 from tuner.compiler import compile_many
+from tuner.expr import evaluate
 from tuner.feasibility import feasible_space, resources
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="always include this variant name")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rep-ms", type=float, default=50.0)
+    ap.add_argument("--filter", default="True", help="manifest-style expression over the parameters, e.g. 'KV_SPLIT == 1'")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_mma.jsonl"))
     args = ap.parse_args()
 
@@ -52,7 +54,7 @@ def main() -> None:
     rows = []
     for shape in args.shape:
         problem = problem_from_shape(shape, dtype=args.dtype, causal=args.causal)
-        space = feasible_space("attn_fwd_mma", problem, profile)
+        space = [v for v in feasible_space("attn_fwd_mma", problem, profile) if evaluate(args.filter, v.params)]
         rng = random.Random(args.seed)
         forced = [parse_variant_name(n) for n in args.variant if parse_variant_name(n).head_dim == problem.head_dim]
         rest = [v for v in space if v not in forced]
