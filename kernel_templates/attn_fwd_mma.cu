@@ -130,7 +130,7 @@ struct TileLayout {
 // --------------------------------------------------------------- the kernel
 
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int KV_SPLIT_, int SWIZZLE_,
-          int STAGES_, bool Q_IN_REGS_, bool CAUSAL_>
+          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool CAUSAL_>
 struct AttnConfig {
   using T = T_;
   static constexpr int D = HEAD_DIM_;
@@ -142,6 +142,9 @@ struct AttnConfig {
   static constexpr int STAGES = STAGES_;
   static constexpr bool Q_IN_REGS = Q_IN_REGS_;
   static constexpr bool CAUSAL = CAUSAL_;
+  // CTAs per SM the register allocation must allow (__launch_bounds__'s
+  // second argument): 2 caps registers at 65536 / (2 * THREADS) per thread.
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
 
   static constexpr int THREADS = NUM_WARPS * 32;
   static constexpr int WARPS_M = NUM_WARPS / KV_SPLIT;  // warps stacked along query rows
@@ -191,15 +194,34 @@ __device__ __forceinline__ void load_tile(typename C::T* tile, const typename C:
   constexpr int CHUNKS_PER_ROW = C::D / 8;
   constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
   constexpr int ITERS = (TOTAL + C::THREADS - 1) / C::THREADS;
+  if constexpr (C::THREADS % CHUNKS_PER_ROW == 0) {
+    // Each thread keeps one column chunk and steps down the rows: the global
+    // address advances by a constant stride instead of a fresh 64-bit product.
+    constexpr int ROWS_PER_ITER = C::THREADS / CHUNKS_PER_ROW;
+    const int r0 = (int)threadIdx.x / CHUNKS_PER_ROW;
+    const int c = ((int)threadIdx.x % CHUNKS_PER_ROW) * 8;
+    const typename C::T* src = base + (long long)(row0 + r0) * row_stride + c;
+    const long long step = (long long)ROWS_PER_ITER * row_stride;
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int i = it * C::THREADS + (int)threadIdx.x;
-    if (TOTAL % C::THREADS == 0 || i < TOTAL) {
-      const int r = i / CHUNKS_PER_ROW;
-      const int c = (i % CHUNKS_PER_ROW) * 8;
-      const bool valid = row0 + r < row_end;
-      const typename C::T* src = base + (valid ? (long long)(row0 + r) * row_stride + c : 0);
-      cp_async_16(tile + C::Layout::offset(r, c), src, valid);
+    for (int it = 0; it < ITERS; ++it) {
+      const int r = r0 + it * ROWS_PER_ITER;
+      if (TOTAL % C::THREADS == 0 || r < ROWS) {
+        const bool valid = row0 + r < row_end;
+        cp_async_16(tile + C::Layout::offset(r, c), valid ? src : base, valid);
+      }
+      src += step;
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int i = it * C::THREADS + (int)threadIdx.x;
+      if (TOTAL % C::THREADS == 0 || i < TOTAL) {
+        const int r = i / CHUNKS_PER_ROW;
+        const int c = (i % CHUNKS_PER_ROW) * 8;
+        const bool valid = row0 + r < row_end;
+        const typename C::T* src = base + (valid ? (long long)(row0 + r) * row_stride + c : 0);
+        cp_async_16(tile + C::Layout::offset(r, c), src, valid);
+      }
     }
   }
 }
@@ -372,9 +394,19 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
     for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = row_max[mt][r];
+        // Pairwise (tree) reductions: a sequential chain over the row's
+        // 2*NT values would serialise on the FMNMX/FADD latency.
+        float vals[2 * C::NT];
 #pragma unroll
-        for (int nt = 0; nt < C::NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+        for (int nt = 0; nt < C::NT; ++nt) {
+          vals[2 * nt] = acc_s[mt][nt][2 * r];
+          vals[2 * nt + 1] = acc_s[mt][nt][2 * r + 1];
+        }
+#pragma unroll
+        for (int width = C::NT; width >= 1; width /= 2)
+#pragma unroll
+          for (int i = 0; i < width; ++i) vals[i] = fmaxf(vals[i], vals[i + width]);
+        float mx = fmaxf(row_max[mt][r], vals[0]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         // A row that has seen only masked keys keeps max -inf: use 0 as the
@@ -382,15 +414,19 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
         const float m_scaled = (mx == NEG_INF) ? 0.f : mx * scale_log2;
         const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
         row_max[mt][r] = mx;
-        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < C::NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float p = fast_exp2(fmaf(acc_s[mt][nt][2 * r + e], scale_log2, -m_scaled));
             acc_s[mt][nt][2 * r + e] = p;
-            sum += p;
+            vals[2 * nt + e] = p;
           }
+#pragma unroll
+        for (int width = C::NT; width >= 1; width /= 2)
+#pragma unroll
+          for (int i = 0; i < width; ++i) vals[i] += vals[i + width];
+        const float sum = vals[0];
         row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
 #pragma unroll
         for (int dt = 0; dt < C::DT; ++dt) {
@@ -527,7 +563,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
 
 // The tuner appends, for one variant:
 //   using Cfg = fc::AttnConfig<...>;
-//   extern "C" __global__ void __launch_bounds__(Cfg::THREADS) <variant name>(ATTN_FWD_PARAMS)
+//   extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) <variant name>(ATTN_FWD_PARAMS)
 //   { ATTN_FWD_BODY(Cfg) }
 #define ATTN_FWD_PARAMS                                                                                   \
   const void *q, const void *k, const void *v, void *o, float *lse, long long q_sb, long long q_sh,      \

@@ -15,6 +15,9 @@ from tuner.space import Variant
 from tuner.templates import Manifest, load_manifest
 
 _ELEM_BYTES = {"fp16": 2, "bf16": 2}
+# Registers a thread needs beyond its accumulators (fragments, addresses,
+# softmax state); below accumulators + this, ptxas spills in the inner loop.
+_REGISTER_OVERHEAD = 40
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,20 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
     if smem > profile.smem_per_block_optin:
         return Feasibility(False, f"shared memory {smem} B exceeds {profile.name}'s {profile.smem_per_block_optin} B per block",
                            smem, threads)
+    blocks = res.get("min_blocks", 1)
+    if blocks > 1:
+        # The driver reserves 1 KiB of shared memory per resident CTA (sm_80+).
+        if blocks * (smem + 1024) > profile.smem_per_sm:
+            return Feasibility(False, f"{blocks} CTAs of {smem} B shared memory do not fit {profile.name}'s "
+                                      f"{profile.smem_per_sm} B per SM", smem, threads)
+        if blocks * threads > profile.max_threads_per_sm:
+            return Feasibility(False, f"{blocks} CTAs of {threads} threads exceed {profile.name}'s "
+                                      f"{profile.max_threads_per_sm} threads per SM", smem, threads)
+        cap = min(profile.regs_per_thread, profile.regs_per_sm // (blocks * threads) // 8 * 8)
+        need = res.get("accumulator_regs", 0) + _REGISTER_OVERHEAD
+        if cap < need:
+            return Feasibility(False, f"{blocks} CTAs per SM cap registers at {cap} per thread, below the ~{need} "
+                                      f"the accumulators and addressing need", smem, threads)
     return Feasibility(True, "", smem, threads)
 
 

@@ -141,9 +141,16 @@ def load_manifest_file(path: Path) -> Manifest:
 
 
 def _manifest_paths() -> dict[str, Path]:
-    paths = {}
-    for path in sorted(asset_dir("kernel_templates").glob("*.toml")):
-        paths[path.stem] = path
+    """Template name -> manifest: the shipped folder first, then the folders of
+    TUNER_TEMPLATE_PATH (os.pathsep-separated) in order; the first one found wins."""
+    import os
+
+    folders = [asset_dir("kernel_templates")]
+    folders += [Path(entry) for entry in os.environ.get("TUNER_TEMPLATE_PATH", "").split(os.pathsep) if entry.strip()]
+    paths: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+            paths.setdefault(path.stem, path)
     return paths
 
 
@@ -201,6 +208,6 @@ def render(variant: "Variant") -> str:  # noqa: F821 - tuner.space imports us
         # use: make the compiler prove they agree with the template.
         + f'static_assert(TunerCfg::SMEM_BYTES == {res["smem_bytes"]}, "manifest smem_bytes disagrees with the template");\n'
         + f'static_assert(TunerCfg::THREADS == {res["threads"]}, "manifest threads disagrees with the template");\n'
-        + f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS)\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
+        + f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
         + "  ATTN_FWD_BODY(TunerCfg)\n}\n"
     )
