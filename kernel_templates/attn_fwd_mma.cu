@@ -59,6 +59,29 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Pairwise reduction of v[0 .. 2W) into v[0], by compile-time recursion so
+// every index is a constant (a run-time loop would put v in local memory).
+template <int W>
+struct TreeReduce {
+  template <class Op>
+  __device__ static __forceinline__ void run(float* v, Op op) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = op(v[i], v[i + W]);
+    TreeReduce<W / 2>::run(v, op);
+  }
+};
+template <>
+struct TreeReduce<0> {
+  template <class Op>
+  __device__ static __forceinline__ void run(float*, Op) {}
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct AddOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
 template <typename T>
 struct Mma;
 
@@ -402,10 +425,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
           vals[2 * nt] = acc_s[mt][nt][2 * r];
           vals[2 * nt + 1] = acc_s[mt][nt][2 * r + 1];
         }
-#pragma unroll
-        for (int width = C::NT; width >= 1; width /= 2)
-#pragma unroll
-          for (int i = 0; i < width; ++i) vals[i] = fmaxf(vals[i], vals[i + width]);
+        TreeReduce<C::NT>::run(vals, MaxOp());
         float mx = fmaxf(row_max[mt][r], vals[0]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
@@ -422,10 +442,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
             acc_s[mt][nt][2 * r + e] = p;
             vals[2 * nt + e] = p;
           }
-#pragma unroll
-        for (int width = C::NT; width >= 1; width /= 2)
-#pragma unroll
-          for (int i = 0; i < width; ++i) vals[i] += vals[i + width];
+        TreeReduce<C::NT>::run(vals, AddOp());
         const float sum = vals[0];
         row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
 #pragma unroll

@@ -78,3 +78,22 @@ def test_ptxas_report_parsing() -> None:
         "ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 16 bytes cumulative stack size\n"
     )
     assert parse_ptxas(log, "mine") == {"registers": 255, "spill_bytes": 20, "stack_bytes": 16, "static_smem_bytes": 1024}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg",    # FlashAttention-2's D64 shape
+        "attn_fwd_mma_d128_fp16_m128n32_w4_q_rows_pad_s3_qsmem_b2",
+        "attn_fwd_mma_d64_bf16_m128n128_w8_q_rows_xor_s2_qsmem_causal",
+    ],
+)
+def test_winning_shapes_keep_everything_in_registers(name: str) -> None:
+    # A register array indexed at run time lands in local memory (stack frame)
+    # and cost 4x on an H200 once; the tuned shapes must compile without it.
+    from tuner.space import parse_variant_name
+
+    variant = parse_variant_name(name)
+    res = compile_source(render(variant), name, "sm_90a")
+    assert res.ok
+    assert res.stack_bytes == 0 and res.spill_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
