@@ -89,6 +89,63 @@ def store(store_url: str):
 
 
 # =============================================================================
+# Search / replay fixtures (owner: search)
+#
+# `replay_recording`: a results store to replay (tuner search --backend replay
+# --from URL). When REPLAY_RECORDING exists (a real recording from an H100/H200,
+# committed by the lead) the tests replay it; otherwise they build a SYNTHETIC
+# one (made-up timings, see tuner/replay_fixture.py) once per session.
+# `pg_url`: a fresh PostgreSQL database, or a skip that says why.
+# =============================================================================
+
+from dataclasses import dataclass as _search_dataclass
+from pathlib import Path as _SearchPath
+
+REPLAY_RECORDING = _SearchPath(__file__).parent / "data" / "replay_recording.db"
+
+
+@_search_dataclass(frozen=True)
+class Recording:
+    url: str
+    problem: "object"  # tuner.problem.Problem with the most replayable trials
+    profile: str  # GPU profile of the recording's run
+    gpu_name: str
+    replayable: int  # variants of `problem` with a recorded ok/incorrect/launch_error/timeout result
+    synthetic: bool
+
+
+@pytest.fixture(scope="session")
+def replay_recording(tmp_path_factory) -> Recording:
+    from collections import Counter
+
+    from tuner.problem import Problem
+    from tuner.store import TrialFilter, TrialStatus, open_store
+
+    if REPLAY_RECORDING.exists():
+        url, synthetic = f"sqlite:///{REPLAY_RECORDING}", False
+    else:
+        from tuner.replay_fixture import write_synthetic_recording
+
+        url, synthetic = f"sqlite:///{tmp_path_factory.mktemp('recording') / 'synthetic.db'}", True
+        write_synthetic_recording(url, [Problem(1, 8, 512, 512, 64)], profile="h100")
+    with open_store(url, create=False) as store:
+        rows = [r for r in store.query_trials(TrialFilter()) if r.status is not TrialStatus.PRUNED]
+    counts = Counter((r.problem, r.profile, r.gpu_name) for r in rows)
+    (problem, profile, gpu_name), n = counts.most_common(1)[0]
+    variants = {tuple(sorted(r.params.items())) for r in rows if r.problem == problem and r.gpu_name == gpu_name}
+    return Recording(url, problem, profile, gpu_name, len(variants), synthetic)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database (dropped afterwards), or a skip naming the reason."""
+    reason = pg_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    yield from _fresh_pg_database()
+
+
+# =============================================================================
 # TUNER_REQUIRE_PG (owner: CI / profiles engineer; keep this block last)
 #
 # With TUNER_REQUIRE_PG=1 (set by .ci/run) a PostgreSQL test that would be

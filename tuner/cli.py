@@ -6,6 +6,7 @@ import sys
 from enum import Enum
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 
@@ -331,9 +332,157 @@ def db_upgrade_command() -> None:
     console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
+# --- tuner search / worker (owner: search) --------------------------------
+
+
+def _parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1h30m' -> seconds."""
+    import re
+
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise TunerError(f"malformed duration {text!r}: expected e.g. 90s, 10m or 1h30m")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise TunerError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def _parse_devices(text: str) -> tuple[int, ...]:
+    try:
+        devices = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise TunerError(f"malformed --devices {text!r}: expected device indices such as 0,1") from None
+    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
+        raise TunerError(f"malformed --devices {text!r}: expected distinct device indices such as 0,1")
+    return devices
+
+
+def _print_search_report(report: object) -> None:
+    from tuner.summary import summary_table
+
+    console.print(summary_table(report.summaries))  # type: ignore[attr-defined]
+    console.print(
+        f"measured {report.measured} trials, reused {report.reused} from the store; "  # type: ignore[attr-defined]
+        f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}",  # type: ignore[attr-defined]
+        markup=False, highlight=False, soft_wrap=True,
+    )
+    if report.interrupted:  # type: ignore[attr-defined]
+        err_console.print("interrupted: every finished trial is stored; continue with --resume", markup=False)
+        # Not typer.Exit: with standalone_mode=False click returns its code instead of raising it.
+        sys.exit(130)
+
+
+@app.command("search", epilog=_STORE_EPILOG)
+def search_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
+    shape: Annotated[Optional[list[str]], typer.Option(help="Problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: the profile's problems.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA/MQA); default: same as H.")] = None,
+    dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
+    causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
+    layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
+    template: Annotated[str, typer.Option(help="Kernel template.")] = "attn_fwd_mma",
+    trials: Annotated[Optional[int], typer.Option(help="Trials per problem (default 100; the grid size with --sampler grid).")] = None,
+    time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
+    sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: <gpu>-<template>-<problem>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study up to its trial budget.")] = False,
+    devices: Annotated[str, typer.Option(help="GPU indices, one worker process each, e.g. 0,1.")] = "0",
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    profile_top: Annotated[int, typer.Option("--profile-top", min=0, help="Profile the K best trials with ncu afterwards.")] = 0,
+    backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
+    replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
+) -> None:
+    """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
+    from tuner.search import SearchOptions, run_search
+
+    options = SearchOptions(
+        gpu=gpu, shapes=tuple(shape or ()), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
+        template=template, trials=trials, time_budget_s=_parse_duration(time_budget) if time_budget else None,
+        sampler=sampler.strip().lower(), seed=seed, study=study, resume=resume, devices=_parse_devices(devices),
+        db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from, force=force,
+        profile_top=profile_top,
+    )
+    _print_search_report(run_search(options, console=err_console))
+
+
+@app.command("worker", epilog=_STORE_EPILOG)
+def worker_command(
+    study: Annotated[list[str], typer.Option(help="Study created by `tuner search` (repeatable).")],
+    storage: Annotated[str, typer.Option(help="Optuna storage: postgresql://... or the SQLite results URL / journal file.")],
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (default: the storage's database when PostgreSQL).")] = None,
+    backend: Annotated[str, typer.Option(help="gpu or replay.")] = "gpu",
+    replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run per study (default: what is left of its budget).")] = None,
+    time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long.")] = None,
+    device: Annotated[int, typer.Option(min=0, help="GPU index.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replay a recording from another card than the study's profile.")] = False,
+) -> None:
+    """Join existing studies from this host (shared PostgreSQL storage) and work on them."""
+    from tuner.search import run_join
+
+    report = run_join(
+        study, storage, db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from,
+        trials=trials, device=device, time_budget_s=_parse_duration(time_budget) if time_budget else None,
+        seed=seed, force=force, console=err_console,
+    )
+    _print_search_report(report)
+
+
+# --- tuner profile (owner: profiling) -------------------------------------
+
+
+@app.command("profile", epilog=_STORE_EPILOG)
+def profile_command(
+    trial_id: Annotated[Optional[int], typer.Argument(help="Trial id to profile (see `tuner results`).")] = None,
+    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Profile the K fastest ok trials instead (best per problem first).")] = None,
+    run: Annotated[Optional[int], typer.Option("--run", help="With --top: only trials of this run.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="With --top: GPU profile name, or part of the GPU name.")] = None,
+    ncu: Annotated[str, typer.Option("--ncu", help="The ncu executable (Nsight Compute).")] = "ncu",
+    launches: Annotated[int, typer.Option(min=1, help="Kernel launches profiled per trial (metrics are averaged).")] = 3,
+    output_format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """Nsight Compute counters of stored trials (on this machine's GPU), stored with each trial."""
+    import json
+
+    from rich.table import Table
+
+    from tuner.profiling import METRICS, metrics_to_json, profile_top, profile_trial
+    from tuner.store import open_store
+
+    fmt = _output_format(output_format, ("table", "json"))
+    if (trial_id is None) == (top is None):
+        raise TunerError("give either a TRIAL_ID or --top K")
+    if trial_id is not None and (run is not None or gpu is not None):
+        raise TunerError("--run and --gpu select trials for --top; they do not apply to one TRIAL_ID")
+    with open_store(state.db_url) as store:
+        if trial_id is not None:
+            results = {trial_id: profile_trial(store, trial_id, ncu=ncu, launches=launches)}
+        else:
+            results = profile_top(store, run, top or 0, gpu, ncu=ncu, launches=launches)
+        names = {tid: store.trial_detail(tid).variant_name for tid in results}
+    if fmt == "json":
+        typer.echo(json.dumps(metrics_to_json(results), indent=2))
+        return
+    for tid, metrics in results.items():
+        table = Table(title=f"trial {tid}: {names[tid]}", title_justify="left")
+        for column, justify in (("metric", "left"), ("value", "right"), ("unit", "left"), ("meaning", "left")):
+            table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        for m in metrics:
+            table.add_row(m.name, f"{m.value:,.6g}", m.unit or "", METRICS.get(m.name, ""))
+        console.print(table)
+
+
 # Recent Typer releases vendor click as typer._click: their usage errors are
 # not click.ClickException, so catch both.
-_CLICK_ERRORS: tuple[type[Exception], ...] = (__import__("click").ClickException,)
+_CLICK_ERRORS: tuple[type[Exception], ...] = (click.ClickException,)
 try:
     from typer._click.exceptions import ClickException as _TyperClickException
 
@@ -345,7 +494,8 @@ except ImportError:  # typer that uses click itself
 def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns an Exit's code instead of exiting.
+        code = app(standalone_mode=False)
     except TunerError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -357,3 +507,5 @@ def main() -> None:
     except _CLICK_ERRORS as exc:  # bad usage: click's own message, no traceback
         exc.show()
         sys.exit(exc.exit_code)
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -1,0 +1,66 @@
+"""The replay backend answers from a recorded results store (SYNTHETIC recording unless tests/data has a real one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.replay import NOT_RECORDED, ReplayBackend, recording_profile
+from tuner.space import Variant
+from tuner.store import TrialFilter, TrialStatus, open_store
+
+
+def test_replays_recorded_results_baselines_and_card(replay_recording):
+    backend = ReplayBackend(replay_recording.url, load_profile(replay_recording.profile))
+    assert backend.needs_compile is False
+    assert backend.device_facts().gpu_name == replay_recording.gpu_name
+    with open_store(replay_recording.url, create=False) as store:
+        rows = store.query_trials(TrialFilter(shape=(1, 1, 1, 1, 1)))  # nothing
+        assert rows == []
+        rows = [r for r in store.query_trials(TrialFilter()) if r.problem == replay_recording.problem]
+    by_status = {}
+    for row in rows:
+        by_status.setdefault(row.status, row)
+    assert TrialStatus.OK in by_status
+    for status, row in by_status.items():
+        if status is TrialStatus.PRUNED:
+            continue
+        variant = Variant.from_stored(row.template, row.params)
+        m = backend.measure(replay_recording.problem, variant, None)
+        assert m.status is status
+        assert m.median_us == row.median_us and m.rel_error == row.rel_error and m.error == row.error
+    baselines = backend.baselines(replay_recording.problem)
+    assert baselines and [b.median_us for b in baselines] == sorted(b.median_us for b in baselines)
+    assert backend.baselines(Problem(3, 3, 33, 33, 64)) == []
+
+
+def test_a_variant_missing_from_the_recording_is_pruned_with_a_reason(replay_recording):
+    backend = ReplayBackend(replay_recording.url, load_profile(replay_recording.profile))
+    other = Problem(7, 3, 96, 96, replay_recording.problem.head_dim)  # never recorded
+    with open_store(replay_recording.url, create=False) as store:
+        row = next(r for r in store.query_trials(TrialFilter(status=TrialStatus.OK)))
+    m = backend.measure(other, Variant.from_stored(row.template, row.params), None)
+    assert m.status is TrialStatus.PRUNED and m.error == NOT_RECORDED and m.median_us is None
+
+
+def test_a_recording_from_another_card_needs_force(replay_recording):
+    other = "l4" if replay_recording.profile != "l4" else "a100"
+    with pytest.raises(TunerError, match="--force"):
+        ReplayBackend(replay_recording.url, load_profile(other))
+    forced = ReplayBackend(replay_recording.url, load_profile(other), force=True)
+    assert forced.device_facts().gpu_name == replay_recording.gpu_name
+
+
+def test_auto_profile_comes_from_the_recording(replay_recording):
+    assert recording_profile(replay_recording.url).name == replay_recording.profile
+
+
+def test_an_empty_or_missing_recording_is_a_clear_error(tmp_path):
+    with pytest.raises(TunerError, match="no results store"):
+        ReplayBackend(f"sqlite:///{tmp_path / 'missing.db'}")
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    open_store(url).close()
+    with pytest.raises(TunerError, match="holds no trials"):
+        ReplayBackend(url)

@@ -1,0 +1,288 @@
+"""The search loop on the replay backend (SYNTHETIC recording unless tests/data holds a real one), no GPU."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from cli_helpers import run_tuner
+from optuna.trial import TrialState
+
+from tuner import search as search_mod
+from tuner.compiler import CompileResult
+from tuner.errors import TunerError
+from tuner.evaluation import Measurement
+from tuner.feasibility import check
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.replay import ReplayBackend
+from tuner.search import SearchOptions, run_search, warm_start_points
+from tuner.search_space import grid_size, study_name
+from tuner.search_study import ATTR_BUDGET, ATTR_SOURCE, finished_trials, storage_for
+from tuner.store import RunInfo, TrialFilter, TrialRecord, TrialStatus, open_store
+from tuner.templates import load_manifest
+
+WIDE = {"COLUMNS": "250"}
+
+
+def shape_arg(problem: Problem) -> str:
+    return f"{problem.batch},{problem.heads},{problem.seq_q},{problem.seq_k},{problem.head_dim}"
+
+
+class CountingBackend:
+    """The replay backend, recording which variants it measured; optionally interrupts at measure #n."""
+
+    def __init__(self, recording, interrupt_at: int | None = None, needs_compile: bool = False) -> None:
+        self.inner = ReplayBackend(recording.url, load_profile(recording.profile))
+        self.measured: list[str] = []
+        self.interrupt_at = interrupt_at
+        self.needs_compile = needs_compile
+        self.closed = False
+
+    def device_facts(self):
+        return self.inner.device_facts()
+
+    def baselines(self, problem):
+        return self.inner.baselines(problem)
+
+    def measure(self, problem, variant, compiled):
+        if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.measured.append(variant.name)
+        return self.inner.measure(problem, variant, compiled)
+
+    def close(self):
+        self.closed = True
+
+
+def options(recording, db_url: str, **changes) -> SearchOptions:
+    base = SearchOptions(gpu=recording.profile, shapes=(shape_arg(recording.problem),),
+                         dtype=recording.problem.dtype, causal=recording.problem.causal, backend="replay",
+                         replay_from=recording.url, db_url=db_url, trials=30, seed=7)
+    return replace(base, **changes)
+
+
+def stored(db_url: str, **filt):
+    with open_store(db_url) as store:
+        return store.query_trials(TrialFilter(**filt))
+
+
+def test_replay_search_end_to_end_via_the_cli(replay_recording, sqlite_url):
+    rec = replay_recording
+    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem),
+            "--dtype", rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "40", "--seed", "3"]
+    if rec.problem.causal:
+        args.append("--causal")
+    result = run_tuner(*args, env=WIDE)
+    assert result.exit_code == 0, result.stderr
+    name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    study = optuna.load_study(study_name=name, storage=storage_for(sqlite_url))
+    assert finished_trials(study) == 40
+    rows = stored(sqlite_url, study=name)
+    reused = sum(1 for t in study.trials if t.user_attrs.get(ATTR_SOURCE) == "store")
+    assert len(rows) + reused == 40  # every trial stored once, except the ones served from the store
+    assert {r.trial_number for r in rows} <= {t.number for t in study.trials}
+    assert TrialStatus.OK in {r.status for r in rows} and TrialStatus.PRUNED in {r.status for r in rows}
+    assert all(r.error for r in rows if r.status is TrialStatus.PRUNED)
+    assert {r.gpu_name for r in rows} == {rec.gpu_name}  # the run says which card the numbers came from
+    with open_store(sqlite_url) as store:
+        run_id = rows[0].run_id
+        assert store.baselines_for(run_id, store.problem_id(rec.problem))
+    # The summary: best variant, its time and the ratio to the best baseline.
+    best = min((r for r in rows if r.status is TrialStatus.OK), key=lambda r: r.median_us)
+    assert best.variant_name in result.stdout
+    assert f"{best.median_us:.2f}" in result.stdout
+    assert re.search(rf"{best.ratio_to_best_baseline:.2f}x", result.stdout)
+    assert "search summary" in result.stdout
+    shown = run_tuner("--db", sqlite_url, "results", "--best", "--format", "json")
+    assert shown.exit_code == 0, shown.stderr
+    assert best.variant_name in shown.stdout
+
+
+def test_infeasible_points_are_never_compiled(replay_recording, sqlite_url, monkeypatch):
+    rec = replay_recording
+    profile = load_profile(rec.profile)
+    compiled: list[str] = []
+
+    def fake_compile(variant, arch):
+        assert check(variant, rec.problem, profile).ok, f"compiled an infeasible variant {variant.name}"
+        assert arch == profile.nvcc_arch
+        compiled.append(variant.name)
+        failed = variant.params["BLOCK_M"] == 32  # exercise the compile_error path too
+        return CompileResult(not failed, variant.name, arch, None, "" if failed else "ab" * 32, 96, 0, 0, 0, 0.5,
+                             "error: synthetic failure" if failed else "ptxas info", False)
+
+    monkeypatch.setattr(search_mod, "compile_variant", fake_compile)
+    backend = CountingBackend(rec, needs_compile=True)
+    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), backend_factory=lambda d, p: backend)
+    rows = stored(sqlite_url)
+    pruned = [r for r in rows if r.status is TrialStatus.PRUNED and r.error != "not measured in the recording"]
+    assert pruned, "the random sample should hit infeasible points"
+    assert not {r.variant_name for r in pruned} & set(compiled)
+    errors = [r for r in rows if r.status is TrialStatus.COMPILE_ERROR]
+    assert all(r.params["BLOCK_M"] == 32 for r in errors)
+    with open_store(sqlite_url) as store:
+        for r in errors:
+            assert "synthetic failure" in store.trial_detail(r.id).compile_log
+    # A variant that failed to compile never reaches the backend.
+    assert not {r.variant_name for r in errors} & set(backend.measured)
+    assert set(backend.measured) <= set(compiled)
+    assert backend.closed and report.asked == 60
+
+
+def test_known_variants_are_served_from_the_store(replay_recording, sqlite_url):
+    rec = replay_recording
+    first = CountingBackend(rec)
+    run_search(options(rec, sqlite_url, study="first", trials=40), backend_factory=lambda d, p: first)
+    rows_before = stored(sqlite_url)
+    second = CountingBackend(rec)
+    report = run_search(options(rec, sqlite_url, study="second", trials=40, seed=11),
+                        backend_factory=lambda d, p: second)
+    measured_ok_first = {r.variant_name for r in rows_before if r.status is not TrialStatus.PRUNED}
+    assert first.measured and second.measured
+    assert not set(second.measured) & measured_ok_first, "re-measured a variant already in the store"
+    assert report.reused >= 1  # the warm start alone brings back the first search's best variants
+    rows = stored(sqlite_url)
+    non_pruned = Counter((r.variant_name, r.template_hash) for r in rows if r.status is not TrialStatus.PRUNED)
+    assert max(non_pruned.values()) == 1, "a variant was stored twice"
+    study = optuna.load_study(study_name="second", storage=storage_for(sqlite_url))
+    assert finished_trials(study) == 40
+
+
+def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_recording, sqlite_url):
+    rec = replay_recording
+    manifest = load_manifest("attn_fwd_mma")
+    run_search(options(rec, sqlite_url, trials=40), backend_factory=lambda d, p: CountingBackend(rec))
+    ok = sorted((r for r in stored(sqlite_url, status="ok")), key=lambda r: r.median_us)
+    top = []
+    for r in ok:
+        params = {k: v for k, v in r.params.items() if k in manifest.params}
+        if params not in top:
+            top.append(params)
+    p = rec.problem
+    near = Problem(p.batch * 2, p.heads, p.seq_q, p.seq_k, p.head_dim, dtype=p.dtype, causal=p.causal)
+    with open_store(sqlite_url) as store:
+        # A farther problem of the same head dim, with another winner, must not be chosen.
+        far = replace(near, batch=p.batch * 64)
+        run = store.start_run(RunInfo(gpu_name=rec.gpu_name, profile=rec.profile))
+        decoy = {**top[-1], "head_dim": p.head_dim, "dtype": p.dtype, "causal": p.causal}
+        store.add_trial(TrialRecord(run_id=run, problem=far, template="attn_fwd_mma",
+                                    template_hash=manifest.source_hash, params=decoy, variant_name="decoy",
+                                    status=TrialStatus.OK, median_us=0.001))
+        points = warm_start_points(store, rec.profile, "attn_fwd_mma", near, 3, manifest)
+        assert points == top[:3]
+        assert warm_start_points(store, "l4", "attn_fwd_mma", near, 3, manifest) == []
+    # The search over the near problem starts with those three points.
+    run_search(options(rec, sqlite_url, shapes=(shape_arg(near),), trials=3),
+               backend_factory=lambda d, p: CountingBackend(rec))
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", near), storage=storage_for(sqlite_url))
+    assert [t.params for t in sorted(study.trials, key=lambda t: t.number)] == top[:3]
+
+
+def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url, monkeypatch):
+    rec = replay_recording
+    backend = CountingBackend(rec, interrupt_at=6)
+    monkeypatch.setattr(search_mod, "make_backend", lambda *a, **k: backend)
+    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem), "--dtype",
+            rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "30", "--seed", "5"]
+    if rec.problem.causal:
+        args.append("--causal")
+    result = run_tuner(*args, env=WIDE)
+    assert result.exit_code == 130, result.stderr
+    assert "search summary" in result.stdout and "interrupted" in result.stderr
+    assert len(backend.measured) == 5 and backend.closed
+    rows = stored(sqlite_url)
+    measured_rows = [r for r in rows if r.status is not TrialStatus.PRUNED or r.error == "not measured in the recording"]
+    assert sorted(r.variant_name for r in measured_rows) == sorted(backend.measured)
+    with open_store(sqlite_url) as store:
+        run = store.trial_detail(rows[0].id)
+        assert run.run_ended_at is not None  # the run was finished properly
+    # --resume finishes the budget without repeating a measured variant.
+    monkeypatch.setattr(search_mod, "make_backend", lambda *a, **k: CountingBackend(rec))
+    again = run_tuner(*args, "--resume", env=WIDE)
+    assert again.exit_code == 0, again.stderr
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    assert finished_trials(study) == 30
+    non_pruned = Counter((r.variant_name, r.template_hash) for r in stored(sqlite_url) if r.status is not TrialStatus.PRUNED)
+    assert max(non_pruned.values()) == 1
+
+
+def test_an_existing_study_needs_resume(replay_recording, sqlite_url):
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+    with pytest.raises(TunerError, match="--resume"):
+        run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "grid"])
+def test_every_sampler_runs_the_loop(replay_recording, sqlite_url, sampler):
+    rec = replay_recording
+    backend = CountingBackend(rec)
+    report = run_search(options(rec, sqlite_url, sampler=sampler, trials=12), backend_factory=lambda d, p: backend)
+    assert report.asked == 12 and report.summaries[0].trials == 12
+    assert backend.measured  # some asked point was feasible and measured
+
+
+def test_grid_budget_defaults_to_the_grid_size(replay_recording, sqlite_url):
+    rec = replay_recording
+    opts = options(rec, sqlite_url, sampler="grid", trials=None)
+    manifest = load_manifest("attn_fwd_mma")
+    with open_store(sqlite_url) as store:
+        study, budget = search_mod._prepare_study(opts, storage_for(sqlite_url), store, load_profile(rec.profile),
+                                                  manifest, rec.problem, "grid-study")
+    assert budget == grid_size(manifest) == study.user_attrs[ATTR_BUDGET]
+
+
+def test_failed_and_pruned_trials_are_told_to_optuna(replay_recording, sqlite_url):
+    rec = replay_recording
+
+    class Failing(CountingBackend):
+        def measure(self, problem, variant, compiled):
+            self.measured.append(variant.name)
+            return Measurement(status=TrialStatus.LAUNCH_ERROR, error="illegal address (test)")
+
+    run_search(options(rec, sqlite_url, sampler="random", trials=20), backend_factory=lambda d, p: Failing(rec))
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    states = Counter(t.state for t in study.trials)
+    assert states[TrialState.FAIL] >= 1 and states[TrialState.COMPLETE] == 0
+    assert sum(states.values()) == 20
+    assert {r.status for r in stored(sqlite_url)} <= {TrialStatus.LAUNCH_ERROR, TrialStatus.PRUNED}
+
+
+def test_gpu_backend_without_a_gpu_is_a_one_line_error(monkeypatch, sqlite_url):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for gpu in ("h100", "auto"):
+        result = run_tuner("--db", sqlite_url, "search", "--gpu", gpu, "--shape", "1,8,512,64", "--trials", "2")
+        assert result.exit_code not in (0, 130)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and "GPU" in lines[0], result.stderr
+    assert not Path(sqlite_url[len("sqlite:///"):] + ".optuna.journal").exists()
+
+
+def test_bad_options_are_one_line_errors(replay_recording, sqlite_url):
+    rec = replay_recording
+    base = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--backend", "replay", "--from", rec.url]
+    for extra, message in ((["--sampler", "bogus"], "unknown sampler"), (["--time-budget", "ten"], "malformed duration"),
+                           (["--devices", "0,0"], "--devices"), ([ "--backend", "tpu"], "unknown backend"),
+                           (["--shape", "1,8,512,48"], "head dim 48")):
+        result = run_tuner(*base, *extra)
+        assert result.exit_code == 2 and message in result.stderr, (extra, result.stderr)
+    no_from = run_tuner("--db", sqlite_url, "search", "--gpu", "h100", "--backend", "replay")
+    assert no_from.exit_code == 2 and "--from" in no_from.stderr
+
+
+def test_time_budget_stops_starting_trials(replay_recording, sqlite_url, monkeypatch):
+    rec = replay_recording
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(search_mod, "_now", lambda: 1_000_000.0 + next(ticks))  # one second per look at the clock
+    report = run_search(options(rec, sqlite_url, trials=None, time_budget_s=20.0),
+                        backend_factory=lambda d, p: CountingBackend(rec))
+    assert 0 < report.asked < 20

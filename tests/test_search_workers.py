@@ -1,0 +1,149 @@
+"""Searches across processes: kill -9 then --resume, several workers on one study (SQLite+journal, PostgreSQL),
+and `tuner worker` joining a study. Replay backend (SYNTHETIC recording unless tests/data holds a real one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from cli_helpers import run_tuner
+
+from tuner.replay import DELAY_ENV
+from tuner.search_space import study_name
+from tuner.search_study import finished_trials, storage_for
+from tuner.store import TrialFilter, TrialStatus, open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def search_args(rec, db_url: str, trials: int, *extra: str) -> list[str]:
+    p = rec.problem
+    args = ["--db", db_url, "search", "--gpu", rec.profile, "--shape",
+            f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}", "--dtype", p.dtype, "--backend", "replay",
+            "--from", rec.url, "--trials", str(trials), *extra]
+    return args + (["--causal"] if p.causal else [])
+
+
+def trials_of(db_url: str):
+    with open_store(db_url) as store:
+        return store.query_trials(TrialFilter())
+
+
+def assert_no_variant_measured_twice(rows) -> None:
+    # Keyed by template hash too: an edited template is another kernel, rightly measured again.
+    measured = Counter((r.variant_name, r.template_hash) for r in rows if r.status is not TrialStatus.PRUNED)
+    assert measured and max(measured.values()) == 1, measured.most_common(3)
+
+
+def the_study(rec, db_url: str) -> optuna.Study:
+    return optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                             storage=storage_for(db_url))
+
+
+def test_kill_9_loses_no_completed_trial_and_resume_finishes_the_budget(replay_recording, sqlite_url):
+    rec = replay_recording
+    env = {**os.environ, DELAY_ENV: "0.05", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *search_args(rec, sqlite_url, 60, "--seed", "1")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if Path(sqlite_url[len("sqlite:///"):]).exists() and len(trials_of(sqlite_url)) >= 8:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = {r.id: r for r in trials_of(sqlite_url)}
+    assert proc.returncode == -signal.SIGKILL and len(before) >= 8
+    study = the_study(rec, sqlite_url)
+    done = finished_trials(study)
+    assert 0 < done < 60
+    result = run_tuner(*search_args(rec, sqlite_url, 60, "--resume"))
+    assert result.exit_code == 0, result.stderr
+    after = {r.id: r for r in trials_of(sqlite_url)}
+    for trial_id, row in before.items():  # every trial committed before the kill is still there, unchanged
+        assert after[trial_id] == row
+    assert finished_trials(the_study(rec, sqlite_url)) == 60
+    assert_no_variant_measured_twice(after.values())
+
+
+def _two_workers(rec, db_url: str) -> None:
+    env = {DELAY_ENV: "0.01"}
+    result = run_tuner(*search_args(rec, db_url, 40, "--devices", "0,1", "--seed", "2"), env=env)
+    assert result.exit_code == 0, result.stderr
+    rows = trials_of(db_url)
+    assert_no_variant_measured_twice(rows)
+    assert len({r.run_id for r in rows}) == 2  # one run per device, both worked
+    study = the_study(rec, db_url)
+    assert finished_trials(study) == 40
+    assert "search summary" in result.stdout
+
+
+def test_two_workers_share_one_study_on_sqlite(replay_recording, sqlite_url):
+    _two_workers(replay_recording, sqlite_url)
+
+
+@pytest.mark.postgres
+def test_two_workers_share_one_study_on_postgres(replay_recording, pg_url):
+    _two_workers(replay_recording, pg_url)
+    storage = storage_for(pg_url)
+    assert isinstance(storage, optuna.storages.RDBStorage)
+
+
+@pytest.mark.postgres
+def test_a_worker_joins_a_study_from_another_host(replay_recording, pg_url):
+    rec = replay_recording
+    first = run_tuner(*search_args(rec, pg_url, 15, "--seed", "4"))
+    assert first.exit_code == 0, first.stderr
+    name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    # The worker finds problem, template and GPU profile in the study; results go to the same database.
+    joined = run_tuner("worker", "--study", name, "--storage", pg_url, "--backend", "replay", "--from", rec.url,
+                       "--trials", "10")
+    assert joined.exit_code == 0, joined.stderr
+    assert finished_trials(the_study(rec, pg_url)) == 25
+    rows = trials_of(pg_url)
+    assert len({r.run_id for r in rows}) == 2
+    assert_no_variant_measured_twice(rows)
+    missing = run_tuner("worker", "--study", "nope", "--storage", pg_url, "--backend", "replay", "--from", rec.url)
+    assert missing.exit_code == 2 and "no study named 'nope'" in missing.stderr
+
+
+def test_sigint_stops_after_the_current_trial_and_exits_130(replay_recording, sqlite_url):
+    rec = replay_recording
+    env = {**os.environ, DELAY_ENV: "0.05", "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *search_args(rec, sqlite_url, 200, "--seed", "6")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if Path(sqlite_url[len("sqlite:///"):]).exists() and len(trials_of(sqlite_url)) >= 5:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()
+    assert "stopping after the current trial" in err.decode() and "search summary" in out.decode()
+    study = the_study(rec, sqlite_url)
+    rows = trials_of(sqlite_url)
+    stored_numbers = {r.trial_number for r in rows}
+    # Every trial Optuna knows as finished is in the store (or was served from it); none is left running.
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert all(t.number in stored_numbers or t.user_attrs.get("source") == "store" or t.user_attrs.get("interrupted")
+               for t in finished)
+    assert finished_trials(study) < 200

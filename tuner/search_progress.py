@@ -1,0 +1,70 @@
+"""Progress of a search: one rich progress bar per problem, fed by events.
+
+Workers (in this process or in child processes, through a queue) send plain
+tuples, so the same display serves one device or many:
+
+    ("baseline", problem_index, median_us, impl)
+    ("trial", problem_index, median_us_or_None)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tuner.problem import Problem
+
+
+class SearchProgress:
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+        )
+        self._tasks: dict[int, Any] = {}
+        self._best: dict[int, Optional[float]] = {}
+        self._baseline: dict[int, Optional[tuple[float, str]]] = {}
+
+    def __enter__(self) -> "SearchProgress":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._progress.stop()
+
+    def add_problem(self, index: int, problem: Problem, total: Optional[int], done: int = 0) -> None:
+        self._tasks[index] = self._progress.add_task(problem.label, total=total, completed=done, best="")
+        self._best[index] = None
+        self._baseline[index] = None
+
+    def best_text(self, index: int) -> str:
+        best, baseline = self._best.get(index), self._baseline.get(index)
+        if best is None:
+            return "best -"
+        text = f"best {best:.2f} µs"
+        if baseline is not None:
+            text += f", {baseline[0] / best:.2f}x vs {baseline[1]}"
+        return text
+
+    def handle(self, event: tuple) -> None:
+        kind, index = event[0], event[1]
+        if index not in self._tasks:
+            return
+        if kind == "baseline":
+            us, impl = event[2], event[3]
+            current = self._baseline[index]
+            if current is None or us < current[0]:
+                self._baseline[index] = (us, impl)
+        elif kind == "trial":
+            value = event[2]
+            if value is not None and (self._best[index] is None or value < self._best[index]):
+                self._best[index] = value
+            self._progress.advance(self._tasks[index])
+        self._progress.update(self._tasks[index], best=self.best_text(index))

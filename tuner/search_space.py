@@ -1,0 +1,84 @@
+"""What Optuna searches: a template's parameters as distributions, study names, samplers.
+
+Every parameter of a manifest is categorical: tile sizes and stage counts are
+few, discrete and interact non-smoothly (a tile that does not divide the
+problem is not "close" to one that does), so we give Optuna the values as they
+are (ints, bools, strings) and let the sampler treat them as categories.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.templates import Manifest
+
+SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
+DEFAULT_SAMPLER = "tpe"  # issue 6 evaluates the others
+
+
+def distributions(manifest: Manifest) -> dict[str, CategoricalDistribution]:
+    """One categorical distribution per manifest parameter, values in manifest order."""
+    return {name: CategoricalDistribution(list(spec.values)) for name, spec in manifest.params.items()}
+
+
+def grid_space(manifest: Manifest) -> dict[str, list[Any]]:
+    return {name: list(spec.values) for name, spec in manifest.params.items()}
+
+
+def grid_size(manifest: Manifest) -> int:
+    size = 1
+    for spec in manifest.params.values():
+        size *= len(spec.values)
+    return size
+
+
+def problem_key(problem: Problem) -> str:
+    """Deterministic, filename-safe text of a problem, e.g. B16H16S2048S2048D64-fp16."""
+    gqa = f"Hkv{problem.heads_kv}" if problem.heads_kv != problem.heads else ""
+    key = f"B{problem.batch}H{problem.heads}{gqa}S{problem.seq_q}S{problem.seq_k}D{problem.head_dim}-{problem.dtype}"
+    if problem.causal:
+        key += "-causal"
+    if problem.layout != "bhsd":
+        key += f"-{problem.layout}"
+    return key
+
+
+def study_name(profile: str, template: str, problem: Problem) -> str:
+    """The default study name: h100-attn_fwd_mma-B16H16S2048S2048D64-fp16."""
+    return f"{profile}-{template}-{problem_key(problem)}"
+
+
+def make_sampler(name: str, seed: int | None, manifest: Manifest) -> optuna.samplers.BaseSampler:
+    """The sampler called `name` (one of SAMPLERS), seeded."""
+    factories: dict[str, Callable[[], optuna.samplers.BaseSampler]] = {
+        # constant_liar: pending trials (other workers, compiles running ahead)
+        # count as bad, so parallel asks spread out instead of piling up.
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        # CMA-ES models numerical parameters only: with our all-categorical
+        # space it samples every parameter with its independent sampler
+        # (random); kept for spaces with numerical parameters.
+        "cmaes": lambda: optuna.samplers.CmaEsSampler(
+            seed=seed, warn_independent_sampling=False,
+            independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+        ),
+        "grid": lambda: optuna.samplers.GridSampler(grid_space(manifest), seed=seed),
+        "gp": lambda: _gp_sampler(seed),
+    }
+    key = name.strip().lower()
+    if key not in factories:
+        raise TunerError(f"unknown sampler {name!r}; expected one of {', '.join(SAMPLERS)}")
+    return factories[key]()
+
+
+def _gp_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    cls = getattr(optuna.samplers, "GPSampler", None)
+    if cls is None:
+        raise TunerError(f"--sampler gp needs optuna >= 3.6 (GPSampler); optuna {optuna.__version__} is installed")
+    return cls(seed=seed)
+

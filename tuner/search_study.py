@@ -1,0 +1,177 @@
+"""Where Optuna keeps its studies, and the study-level bookkeeping of a search.
+
+Storage follows the results store:
+- SQLite results (sqlite:///path/results.db): a JournalStorage file next to it,
+  path/results.db.optuna.journal. Journal appends are file-locked, so several
+  worker processes on one host can share it (plain SQLite cannot take Optuna's
+  concurrent writers reliably).
+- PostgreSQL results: Optuna's RDBStorage on the same database, in its own
+  schema ("optuna"), so its tables (trials, alembic_version, ...) never meet
+  the results store's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+OPTUNA_PG_SCHEMA = "optuna"
+JOURNAL_SUFFIX = ".optuna.journal"
+
+# Study user attributes written by `tuner search` when it creates a study;
+# `tuner worker` recovers what to tune from them.
+ATTR_PROBLEM = "problem"
+ATTR_TEMPLATE = "template"
+ATTR_PROFILE = "gpu_profile"
+ATTR_SAMPLER = "sampler"
+ATTR_SEED = "seed"
+ATTR_BUDGET = "trials_budget"
+
+# Trial user attributes.
+ATTR_VARIANT = "variant"
+ATTR_STATUS = "status"
+ATTR_SOURCE = "source"  # measured | store (served from the results store) | pruned
+ATTR_STORE_ID = "store_trial_id"
+ATTR_REASON = "reason"
+ATTR_INTERRUPTED = "interrupted"  # told FAIL because the search stopped before measuring it
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+def storage_for(url: str) -> optuna.storages.BaseStorage:
+    """Optuna storage for a results-store URL (or a journal file path, or a postgresql URL)."""
+    from tuner.store.engine import _parse
+
+    text = url.strip()
+    if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
+        return _journal(text)
+    parsed = _parse(text)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            raise TunerError("a search needs a results store in a file or on PostgreSQL, not an in-memory SQLite database")
+        return _journal(database + JOURNAL_SUFFIX)
+    if backend == "postgresql":
+        return _postgres(parsed)
+    raise TunerError(f"no Optuna storage for {backend} databases; use SQLite or PostgreSQL")
+
+
+def _journal(path: str) -> optuna.storages.BaseStorage:
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+    # A process killed while holding the lock leaves it behind: take it over after 10 s.
+    return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path, grace_period=10)))
+
+
+def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
+    from sqlalchemy import create_engine, text
+
+    from tuner.store import redact_url
+    from tuner.store.engine import PG_CONNECT_TIMEOUT_S
+
+    url = parsed.render_as_string(hide_password=False)
+    where = redact_url(url)
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
+        with engine.begin() as conn:
+            exists = conn.scalar(text("SELECT 1 FROM pg_namespace WHERE nspname = :n"), {"n": OPTUNA_PG_SCHEMA})
+            if not exists:
+                conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_PG_SCHEMA}"'))
+        engine.dispose()
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs={
+                "connect_args": {
+                    "connect_timeout": PG_CONNECT_TIMEOUT_S,
+                    "options": f"-c search_path={OPTUNA_PG_SCHEMA}",
+                },
+                "pool_pre_ping": True,
+            },
+        )
+    except TunerError:
+        raise
+    except Exception as exc:  # connection refused, bad password, no permission
+        first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
+        raise TunerError(f"cannot open the Optuna storage at {where}: {first.replace(url, where)}") from None
+
+
+def problem_attr(problem: Problem) -> dict[str, Any]:
+    return {
+        "batch": problem.batch, "heads": problem.heads, "heads_kv": problem.heads_kv, "seq_q": problem.seq_q,
+        "seq_k": problem.seq_k, "head_dim": problem.head_dim, "dtype": problem.dtype,
+        "causal": problem.causal, "layout": problem.layout,
+    }  # fmt: skip
+
+
+def problem_from_attr(data: dict[str, Any]) -> Problem:
+    return Problem(**data)
+
+
+def study_exists(storage: optuna.storages.BaseStorage, name: str) -> bool:
+    try:
+        storage.get_study_id_from_name(name)
+        return True
+    except KeyError:
+        return False
+
+
+def load_study(storage: optuna.storages.BaseStorage, name: str, sampler: Optional[optuna.samplers.BaseSampler] = None) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        raise TunerError(f"no study named {name!r} in the Optuna storage") from None
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What a study tunes, from its user attributes."""
+
+    name: str
+    problem: Problem
+    template: str
+    profile: str
+    sampler: str
+    seed: Optional[int]
+    budget: Optional[int]
+
+
+def study_info(study: optuna.Study) -> StudyInfo:
+    attrs = study.user_attrs
+    missing = [key for key in (ATTR_PROBLEM, ATTR_TEMPLATE, ATTR_PROFILE) if key not in attrs]
+    if missing:
+        raise TunerError(f"study {study.study_name!r} was not created by `tuner search` (no {', '.join(missing)} attribute)")
+    return StudyInfo(
+        name=study.study_name,
+        problem=problem_from_attr(attrs[ATTR_PROBLEM]),
+        template=attrs[ATTR_TEMPLATE],
+        profile=attrs[ATTR_PROFILE],
+        sampler=attrs.get(ATTR_SAMPLER, "tpe"),
+        seed=attrs.get(ATTR_SEED),
+        budget=attrs.get(ATTR_BUDGET),
+    )
+
+
+def counts_toward_budget(trial: FrozenTrial) -> bool:
+    """Finished trials count; one abandoned by an interrupted search does not."""
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.state == TrialState.FAIL and not trial.user_attrs.get(ATTR_INTERRUPTED)
+
+
+def finished_trials(study: optuna.Study) -> int:
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    return sum(1 for t in trials if counts_toward_budget(t))
+
+
+def split_budget(total: int, workers: int) -> list[int]:
+    """`total` trials over `workers`, as evenly as possible (first workers get the remainder)."""
+    base, extra = divmod(max(total, 0), workers)
+    return [base + (1 if i < extra else 0) for i in range(workers)]
