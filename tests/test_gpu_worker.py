@@ -1,0 +1,228 @@
+"""The GPU worker's protocol, watchdog and restarts, with fake runners (no GPU needed).
+
+The fakes are module-level classes so that the spawned child can unpickle
+them; each one decides what to do from the request's variant name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.compiler import CompileResult
+from tuner.errors import NoGpuError, TunerError
+from tuner.gpu_worker import GpuBackend, RequestError, RunnerOptions
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.space import Variant
+from tuner.store.records import TrialStatus
+
+PROBLEM = Problem(1, 2, 128, 128, 64)
+
+
+class FakeRunner:
+    """Behaves according to the variant name: ok*, wrong, hang, fault, die, slow_time, missing, cuda_runtime."""
+
+    def __init__(self, options: RunnerOptions) -> None:
+        self.options = options
+        self.measured = 0
+
+    def setup(self) -> None:
+        pass
+
+    def facts(self) -> dict[str, Any]:
+        return {"gpu_name": "Fake GPU", "gpu_uuid": "GPU-fake", "driver": "1.0", "cuda_version": "13.0"}
+
+    def baselines(self, problem: Problem, range_prefix: str, progress) -> list[dict[str, Any]]:
+        progress("sdpa_flash/time", True)
+        return [{"impl": "sdpa_flash", "median_us": 12.0, "p20_us": 11.0, "p80_us": 13.0}]
+
+    def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
+        self.measured += 1
+        name = request["variant_name"]
+        progress("prepare", True)
+        progress("verify")
+        if name == "hang":
+            time.sleep(3600)
+        if name == "fault":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if name == "die":
+            os._exit(9)  # like a segfault: no reply at all
+        if name == "missing":
+            raise RequestError("cannot read the cubin of missing")
+        if name == "wrong":
+            return {"status": "incorrect", "rel_error": 0.5, "error": "relative error 5.0e-01 >= tolerance 0.002"}
+        progress("time", True)
+        if name == "slow_time":
+            time.sleep(1.5)  # longer than the watchdog, within the timing budget
+        return {"status": "ok", "median_us": 10.0 + self.measured, "p20_us": 9.0, "p80_us": 11.0,
+                "rel_error": 1e-4, "l2": self.options.l2_bytes, "range": request["range_prefix"]}
+
+    def close(self) -> None:
+        pass
+
+
+class NoGpuRunner(FakeRunner):
+    def setup(self) -> None:
+        raise NoGpuError("no CUDA GPU is visible to torch on this machine")
+
+
+class BrokenRunner(FakeRunner):
+    def setup(self) -> None:
+        raise ValueError("cannot initialise")
+
+
+class RecordingRunner(FakeRunner):
+    """Writes the range prefix it was given next to the (fake) cubin, to check what crosses the pipe."""
+
+    def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
+        Path(request["cubin_path"]).with_suffix(".seen").write_text(
+            f'{request["range_prefix"]}|{request["block_m"]}|{request["threads"]}|{request["smem_bytes"]}')
+        return super().measure(request, progress)
+
+
+@pytest.fixture
+def profile():
+    return load_profile("h100")
+
+
+@pytest.fixture
+def backend(profile):
+    b = GpuBackend(profile, watchdog_s=1.0, runner=FakeRunner, timing_budget_s=5.0, start_timeout_s=120)
+    yield b
+    b.close()
+
+
+def measure(backend: GpuBackend, name: str, prefix: str = "run1/trial1"):
+    return backend.measure_request({"problem": PROBLEM, "variant_name": name, "cubin_path": "/nonexistent",
+                                    "block_m": 64, "threads": 128, "smem_bytes": 0, "range_prefix": prefix})
+
+
+def test_default_backend_without_gpu_raises_one_line_no_gpu_error(profile, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NoGpuError) as info:
+        GpuBackend(profile)
+    assert "\n" not in str(info.value)
+
+
+def test_needs_compile_and_facts_and_baselines(backend) -> None:
+    assert GpuBackend.needs_compile is True
+    facts = backend.device_facts()
+    assert (facts.gpu_name, facts.gpu_uuid, facts.driver, facts.cuda_version) == ("Fake GPU", "GPU-fake", "1.0", "13.0")
+    [b] = backend.baselines(PROBLEM)
+    assert (b.impl, b.median_us, b.p20_us, b.p80_us) == ("sdpa_flash", 12.0, 11.0, 13.0)
+
+
+def test_ok_and_incorrect_keep_the_same_worker(backend) -> None:
+    m = measure(backend, "ok")
+    assert m.status is TrialStatus.OK and m.median_us == 11.0 and (m.p20_us, m.p80_us) == (9.0, 11.0)
+    pid = backend.worker_pid
+    w = measure(backend, "wrong")
+    assert w.status is TrialStatus.INCORRECT and w.rel_error == 0.5 and "tolerance" in w.error
+    assert measure(backend, "ok").median_us == 13.0  # same child: its counter went on
+    assert backend.worker_pid == pid and backend.restarts == 0
+
+
+def test_fault_is_launch_error_and_the_next_request_gets_a_fresh_worker(backend) -> None:
+    measure(backend, "ok")
+    first = backend.worker_pid
+    m = measure(backend, "fault")
+    assert m.status is TrialStatus.LAUNCH_ERROR
+    assert "illegal memory access" in m.error and "verify" in m.error
+    assert backend.restarts == 1
+    again = measure(backend, "ok")
+    assert again.status is TrialStatus.OK and again.median_us == 11.0  # a new child counts from 1
+    assert backend.worker_pid != first
+
+
+def test_hang_times_out_kills_the_child_and_the_search_goes_on(backend) -> None:
+    measure(backend, "ok")
+    hung = backend._worker.process
+    start = time.monotonic()
+    m = measure(backend, "hang")
+    elapsed = time.monotonic() - start
+    assert m.status is TrialStatus.TIMEOUT and "verify" in m.error and "killed" in m.error
+    assert elapsed < 10, elapsed  # the watchdog (1 s) fired, not the 1 h sleep
+    assert not hung.is_alive() and hung.exitcode == -9  # SIGKILL
+    assert measure(backend, "ok").status is TrialStatus.OK
+    assert backend.restarts == 1
+
+
+def test_long_phases_get_the_timing_budget(backend) -> None:
+    m = measure(backend, "slow_time")
+    assert m.status is TrialStatus.OK and backend.restarts == 0
+
+
+def test_child_that_dies_without_a_reply_is_a_launch_error(backend) -> None:
+    m = measure(backend, "die")
+    assert m.status is TrialStatus.LAUNCH_ERROR and "exit code 9" in m.error
+    assert measure(backend, "ok").status is TrialStatus.OK
+
+
+def test_bad_request_raises_and_keeps_the_worker(backend) -> None:
+    measure(backend, "ok")
+    pid = backend.worker_pid
+    with pytest.raises(TunerError, match="cannot read the cubin"):
+        measure(backend, "missing")
+    assert backend.worker_pid == pid and backend.restarts == 0
+
+
+def test_faults_in_a_row_each_restart(backend) -> None:
+    statuses = [measure(backend, name).status for name in ("fault", "hang", "fault", "ok", "wrong", "ok")]
+    assert statuses == [TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT, TrialStatus.LAUNCH_ERROR,
+                        TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.OK]
+    assert backend.restarts == 3
+
+
+def test_no_gpu_in_the_child_is_a_no_gpu_error(profile) -> None:
+    with GpuBackend(profile, runner=NoGpuRunner, start_timeout_s=120) as b:
+        with pytest.raises(NoGpuError, match="no CUDA GPU"):
+            b.device_facts()
+
+
+def test_a_runner_that_cannot_start_is_a_tuner_error(profile) -> None:
+    with GpuBackend(profile, runner=BrokenRunner, start_timeout_s=120) as b:
+        with pytest.raises(TunerError, match="cannot initialise"):
+            measure(b, "ok")
+
+
+def test_close_stops_the_child_and_refuses_more_work(profile) -> None:
+    b = GpuBackend(profile, runner=FakeRunner, start_timeout_s=120)
+    measure(b, "ok")
+    process = b._worker.process
+    b.close()
+    assert not process.is_alive() and process.exitcode == 0  # stopped cleanly, not killed
+    with pytest.raises(TunerError, match="closed"):
+        measure(b, "ok")
+
+
+def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
+    variant = Variant("attn_fwd_mma", 64, "fp16", False, {
+        "BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4, "KV_SPLIT": 1, "SWIZZLE": "pad", "STAGES": 2,
+        "Q_IN_REGS": True, **({"MIN_BLOCKS": 1} if _has_min_blocks() else {})})
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0")
+    compiled = CompileResult(True, variant.name, "sm_90a", cubin, "x", 100, 0, 0, 0, 1.0, "")
+    from tuner.feasibility import resources
+
+    res = resources(variant)
+    with GpuBackend(profile, runner=RecordingRunner, start_timeout_s=120, range_prefix="run7/trial3") as b:
+        assert b.measure(PROBLEM, variant, compiled).status is TrialStatus.OK
+        assert cubin.with_suffix(".seen").read_text() == f"run7/trial3|128|128|{res['smem_bytes']}"
+        b.measure(PROBLEM, variant, compiled, range_prefix="run7/trial4")
+        assert cubin.with_suffix(".seen").read_text().startswith("run7/trial4|")
+        failed = CompileResult(False, variant.name, "sm_90a", None, "", 0, 0, 0, 0, 1.0, "error")
+        with pytest.raises(TunerError, match="no cubin"):
+            b.measure(PROBLEM, variant, failed)
+
+
+def _has_min_blocks() -> bool:
+    from tuner.templates import load_manifest
+
+    return "MIN_BLOCKS" in load_manifest("attn_fwd_mma").params
