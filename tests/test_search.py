@@ -49,7 +49,7 @@ class CountingBackend:
     def baselines(self, problem):
         return self.inner.baselines(problem)
 
-    def measure(self, problem, variant, compiled):
+    def measure(self, problem, variant, compiled, *, range_prefix=""):
         if self.interrupt_at is not None and len(self.measured) + 1 == self.interrupt_at:
             raise KeyboardInterrupt
         self.measured.append(variant.name)
@@ -242,7 +242,7 @@ def test_failed_and_pruned_trials_are_told_to_optuna(replay_recording, sqlite_ur
     rec = replay_recording
 
     class Failing(CountingBackend):
-        def measure(self, problem, variant, compiled):
+        def measure(self, problem, variant, compiled, *, range_prefix=""):
             self.measured.append(variant.name)
             return Measurement(status=TrialStatus.LAUNCH_ERROR, error="illegal address (test)")
 

@@ -110,7 +110,8 @@ class ReplayBackend:
     def baselines(self, problem: Problem) -> list[BaselineMeasurement]:
         return sorted(self._baselines.get(problem, {}).values(), key=lambda b: b.median_us)
 
-    def measure(self, problem: Problem, variant: Variant, compiled: Optional[CompileResult]) -> Measurement:
+    def measure(self, problem: Problem, variant: Variant, compiled: Optional[CompileResult], *,
+                range_prefix: str = "") -> Measurement:
         if self._delay:
             time.sleep(self._delay)
         found = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))

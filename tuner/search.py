@@ -156,13 +156,8 @@ def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Op
 
         return ReplayBackend(replay_from, profile, force=force)
     if kind == "gpu":
-        try:
-            from tuner.gpu_worker import GpuBackend
-        except ModuleNotFoundError as exc:
-            if exc.name != "tuner.gpu_worker":
-                raise
-            _require_gpus((device,))
-            raise TunerError("the GPU backend (tuner.gpu_worker) is missing from this installation") from None
+        from tuner.gpu_worker import GpuBackend
+
         return GpuBackend(device=device, profile=profile)
     raise TunerError(f"unknown backend {kind!r}; expected one of {', '.join(BACKENDS)}")
 
@@ -353,7 +348,9 @@ class ProblemSearch:
                             feasibility=item.feasibility, error="compile error (see the compile log)")
                 self._tell(item.trial, TrialState.FAIL, TrialStatus.COMPILE_ERROR, "measured")
                 return
-        measurement = self.ctx.backend.measure(self.problem, item.variant, compiled)
+        # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
+        prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
+        measurement = self.ctx.backend.measure(self.problem, item.variant, compiled, range_prefix=prefix)
         self.ctx.result.measured += 1
         self._store_measurement(item, compiled, measurement)
 
@@ -782,12 +779,8 @@ def _run_processes(specs: list[WorkerSpec], progress: SearchProgress, say: Calla
 
 
 def _profile_top(store: Store, run_ids: list[int], k: int) -> None:
-    try:
-        from tuner.profiling import profile_top
-    except ModuleNotFoundError as exc:
-        if exc.name != "tuner.profiling":
-            raise
-        raise TunerError("--profile-top needs ncu profiling (tuner.profiling), which this installation lacks") from None
+    from tuner.profiling import profile_top
+
     for run_id in run_ids:
         profile_top(store, run_id, k)
 
