@@ -57,7 +57,7 @@ def test_covering_sample_compiles(arch: str) -> None:
 def test_compile_error_is_a_result_with_the_log() -> None:
     res = compile_source("this is not CUDA;", "broken_kernel", "sm_80")
     assert not res.ok and res.cubin_path is None
-    assert "error" in res.log and "tuner-nvcc-" not in res.log
+    assert "error" in res.log and "tuner-nvcc/" not in res.log
 
 
 def test_cache_serves_the_same_cubin() -> None:
@@ -97,3 +97,13 @@ def test_winning_shapes_keep_everything_in_registers(name: str) -> None:
     res = compile_source(render(variant), name, "sm_90a")
     assert res.ok
     assert res.stack_bytes == 0 and res.spill_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
+
+
+def test_same_source_gives_the_same_cubin_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Export compares cubin hashes with the ones the search stored; that only
+    # works if nvcc output is reproducible (no random paths in -lineinfo).
+    src = 'extern "C" __global__ void tiny2(float* x) { x[threadIdx.x] = 2.0f; }\n'
+    first = compile_source(src, "tiny2", "sm_80", use_cache=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "other-cache"))
+    second = compile_source(src, "tiny2", "sm_80", use_cache=False)
+    assert first.ok and second.ok and first.cubin_sha256 == second.cubin_sha256

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -118,20 +119,29 @@ def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True
         meta.update(cubin_path=cubin_path, cached=True)
         return CompileResult(**meta)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
-        src, out = Path(tmp) / f"{entry}.cu", Path(tmp) / f"{entry}.cubin"
-        src.write_text(source)
-        cmd = [find_nvcc(), "-cubin", *BASE_OPTIONS, *arch_flags(arch), "-o", str(out), str(src)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-            log, ok = proc.stdout + proc.stderr, proc.returncode == 0 and out.exists()
-        except subprocess.TimeoutExpired:
-            log, ok = f"nvcc timed out after {timeout_s:.0f} s", False
-        seconds = time.perf_counter() - start
-        log = log.replace(tmp + "/", "")
-        if not ok:
-            return CompileResult(False, entry, arch, None, "", 0, 0, 0, 0, seconds, log)
-        data = out.read_bytes()
+    # -lineinfo embeds the source path in the cubin: build in a directory named
+    # after the content key so the same source always yields the same bytes
+    # (export compares cubin hashes across machines and cache wipes).
+    build = Path(tempfile.gettempdir()) / "tuner-nvcc" / key[:32]
+    build.mkdir(parents=True, exist_ok=True)
+    src = build / f"{entry}.cu"
+    tmp_src = build / f"{entry}.cu.{os.getpid()}.{threading.get_ident()}"
+    tmp_src.write_text(source)
+    os.utime(tmp_src, (0, 0))  # the line table records the source's mtime: pin it
+    os.replace(tmp_src, src)  # identical content (and mtime) whoever wins
+    out = build / f"{entry}.{os.getpid()}.{threading.get_ident()}.cubin"
+    cmd = [find_nvcc(), "-cubin", *BASE_OPTIONS, *arch_flags(arch), "-o", str(out), str(src)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        log, ok = proc.stdout + proc.stderr, proc.returncode == 0 and out.exists()
+    except subprocess.TimeoutExpired:
+        log, ok = f"nvcc timed out after {timeout_s:.0f} s", False
+    seconds = time.perf_counter() - start
+    log = log.replace(str(build) + "/", "")
+    data = out.read_bytes() if ok else b""
+    out.unlink(missing_ok=True)
+    if not ok:
+        return CompileResult(False, entry, arch, None, "", 0, 0, 0, 0, seconds, log)
     stats = parse_ptxas(log, entry)
     result = CompileResult(True, entry, arch, None, hashlib.sha256(data).hexdigest(), seconds=seconds, log=log, **stats)
     # Write atomically so concurrent compiles of the same key never see half a file.
