@@ -480,6 +480,83 @@ def profile_command(
         console.print(table)
 
 
+# --- tuner export (owner: export) -----------------------------------------
+
+
+@app.command("export", epilog=_STORE_EPILOG)
+def export_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile whose best trials to export (h100, h200, a100, l4).")],
+    out: Annotated[str, typer.Option(help="Folder to write (a pip-installable package, or a header).")],
+    shape: Annotated[Optional[list[str]], typer.Option(help="Tuned problem B,H,S,D or B,H,Sq,Sk,D (repeatable).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every problem tuned for --gpu (the default without --shape).")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="Only this dtype (fp16 or bf16).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Python package name (default: the --out folder's name).")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="package (Python, importable) or header (C++ constants).")] = "package",
+    allow_rebuild: Annotated[bool, typer.Option("--allow-rebuild", help="Accept kernels whose rebuilt cubin differs from the one measured.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an earlier export in --out.")] = False,
+) -> None:
+    """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
+    from pathlib import Path
+
+    from tuner.export import ExportOptions, export
+
+    if all_ and shape:
+        raise TunerError("give --shape or --all, not both")
+    report = export(ExportOptions(
+        gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
+        format=output_format.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url,
+    ))
+    for e in report.entries:
+        ratio = f"{e['ratio_to_best_baseline']:.2f}x" if e.get("ratio_to_best_baseline") else "-"
+        note = "" if e["dispatch"] else f" (shadowed by trial {e['shadowed_by']})"
+        note += " [rebuilt]" if e["rebuilt"] else ""
+        typer.echo(f"  trial {e['trial_id']:>6}  {e['problem_label']:<34} {e['median_us']:>10.1f} us  {ratio:>6}  {e['kernel']}{note}")
+    what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
+    typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
+
+
+# --- tuner report / replay-eval (owner: report) ---------------------------
+
+
+@app.command("report", epilog=_STORE_EPILOG)
+def report_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, ...) or part of the GPU name.")],
+    out: Annotated[str, typer.Option(help="Folder for report.md, report.json and the PNG figures.")],
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    run: Annotated[Optional[int], typer.Option(help="Only trials of this run id.")] = None,
+) -> None:
+    """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
+    from tuner.report import write_report
+
+    files = write_report(db or state.db_url, gpu, out, run_id=run)
+    console.print(f"wrote {files.markdown}, {files.json} and {len(files.figures)} figures",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("replay-eval")
+def replay_eval_command(
+    replay_from: Annotated[str, typer.Option("--from", help="Recording: a results store holding every feasible variant of one problem (tuner search --sampler grid).")],
+    samplers: Annotated[str, typer.Option(help="Comma-separated samplers to compare.")] = "tpe,gp,cmaes,random",
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per sampler (0 .. N-1).")] = 5,
+    trials: Annotated[int, typer.Option(min=1, help="Trials per replayed search.")] = 100,
+    shape: Annotated[Optional[str], typer.Option(help="Recorded problem B,H,S,D (default: the one with most variants).")] = None,
+    jobs: Annotated[Optional[int], typer.Option(min=1, help="Worker processes (default: CPU count).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
+) -> None:
+    """Replay each sampler on a full recording: trials to come within 1% and 3% of the recorded best."""
+    from tuner.replay_eval import EvalOptions, evaluate_samplers, rich_table, write_outputs
+
+    names = tuple(s.strip().lower() for s in samplers.split(",") if s.strip())
+    options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs)
+    result = evaluate_samplers(options, progress=lambda r: err_console.print(
+        f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
+    console.print(rich_table(result))
+    console.print(result.best_line(), markup=False, highlight=False, soft_wrap=True)
+    if out:
+        files = write_outputs(result, out)
+        console.print(f"wrote {files.markdown}, {files.csv}, {files.plot}", markup=False, highlight=False, soft_wrap=True)
+
+
 # Recent Typer releases vendor click as typer._click: their usage errors are
 # not click.ClickException, so catch both.
 _CLICK_ERRORS: tuple[type[Exception], ...] = (click.ClickException,)

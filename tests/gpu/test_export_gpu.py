@@ -1,0 +1,174 @@
+"""tuner export on a GPU: a real short search, export, then the package against the fp32 reference,
+the search's own timing, the host overhead budget and torch.compile.
+
+    pytest -m gpu tests/gpu/test_export_gpu.py -s     (-s shows the measured figures)
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+from tuner.problem import Problem
+from tuner.verify import TOLERANCE, make_inputs, reference, relative_error
+
+pytestmark = pytest.mark.gpu
+# Tuned here with a short search (the fixture); the tests also run shapes between them.
+SEARCHES = [
+    ("4,16,2048,64", []),
+    ("2,16,1024,128", ["--hkv", "4", "--causal", "--dtype", "bf16"]),
+]
+HOST_OVERHEAD_US = 15.0
+
+
+@pytest.fixture(scope="module")
+def package(gpu_profile, tmp_path_factory):
+    """(module, manifest) of a package exported from a fresh search on this card."""
+    base = tmp_path_factory.mktemp("export_gpu")
+    url = f"sqlite:///{base / 'results.db'}"
+    for shape, extra in SEARCHES:
+        res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", shape, "--trials", "8",
+                        "--seed", "0", *extra)
+        assert res.exit_code == 0, res.stderr[-3000:]
+    name = f"attn_gpu_{uuid.uuid4().hex[:8]}"
+    res = run_tuner("--db", url, "export", "--gpu", gpu_profile.name, "--out", str(base / name))
+    assert res.exit_code == 0, res.stderr
+    sys.path.insert(0, str(base / name))
+    try:
+        mod = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(base / name))
+    return mod, mod.MANIFEST
+
+
+CASES = [
+    Problem(4, 16, 2048, 2048, 64),                                             # tuned
+    Problem(2, 8, 700, 900, 64),                                                # between buckets
+    Problem(1, 4, 1, 1, 64),                                                    # S = 1
+    Problem(2, 16, 1024, 1024, 128, dtype="bf16", causal=True, heads_kv=4),     # tuned, GQA
+    Problem(1, 16, 300, 777, 128, dtype="bf16", causal=True, heads_kv=2),       # causal Sq < Sk, other group
+    Problem(1, 8, 500, 200, 128, dtype="bf16", causal=True, heads_kv=8),        # causal Sq > Sk: empty rows
+    Problem(2, 8, 333, 333, 64, layout="bshd"),                                 # BSHD via transpose(1, 2)
+]
+
+
+@pytest.mark.parametrize("problem", CASES, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
+def test_matches_fp32_reference(package, problem: Problem) -> None:
+    import torch
+
+    mod, _ = package
+    q, k, v = make_inputs(problem, seed=1)
+    with torch.no_grad():
+        out = mod.attention(q, k, v, causal=problem.causal)
+    torch.cuda.synchronize()
+    ref, _ = reference(q, k, v, problem.causal)
+    err = relative_error(out, ref)
+    assert err < TOLERANCE[problem.dtype], f"{problem.label}: rel error {err:.2e}\n{mod.explain(q, k, v, causal=problem.causal)}"
+    assert out.stride() == torch.empty_like(q).stride()
+    if problem.seq_q <= problem.seq_k or not problem.causal:  # SDPA gives NaN on rows that see no key
+        sdpa = mod._api._sdpa(q, k, v, problem.causal, None)
+        assert relative_error(out, sdpa.float()) < 2 * TOLERANCE[problem.dtype]
+
+
+def test_runs_within_5_percent_of_the_search(package) -> None:
+    import torch
+
+    from tuner.bench import time_cuda
+
+    mod, manifest = package
+    for e in (e for e in manifest["entries"] if e["dispatch"]):
+        p = Problem(**e["problem"])
+        q, k, v = make_inputs(p, seed=2)
+        with torch.no_grad():
+            best = min(time_cuda(lambda: mod.attention(q, k, v, causal=p.causal)).median_us for _ in range(3))
+        ratio = best / e["median_us"]
+        print(f"\n{p.label}: exported {best:.1f} us, search measured {e['median_us']:.1f} us (x{ratio:.3f})")
+        assert ratio <= 1.05, f"{p.label}: {best:.1f} us vs {e['median_us']:.1f} us measured by the search"
+
+
+def test_host_overhead_per_call(package) -> None:
+    import torch
+
+    mod, _ = package
+    q, k, v = make_inputs(Problem(1, 1, 16, 16, 64), seed=3)
+    n = 5000
+    with torch.no_grad():
+        for _ in range(500):
+            mod.attention(q, k, v)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            mod.attention(q, k, v)
+        per_call = (time.perf_counter() - start) / n * 1e6
+        torch.cuda.synchronize()
+    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + prepared launch), n={n}")
+    assert per_call <= HOST_OVERHEAD_US, f"{per_call:.1f} us per call > {HOST_OVERHEAD_US} us"
+
+
+def test_torch_compile_of_a_module(package) -> None:
+    import torch
+
+    mod, _ = package
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(256, 3 * 256, dtype=torch.float16)
+            self.out = torch.nn.Linear(256, 256, dtype=torch.float16)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 4, 64).unbind(2)  # BSHD views
+            o = mod.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            return self.out(o.transpose(1, 2).reshape(b, s, 256))
+
+    block = Block().cuda()
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        eager = block(x)
+        compiled = torch.compile(block, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, atol=2e-3, rtol=2e-3)
+
+
+def test_cuda_inputs_it_cannot_take(package) -> None:
+    import torch
+
+    mod, _ = package
+    q, k, v = make_inputs(Problem(1, 2, 64, 64, 64), seed=4)
+    with torch.no_grad():
+        with pytest.raises(mod.AttentionInputError, match="rank 4"):
+            mod.attention(q[0], k[0], v[0])
+        with pytest.raises(mod.AttentionInputError, match="float16 or bfloat16 like q"):
+            mod.attention(q, k.bfloat16(), v)
+        q80 = torch.randn(1, 2, 64, 80, device="cuda", dtype=torch.float16)
+        with pytest.raises(mod.AttentionInputError, match="head dim 80 is not supported"):
+            mod.attention(q80, q80, q80)
+        out = mod.attention(q80, q80, q80, fallback="sdpa")
+        ref, _ = reference(q80, q80, q80, False)
+        assert relative_error(out, ref) < TOLERANCE["fp16"]
+
+
+def test_jit_from_source_runs(package) -> None:
+    """The path for a device arch without a shipped cubin: PyCUDA compiles the shipped source."""
+    import torch
+
+    mod, manifest = package
+    kernels = mod._kernels
+    kname, meta = next(iter(manifest["kernels"].items()))
+    cc = torch.cuda.get_device_capability(0)
+    cubin = kernels._jit_cubin((kernels.PACKAGE_DIR / meta["source"]).read_text(), cc)
+    kernel = mod._launcher.AttentionKernel(cubin, meta["entry"],
+                                           mod._launcher.LaunchShape(meta["block_m"], meta["threads"], meta["smem_bytes"]))
+    params = meta["params"]
+    p = Problem(1, 4, 200, 200, params["head_dim"], dtype=params["dtype"], causal=params["causal"])
+    q, k, v = make_inputs(p, seed=5)
+    out = torch.empty_like(q)
+    kernel(q, k, v, out, None, 1.0 / math.sqrt(p.head_dim))
+    torch.cuda.synchronize()
+    assert relative_error(out, reference(q, k, v, p.causal)[0]) < TOLERANCE[p.dtype]

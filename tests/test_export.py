@@ -1,0 +1,438 @@
+"""tuner export (CPU): the package, its manifest, integrity check, dispatch table, SDPA fallback, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+from tuner.errors import TunerError
+from tuner.export import ExportOptions, export
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.space import Variant
+from tuner.store import BaselineRecord, RunInfo, TrialRecord, TrialStatus, open_store
+
+# --- a results store whose ok trials carry the sha256 of real local cubins ------------------
+
+TEMPLATE = "attn_fwd_mma"
+PROFILE = "h100"
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+
+BIG = Problem(2, 8, 2048, 2048, 64)                                # fp16 D64, buckets 11/11
+SMALL = Problem(2, 8, 256, 256, 64)                                # fp16 D64, buckets 8/8
+SHADOWED = Problem(1, 8, 2048, 2048, 64)                           # same key as BIG, less work
+GQA_CAUSAL = Problem(1, 16, 1024, 1024, 128, dtype="bf16", causal=True, heads_kv=4)  # group 4
+
+_COMMON = dict(NUM_WARPS=4, KV_SPLIT=1, STAGES=2, Q_IN_REGS=True, MIN_BLOCKS=1)
+PARAMS = {
+    "big": dict(_COMMON, BLOCK_M=64, BLOCK_N=64, SWIZZLE="xor"),
+    "small": dict(_COMMON, BLOCK_M=64, BLOCK_N=32, SWIZZLE="pad"),
+    "gqa": dict(_COMMON, BLOCK_M=64, BLOCK_N=32, SWIZZLE="xor"),
+    "slow": dict(_COMMON, BLOCK_M=64, BLOCK_N=64, SWIZZLE="none", STAGES=1),
+}
+
+
+@dataclass(frozen=True)
+class ExportStore:
+    url: str
+    trial_ids: dict[str, int]  # "big", "small", "shadowed", "gqa", "slow", "incorrect"
+    names: dict[str, str]  # variant names of PARAMS
+
+
+def variant(problem: Problem, params: dict) -> Variant:
+    return Variant(TEMPLATE, problem.head_dim, problem.dtype, problem.causal, params)
+
+
+def compiled_sha(v: Variant) -> str:
+    from tuner.compiler import compile_source
+    from tuner.templates import render
+
+    res = compile_source(render(v), v.name, load_profile(PROFILE).nvcc_arch)
+    assert res.ok, res.log[-2000:]
+    return res.cubin_sha256
+
+
+def write_export_store(url: str) -> ExportStore:
+    """Trials as `tuner search` would store them (real cubin sha256s; made-up timings)."""
+    from tuner.templates import load_manifest
+
+    thash = load_manifest(TEMPLATE).source_hash
+    plan = [("big", BIG, "big", 40.0), ("slow", BIG, "slow", 55.0), ("small", SMALL, "small", 9.0),
+            ("shadowed", SHADOWED, "small", 25.0), ("gqa", GQA_CAUSAL, "gqa", 30.0)]
+    ids, names = {}, {}
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, driver="580.65.06", cuda_version="12.8",
+                                      torch_version="2.9.0", tuner_version="0.1.0", host="test"))
+        for problem in (BIG, SMALL, SHADOWED, GQA_CAUSAL):
+            store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl="sdpa_flash", median_us=50.0))
+        for label, problem, pkey, us in plan:
+            v = variant(problem, PARAMS[pkey])
+            names[pkey] = v.name
+            ids[label] = store.add_trial(TrialRecord(
+                run_id=run, problem=problem, template=TEMPLATE, template_hash=thash, params=v.stored_params(),
+                variant_name=v.name, status=TrialStatus.OK, median_us=us, p20_us=us * 0.99, p80_us=us * 1.01,
+                rel_error=3e-4, cubin_sha256=compiled_sha(v)))
+        v = variant(BIG, dict(_COMMON, BLOCK_M=128, BLOCK_N=64, SWIZZLE="xor"))
+        ids["incorrect"] = store.add_trial(TrialRecord(
+            run_id=run, problem=BIG, template=TEMPLATE, template_hash=thash, params=v.stored_params(),
+            variant_name=v.name, status=TrialStatus.INCORRECT, median_us=1.0, rel_error=0.5))
+        store.finish_run(run)
+    return ExportStore(url, ids, names)
+
+
+def import_exported(out: Path, name: str) -> ModuleType:
+    """Import an exported package from its folder (a unique name per test: its op registers once)."""
+    sys.path.insert(0, str(out))
+    try:
+        importlib.invalidate_caches()
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(out))
+
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (export recompiles cubins)")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def export_store(tmp_path_factory) -> ExportStore:
+    return write_export_store(f"sqlite:///{tmp_path_factory.mktemp('export_store') / 'results.db'}")
+
+
+def _unique(prefix: str = "attn") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def exported(export_store, tmp_path_factory):
+    """(report, imported module) of one package export, imported in this process."""
+    name = _unique()
+    out = tmp_path_factory.mktemp("exported") / name
+    report = export(ExportOptions(gpu="h100", out=out, db_url=export_store.url))
+    return report, import_exported(out, name)
+
+
+# --- package contents and manifest -------------------------------------------------------
+
+
+def test_package_layout_and_manifest(exported, export_store) -> None:
+    report, mod = exported
+    pkg = report.out / report.package
+    for rel in ("__init__.py", "_api.py", "_dispatch.py", "_kernels.py", "_launcher.py", "manifest.json"):
+        assert (pkg / rel).is_file(), rel
+    assert (report.out / "pyproject.toml").is_file() and (report.out / "README.md").is_file()
+    # One launcher for the tuner and every export: a verbatim copy.
+    assert (pkg / "_launcher.py").read_bytes() == (ROOT / "tuner" / "launcher.py").read_bytes()
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert m["package"] == report.package and m["tuner_version"] and m["nvcc_version"]
+    assert m["gpu"]["profile"] == "h100" and m["gpu"]["arch"] == "sm_90a" and m["gpu"]["gpu_names"] == ["NVIDIA H100 80GB HBM3"]
+    ids = export_store.trial_ids
+    by_trial = {e["trial_id"]: e for e in m["entries"]}
+    # Best ok trial per problem only: neither the slower nor the incorrect trial.
+    assert set(by_trial) == {ids["big"], ids["small"], ids["shadowed"], ids["gqa"]}
+    big = by_trial[ids["big"]]
+    assert big["median_us"] == 40.0 and big["ratio_to_best_baseline"] == pytest.approx(50.0 / 40.0)
+    assert big["best_baseline_impl"] == "sdpa_flash"
+    assert big["run"]["driver"] == "580.65.06" and big["run"]["cuda_version"] == "12.8"
+    assert big["run"]["torch_version"] == "2.9.0" and big["run"]["tuner_version"] == "0.1.0"
+    assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11}
+    assert by_trial[ids["gqa"]]["key"]["group"] == 4 and by_trial[ids["gqa"]]["key"]["causal"] is True
+    # Same key as BIG with less work: kept for provenance, out of dispatch.
+    assert by_trial[ids["shadowed"]]["dispatch"] is False and by_trial[ids["shadowed"]]["shadowed_by"] == ids["big"]
+    assert len(m["kernels"]) == report.kernels == 3
+    for kname, meta in m["kernels"].items():
+        cubin = (pkg / meta["cubins"]["sm_90a"]["path"]).read_bytes()
+        assert hashlib.sha256(cubin).hexdigest() == meta["cubins"]["sm_90a"]["sha256"]
+        src = (pkg / meta["source"]).read_text()
+        assert hashlib.sha256(src.encode()).hexdigest() == meta["source_sha256"]
+        assert f"{kname}(ATTN_FWD_PARAMS)" in src and meta["threads"] == 128
+    assert mod.__version__ == m["version"] and mod.MANIFEST["package"] == report.package
+
+
+def test_runtime_never_imports_tuner(exported) -> None:
+    report, _ = exported
+    for path in (report.out / report.package).glob("*.py"):
+        text = path.read_text()
+        assert "import tuner" not in text and "from tuner" not in text, path.name
+
+
+# --- behaviour without a GPU ---------------------------------------------------------------
+
+
+def _qkv(b=1, h=4, hkv=4, sq=64, sk=64, d=64, dtype=None, bshd=False):
+    import torch
+
+    dtype = dtype or torch.float16
+    gen = torch.Generator().manual_seed(0)
+
+    def t(heads, seq):
+        if bshd:
+            return torch.randn(b, seq, heads, d, generator=gen).to(dtype).transpose(1, 2)
+        return torch.randn(b, heads, seq, d, generator=gen).to(dtype)
+
+    return t(h, sq), t(hkv, sk), t(hkv, sk)
+
+
+def test_cpu_tensors_get_a_clear_error(exported) -> None:
+    _, mod = exported
+    q, k, v = _qkv()
+    with pytest.raises(mod.AttentionInputError, match="must be a CUDA tensor"):
+        mod.attention(q, k, v)
+    with pytest.raises(ValueError, match="fallback must be None or 'sdpa'"):
+        mod.attention(q, k, v, fallback="cudnn")
+
+
+@pytest.mark.parametrize("case", [
+    dict(sq=64, sk=64, causal=False),
+    dict(sq=40, sk=96, causal=True),           # bottom-right causal, Sq < Sk
+    dict(h=8, hkv=2, sq=33, sk=70, causal=True),  # GQA
+    dict(sq=50, sk=50, bshd=True),             # BSHD passed as x.transpose(1, 2)
+    dict(d=80),                                # head dim no kernel has
+], ids=["plain", "causal_sq_lt_sk", "gqa_causal", "bshd", "d80"])
+def test_sdpa_fallback_runs_on_cpu(exported, case) -> None:
+    import torch
+
+    from tuner.verify import reference
+
+    _, mod = exported
+    causal = case.pop("causal", False)
+    q, k, v = _qkv(dtype=torch.float32, **case)
+    out = mod.attention(q, k, v, causal=causal, fallback="sdpa")
+    ref, _ = reference(q, k, v, causal)
+    assert out.shape == q.shape and out.stride() == torch.empty_like(q).stride()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_unsupported_inputs_name_the_limit(exported) -> None:
+    import torch
+
+    _, mod = exported
+    q, k, v = _qkv(d=80)
+    assert "head dim 80 is not supported for non-causal fp16: tuned head dims are [64]" in mod.explain(q, k, v).error
+    q, k, v = _qkv(d=128)
+    assert "non-causal attention in bf16" not in (mod.explain(q, k, v).error or "")
+    q, k, v = _qkv(d=128, dtype=torch.bfloat16)
+    assert "non-causal attention in bf16 is not supported" in mod.explain(q, k, v).error
+    q, k, v = _qkv(dtype=torch.float32)
+    assert "float16 or bfloat16" in mod.explain(q, k, v).error
+    assert "q must have rank 4 [B, H, S, D] (got shape (4, 64, 64))" in mod.explain(q[0], k[0], v[0]).error
+    with pytest.raises(mod.AttentionInputError, match="CUDA tensor"):
+        mod.attention(q[0], k[0], v[0])
+    qh, kh, vh = _qkv()
+    assert "q, k and v must have one dtype (got torch.float32, torch.float16" in mod.explain(qh.float(), kh, vh).error
+
+
+# --- dispatch table ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seq,expect,exact", [
+    (2048, "big", True), (1500, "big", True),   # bucket 11 = (1024, 2048]
+    (700, "big", False),                        # bucket 10: 11 is 2 away, 8 is 4 away
+    (300, "small", False),                      # bucket 9: 8 is 2 away
+    (200, "small", True), (4, "small", False), (100000, "big", False),
+])
+def test_nearest_bucket_choice(exported, export_store, seq, expect, exact) -> None:
+    _, mod = exported
+    q, k, v = _qkv(h=2, hkv=2, sq=seq, sk=seq) if seq < 5000 else _qkv(h=1, hkv=1, sq=1, sk=1)
+    if seq >= 5000:  # don't allocate: explain reads shapes only
+        import torch
+
+        q = torch.empty(1, 2, seq, 64, dtype=torch.float16, device="meta")
+        k = v = torch.empty(1, 2, seq, 64, dtype=torch.float16, device="meta")
+    ex = mod.attention.explain(q, k, v)
+    assert ex.kernel == export_store.names[expect] and ex.exact is exact
+    assert ex.trial_id == export_store.trial_ids[expect]
+    assert ("exact match" in ex.reason) if exact else ("nearest tuned bucket" in ex.reason)
+    text = str(ex)
+    assert export_store.names[expect] in text and "must be a CUDA tensor" in text and "dispatch key: fp16 D64" in text
+
+
+def test_explain_gqa_and_arch(exported, export_store) -> None:
+    import torch
+
+    _, mod = exported
+    q = torch.empty(1, 32, 3000, 128, dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty(1, 4, 3000, 128, dtype=torch.bfloat16, device="meta")
+    ex = mod.explain(q, k, v, causal=True)
+    assert ex.kernel == export_store.names["gqa"] and not ex.exact
+    assert "tuned for GQA group 4, not 8" in ex.reason and "log2 distance 4" in ex.reason  # buckets 12/12 vs 10/10
+    kernels = mod._kernels
+    assert kernels.cubin_arch_for({"sm_90a": {}}, (9, 0)) == "sm_90a"
+    assert kernels.cubin_arch_for({"sm_90a": {}}, (10, 0)) is None
+    assert kernels.cubin_arch_for({"sm_80": {}, "sm_86": {}}, (8, 9)) == "sm_86"
+    assert "JIT compile" in kernels.code_source(ex.kernel, (8, 9))
+    assert "shipped cubin sm_90a" in kernels.code_source(ex.kernel, (9, 0))
+
+
+def test_bucket_function(exported) -> None:
+    _, mod = exported
+    seq_bucket = mod._dispatch.seq_bucket
+    assert [seq_bucket(n) for n in (1, 2, 3, 4, 5, 1024, 1025, 2048, 2049)] == [0, 1, 2, 2, 3, 10, 11, 11, 12]
+
+
+# --- torch.compile -----------------------------------------------------------------------------
+
+
+def test_custom_op_traces_under_torch_compile(exported) -> None:
+    import torch
+
+    _, mod = exported
+    assert hasattr(getattr(torch.ops, mod.MANIFEST["package"]), "attention")
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, q, k, v):
+            return self.proj(mod.attention(q, k, v, causal=True, fallback="sdpa"))
+
+    block = Block()
+    q, k, v = _qkv(dtype=torch.float32, sq=32, sk=48)
+    eager = block(q, k, v)
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), eager)
+    # The fake implementation gives the output's metadata without running anything.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as fake_mode:
+        fq, fk, fv = (fake_mode.from_tensor(t) for t in (q, k, v))
+        op = getattr(torch.ops, mod.MANIFEST["package"]).attention
+        assert op(fq, fk, fv, True, None, None).shape == q.shape
+
+
+# --- integrity --------------------------------------------------------------------------------
+
+
+def _import_in_subprocess(out: Path, name: str) -> subprocess.CompletedProcess:
+    code = f"import sys; sys.path.insert(0, {str(out)!r}); import {name}; print('imported', 'tuner' in sys.modules)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=out, timeout=120)
+
+
+def test_tampered_cubin_is_refused(export_store, tmp_path) -> None:
+    name = _unique()
+    out = tmp_path / name
+    export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, shapes=("2,8,256,64",)))
+    ok = _import_in_subprocess(out, name)
+    assert ok.returncode == 0 and "imported False" in ok.stdout, ok.stderr
+    cubin = next((out / name / "kernels").glob("*.cubin"))
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    bad = _import_in_subprocess(out, name)
+    assert bad.returncode != 0
+    assert "IntegrityError" in bad.stderr and f"kernels/{cubin.name} fails its integrity check" in bad.stderr
+    assert "refusing to load it" in bad.stderr
+
+
+def test_pip_install_elsewhere(export_store, tmp_path) -> None:
+    """pip install DIR (no deps, no build isolation: offline) into a fresh folder, import from there."""
+    pytest.importorskip("hatchling", reason="hatchling builds the exported package")
+    name = _unique("myattn")
+    out = tmp_path / "src"
+    export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, name=name, dtype="fp16"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
+                    "--target", str(target), str(out)], check=True, capture_output=True, timeout=300)
+    assert (target / name / "manifest.json").is_file() and list((target / name / "kernels").glob("*.cubin"))
+    code = (f"import sys; sys.path.insert(0, {str(target)!r})\n"
+            f"import torch\nfrom {name} import attention\n"
+            "q = torch.randn(1, 2, 8, 64)\nout = attention(q, q, q, fallback='sdpa')\n"
+            "assert 'tuner' not in sys.modules\nprint('ok', attention.explain(q.half(), q.half(), q.half()).kernel)")
+    run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("ok attn_fwd_mma_d64_fp16_")
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def test_cubin_mismatch_is_refused_unless_allowed(export_store, tmp_path) -> None:
+    src = Path(export_store.url.removeprefix("sqlite:///"))
+    copy = tmp_path / "stale.db"
+    shutil.copyfile(src, copy)
+    import sqlite3
+
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE trials SET cubin_sha256 = ? WHERE id = ?", ("0" * 64, export_store.trial_ids["small"]))
+    url = f"sqlite:///{copy}"
+    with pytest.raises(TunerError, match="no longer matches the template.*--allow-rebuild"):
+        export(ExportOptions(gpu="h100", out=tmp_path / "a", db_url=url))
+    report = export(ExportOptions(gpu="h100", out=tmp_path / "b", db_url=url, allow_rebuild=True))
+    rebuilt = {e["trial_id"]: e["rebuilt"] for e in report.entries}
+    assert rebuilt[export_store.trial_ids["small"]] is True and rebuilt[export_store.trial_ids["big"]] is False
+
+
+def test_export_errors(export_store, tmp_path) -> None:
+    with pytest.raises(TunerError, match="no ok trials for l4"):
+        export(ExportOptions(gpu="l4", out=tmp_path / "x", db_url=export_store.url))
+    with pytest.raises(TunerError, match="not a usable Python identifier"):
+        export(ExportOptions(gpu="h100", out=tmp_path / "my-attn.v2", db_url=export_store.url))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(TunerError, match="not empty; pass --force"):
+        export(ExportOptions(gpu="h100", out=tmp_path / "full", db_url=export_store.url))
+    export(ExportOptions(gpu="h100", out=tmp_path / "full", db_url=export_store.url, force=True, name="again"))
+    assert (tmp_path / "full" / "keep.txt").exists() and (tmp_path / "full" / "again" / "manifest.json").exists()
+
+
+# --- CLI and header ---------------------------------------------------------------------------
+
+
+def test_cli_export_package_and_errors(export_store, tmp_path) -> None:
+    out = tmp_path / "cli_pkg"
+    res = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(out), "--shape", "2,8,2048,64",
+                    "--shape", "1,16,1024,128")
+    assert res.exit_code == 0, res.stderr
+    assert "exported package cli_pkg: 2 entries, 2 kernels" in res.stdout
+    missing = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "w"),
+                        "--shape", "1,16,1024,128", "--dtype", "fp16")  # tuned in bf16 only
+    assert missing.exit_code == 2 and "no ok trials for h100 (shape (1, 16, 1024, 1024, 128), fp16)" in missing.stderr
+    bad = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "y"), "--all",
+                    "--shape", "2,8,2048,64")
+    assert bad.exit_code == 2 and bad.stderr.strip() == "error: give --shape or --all, not both"
+    none = run_tuner("--db", export_store.url, "export", "--gpu", "a100", "--out", str(tmp_path / "z"))
+    assert none.exit_code == 2 and none.stderr.count("\n") == 1 and "no ok trials for a100" in none.stderr
+
+
+def test_header_export(export_store, tmp_path) -> None:
+    out = tmp_path / "hdr"
+    res = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(out), "--format", "header",
+                    "--name", "fc_tuned")
+    assert res.exit_code == 0, res.stderr
+    header = (out / "fc_tuned.h").read_text()
+    assert (out / "attn_fwd_mma.cu").is_file()
+    assert "namespace fc_tuned {" in header and "namespace h100 {" in header
+    assert "struct fp16_d64_noncausal_g1_sq11_sk11 {" in header
+    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, 2, 2, true, 1, false>;" in header
+    assert "struct bf16_d128_causal_g4_sq10_sk10 {" in header and "static constexpr int BLOCK_N = 32;" in header
+    assert "sq11" in header and "sq8" in header
+
+
+@pytest.mark.nvcc
+def test_header_instantiates_with_nvcc(export_store, tmp_path) -> None:
+    out = tmp_path / "hdr"
+    export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, format="header", name="fc_tuned",
+                         shapes=("2,8,256,64",)))
+    user = out / "user.cu"
+    user.write_text(
+        '#include "attn_fwd_mma.cu"\n#include "fc_tuned.h"\n'
+        "using Cfg = fc_tuned::h100::fp16_d64_noncausal_g1_sq8_sk8::Config;\n"
+        'extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) my_attention(ATTN_FWD_PARAMS)'
+        " { ATTN_FWD_BODY(Cfg) }\n"
+        "int pick() { return fc_tuned::h100::nearest_bucket(0, 64, false, 1, 9, 9); }\n")
+    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
+                          "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert b"my_attention" in (out / "user.cubin").read_bytes()

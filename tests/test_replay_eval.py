@@ -1,0 +1,120 @@
+"""`tuner replay-eval` on the replay recording (SYNTHETIC unless tests/data holds a real one)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+from tuner.errors import TunerError
+from tuner.replay_eval import EvalOptions, SeedRun, evaluate_samplers, load_recording, summarise
+from tuner.store import TrialFilter, TrialStatus, open_store
+
+
+def _shape(problem) -> str:
+    return f"{problem.batch},{problem.heads},{problem.seq_q},{problem.seq_k},{problem.head_dim}"
+
+
+def _recorded_best(recording) -> float:
+    """Independently of tuner.replay_eval: the fastest ok trial of the problem in the recording."""
+    with open_store(recording.url, create=False) as store:
+        rows = store.query_trials(TrialFilter(status=TrialStatus.OK))
+    return min(r.median_us for r in rows if r.problem == recording.problem and r.gpu_name == recording.gpu_name)
+
+
+def test_trials_to_within_x_percent_match_an_independent_search(replay_recording, tmp_path):
+    """Replay-eval's count for (random, seed 1) equals what the trial order of a plain `tuner search
+    --backend replay` with the same sampler and seed gives."""
+    trials, pcts = 40, (1.0, 3.0, 10.0)
+    result = evaluate_samplers(EvalOptions(replay_recording.url, samplers=("random",), seeds=2, trials=trials,
+                                           jobs=1, thresholds_pct=pcts))
+    best_us = _recorded_best(replay_recording)
+    assert result.recording.best_us == best_us
+
+    db = f"sqlite:///{tmp_path / 'independent.db'}"
+    run = run_tuner("search", "--backend", "replay", "--from", replay_recording.url, "--gpu", replay_recording.profile,
+                    "--shape", _shape(replay_recording.problem), "--dtype", replay_recording.problem.dtype,
+                    "--sampler", "random", "--seed", "1", "--trials", str(trials), "--db", db)
+    assert run.exit_code == 0, run.stderr
+    with open_store(db, create=False) as store:
+        rows = [r for r in store.query_trials(TrialFilter()) if r.status is TrialStatus.OK]
+    ok_in_order = sorted(rows, key=lambda r: r.trial_number)
+    (summary,) = result.summaries
+    for pct in pcts:
+        target = best_us * (1 + pct / 100)
+        expected = next((r.trial_number + 1 for r in ok_in_order if r.median_us <= target), None)
+        assert summary.reached[pct][1] == expected, pct
+    assert summary.reached[10.0][1] is not None  # the check is not vacuous: 10% is reached in 40 trials
+    # the whole best-so-far curve agrees too
+    run1 = summary.runs[1]
+    assert len(run1.best_so_far) == trials
+    for r in ok_in_order:
+        assert run1.best_so_far[r.trial_number] <= r.median_us
+
+
+def _run(sampler: str, seed: int, curve: list) -> SeedRun:
+    return SeedRun(sampler, seed, tuple(curve), 0.1)
+
+
+def test_medians_count_not_reached_as_infinity_and_ties_break_on_3_percent(replay_recording):
+    rec = load_recording(replay_recording.url)
+    b = rec.best_us
+    at = lambda pct: b * (1 + pct / 100)  # noqa: E731
+    runs = [
+        # "a": within 1% at trials 2 and 4, never for seed 2 -> median 4; within 3% at 1, 1, 2 -> 1
+        _run("a", 0, [at(2), at(0.5), at(0.5), at(0.5), at(0.5)]),
+        _run("a", 1, [at(2.5), at(2), at(2), at(0.9), at(0.9)]),
+        _run("a", 2, [None, at(2), at(2), at(2), at(2)]),
+        # "b": within 1% at 4, 4, never -> median 4 (tie); within 3% at 3, 3, 3 -> 3: "a" wins the tie
+        _run("b", 0, [None, None, at(3.5), at(1), at(1)]),
+        _run("b", 1, [at(9), at(9), at(3), at(0), at(0)]),
+        _run("b", 2, [at(9), at(9), at(2), at(2), at(2)]),
+        # "c": never within 1% in two of three seeds -> median infinity
+        _run("c", 0, [at(0), at(0), at(0), at(0), at(0)]),
+        _run("c", 1, [None] * 5),
+        _run("c", 2, [at(5)] * 5),
+    ]
+    result = summarise(rec, runs, trials=5, seeds=3)
+    by = {s.sampler: s for s in result.summaries}
+    assert by["a"].reached[1.0] == (2, 4, None) and by["a"].median(1.0) == 4
+    assert by["a"].spread(1.0) == (2, math.inf) and by["a"].hits(1.0) == 2
+    assert by["b"].reached[1.0] == (4, 4, None) and by["b"].median(1.0) == 4
+    assert by["a"].median(3.0) == 1 and by["b"].median(3.0) == 3
+    assert math.isinf(by["c"].median(1.0))
+    assert result.best is by["a"]
+    assert result.best_line().startswith("best sampler: a (median trials to within 1%: 4; to within 3%: 1;")
+    nothing = summarise(rec, [_run("c", 0, [None] * 5), _run("c", 1, [at(5)] * 5)], trials=5, seeds=2)
+    assert nothing.best is None and nothing.best_line().startswith("best sampler: none")
+
+
+def test_replay_eval_command_writes_table_markdown_csv_and_plot(replay_recording, tmp_path):
+    out = tmp_path / "eval"
+    result = run_tuner("replay-eval", "--from", replay_recording.url, "--samplers", "random,tpe", "--seeds", "2",
+                       "--trials", "15", "--jobs", "2", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "best sampler:" in result.stdout and "random" in result.stdout and "tpe" in result.stdout
+    assert sorted(os.listdir(out)) == ["replay_eval.csv", "replay_eval.md", "replay_eval.png"]
+    md = (out / "replay_eval.md").read_text()
+    assert "best sampler:" in md and replay_recording.gpu_name in md
+    if replay_recording.synthetic:
+        assert "SYNTHETIC" in md
+    with open(out / "replay_eval.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((r["sampler"], r["seed"]) for r in rows) == [("random", "0"), ("random", "1"), ("tpe", "0"), ("tpe", "1")]
+    assert all(r["trials"] == "15" for r in rows)
+    from matplotlib.image import imread
+
+    pixels = imread(out / "replay_eval.png")
+    assert pixels.shape[0] > 100 and float(pixels.std()) > 0.01
+
+
+def test_bad_options_are_clear_errors(replay_recording):
+    with pytest.raises(TunerError, match="unknown sampler"):
+        evaluate_samplers(EvalOptions(replay_recording.url, samplers=("annealing",)))
+    with pytest.raises(TunerError, match="no replayable trials for shape"):
+        load_recording(replay_recording.url, shape="3,3,96,64")
+    result = run_tuner("replay-eval", "--from", replay_recording.url, "--samplers", "nope")
+    assert result.exit_code == 2 and "unknown sampler" in result.stderr

@@ -1,0 +1,164 @@
+"""`tuner report` on a fixture store: a replayed search of the SYNTHETIC recording (tuner/replay_fixture.py),
+plus a triton_fa2 baseline and ncu metrics added by hand. Numbers are made up; what is checked is that the
+report shows exactly what the store holds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, TrialStatus, open_store
+
+NCU = [NcuMetric("sm__throughput.avg.pct_of_peak_sustained_elapsed", 71.25, "%"),
+       NcuMetric("dram__bytes_read.sum", 12345678.0, "byte")]
+
+
+@dataclass(frozen=True)
+class Fixture:
+    url: str
+    best: TrialRow
+    gpu: str
+    triton_us: float
+
+
+def _replayed_search(recording, db_url: str, trials: int, seed: int = 0) -> None:
+    from rich.console import Console
+
+    from tuner.search import SearchOptions, run_search
+
+    p = recording.problem
+    run_search(SearchOptions(
+        gpu=recording.profile, shapes=(f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",), dtype=p.dtype,
+        causal=p.causal, trials=trials, sampler="random", seed=seed, db_url=db_url, backend="replay",
+        replay_from=recording.url, warm_start=0,
+    ), console=Console(file=io.StringIO()))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def report_store(replay_recording, tmp_path_factory) -> Fixture:
+    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'results.db'}"
+    _replayed_search(replay_recording, url, trials=40)
+    with open_store(url) as store:
+        best = store.best_trials(TrialFilter(gpu=replay_recording.profile))[0]
+        triton_us = best.median_us * 1.25  # a slower Triton FA2 timed by the same worker
+        store.add_baseline(BaselineRecord(run_id=best.run_id, problem=best.problem, impl="triton_fa2",
+                                          median_us=triton_us))
+        store.add_ncu_metrics(best.id, NCU)
+        best = store.best_trials(TrialFilter(gpu=replay_recording.profile))[0]  # ratio re-read
+    return Fixture(url, best, replay_recording.profile, triton_us)
+
+
+def _assert_png(path: str) -> None:
+    from matplotlib.image import imread
+
+    with open(path, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    pixels = imread(path)
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert float(pixels.std()) > 0.01  # something was drawn
+
+
+def test_report_command_writes_markdown_json_and_plots(report_store, tmp_path):
+    out = tmp_path / "out"
+    result = run_tuner("report", "--gpu", report_store.gpu, "--db", report_store.url, "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    names = sorted(os.listdir(out))
+    assert "report.md" in names and "report.json" in names
+    pngs = [n for n in names if n.endswith(".png")]
+    assert any(n.endswith("-compare.png") for n in pngs)
+    assert any(n.endswith("-convergence.png") for n in pngs)
+    assert any("-importance-" in n for n in pngs)  # 40 random trials: enough complete ones
+    for name in pngs:
+        _assert_png(str(out / name))
+        assert f"]({name})" in (out / "report.md").read_text()  # every figure is in the report
+
+
+def test_report_numbers_are_the_stores(report_store, tmp_path):
+    from tuner.report import write_report
+
+    files = write_report(report_store.url, report_store.gpu, str(tmp_path))
+    data = json.loads(open(files.json).read())
+    md = open(files.markdown).read()
+    best = report_store.best
+    (entry,) = data["problems"]
+    assert entry["best_trial_id"] == best.id and entry["run_id"] == best.run_id
+    assert entry["best_us"] == best.median_us
+    assert entry["ratio_to_best_baseline"] == best.ratio_to_best_baseline
+    with open_store(report_store.url, create=False) as store:
+        baselines = store.baselines_for(best.run_id, best.problem_id)
+    assert {t["impl"]: t["median_us"] for t in entry["timings"]} == {
+        "tuned": best.median_us, **{b.impl: b.median_us for b in baselines}}
+    assert entry["ratios"] == {b.impl: b.median_us / best.median_us for b in baselines}
+    assert entry["ratios"]["triton_fa2"] == report_store.triton_us / best.median_us
+    # the markdown shows the same numbers, rounded
+    assert f"| {best.median_us:.3f} |" in md
+    assert f"{best.ratio_to_best_baseline:.3f}x" in md
+    assert f"{report_store.triton_us / best.median_us:.3f}x" in md
+    for impl in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton_fa2"):
+        assert impl in md
+    for metric in NCU:
+        assert metric.name in md
+    assert "71.25" in md
+    # every figure's caption names the card and the run
+    captions = [line for line in md.splitlines() if line.startswith("*Figure")]
+    assert captions
+    for caption in captions:
+        assert best.gpu_name in caption and f"run {best.run_id}" in caption
+
+
+def test_best_so_far_follows_the_trial_order(report_store):
+    from tuner.report import gather_report
+
+    with open_store(report_store.url, create=False) as store:
+        report = gather_report(store, report_store.gpu, db_url=report_store.url)
+        rows = store.query_trials(TrialFilter(study=report.problems[0].curves[0].study))
+    (curve,) = report.problems[0].curves
+    ok = sorted((r for r in rows if r.status is TrialStatus.OK), key=lambda r: r.trial_number)
+    expected, best = [], None
+    for r in ok:
+        best = r.median_us if best is None else min(best, r.median_us)
+        expected.append((r.trial_number, best))
+    assert list(zip(curve.trial_numbers, curve.best_by_number)) == expected
+    assert curve.best_by_number[-1] == report_store.best.median_us
+    assert curve.best_by_time[-1] == report_store.best.median_us
+    assert list(curve.elapsed_s) == sorted(curve.elapsed_s) and curve.elapsed_s[0] >= 0
+    assert curve.trials == len(rows)
+    (imp,) = report.problems[0].importances
+    assert imp.values and set(imp.values) <= set(report_store.best.params)
+
+
+def test_missing_optuna_study_is_said_not_fatal(report_store, tmp_path):
+    """A store copied without its Optuna journal: the report still comes, and says why there is no importance."""
+    from tuner.search_study import JOURNAL_SUFFIX
+
+    source = report_store.url.removeprefix("sqlite:///")
+    shutil.copy(source, tmp_path / "copy.db")
+    result = run_tuner("report", "--gpu", report_store.gpu, "--db", f"sqlite:///{tmp_path / 'copy.db'}",
+                       "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert f"no Optuna storage (copy.db{JOURNAL_SUFFIX})" in md
+    assert not (tmp_path / f"copy.db{JOURNAL_SUFFIX}").exists()  # the report created none
+    assert not any("-importance-" in n for n in os.listdir(tmp_path / "out"))
+
+
+def test_too_few_trials_for_importance_and_no_ncu(replay_recording, tmp_path):
+    url = f"sqlite:///{tmp_path / 'small.db'}"
+    _replayed_search(replay_recording, url, trials=4, seed=3)
+    result = run_tuner("report", "--gpu", replay_recording.profile, "--db", url, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "too few complete trials for parameter importance" in md
+    assert "Not profiled: run `tuner profile" in md
+
+
+def test_report_without_ok_trials_for_the_gpu_is_a_clear_error(report_store, tmp_path):
+    result = run_tuner("report", "--gpu", "no-such-card", "--db", report_store.url, "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "no ok trials for GPU 'no-such-card'" in result.stderr

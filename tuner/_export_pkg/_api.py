@@ -1,0 +1,197 @@
+"""attention(q, k, v): tuned kernels behind a dispatch cache, a torch.library op and an SDPA fallback.
+
+Copied verbatim into every package written by `tuner export`.
+Eager calls take the fast path: one dict lookup on a cheap tuple, a few
+attribute checks and PyCUDA's prepared launch. Under torch.compile the call
+goes through the registered custom op (with a fake implementation), so the
+graph traces; the op's real implementation is the same eager path.
+"""
+# No `from __future__ import annotations`: torch.library reads the op's schema from real annotations.
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import _kernels
+from ._dispatch import DispatchTable, Explanation, Key
+from ._launcher import AttentionInputError, GpuUnavailableError, _bound, check_attention_tensors
+
+PACKAGE: str = _kernels.MANIFEST["package"]
+TABLE = DispatchTable(_kernels.MANIFEST["entries"])
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_FALLBACKS = (None, "sdpa")
+# (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, launch function)
+_cache: dict[tuple, tuple[int, Callable[..., None]]] = {}
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: Optional[float] = None, fallback: Optional[str] = None) -> torch.Tensor:
+    """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
+
+    k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
+    aligned bottom-right when Sq != Sk; scale defaults to 1/sqrt(D).
+    fallback="sdpa" sends inputs the kernels cannot take to torch's SDPA
+    instead of raising AttentionInputError.
+    """
+    if torch.compiler.is_compiling():
+        return _op(q, k, v, causal, scale, fallback)
+    return _forward(q, k, v, causal, scale, fallback)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+             fallback: Optional[str]) -> torch.Tensor:
+    qs, ks = q.shape, k.shape
+    if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
+        hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length()))
+        if hit is not None and _fast_ok(q, k, v, hit[0]) and (fallback is None or fallback == "sdpa"):
+            out = torch.empty_like(q)
+            hit[1](q, k, v, out, None, scale)
+            return out
+    return _slow(q, k, v, causal, scale, fallback)
+
+
+def _fast_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, device: int) -> bool:
+    """The checks every launch needs, as cheap as they come; any miss takes the slow path (precise error)."""
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    kshape = k.shape
+    return (
+        q.get_device() == device and k.get_device() == device and v.get_device() == device
+        and k.dtype == q.dtype and v.dtype == q.dtype and len(vs) == 4
+        and kshape == v.shape and kshape[0] == q.shape[0] and kshape[3] == q.shape[3] and not q.shape[1] % kshape[1]
+        and qs[3] == 1 and ks[3] == 1 and vs[3] == 1
+        and not (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) & 7
+        and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    )
+
+
+def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str]) -> torch.Tensor:
+    if fallback not in _FALLBACKS:
+        raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+    try:
+        launch = _resolve(q, k, v, causal)
+    except (AttentionInputError, GpuUnavailableError):
+        if fallback == "sdpa":
+            return _sdpa(q, k, v, causal, scale)
+        raise
+    if q.numel() == 0:
+        return torch.empty_like(q)
+    out = torch.empty_like(q)
+    launch(q, k, v, out, None, scale)
+    return out
+
+
+def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
+    b, h, sq, d = q.shape
+    return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2])
+
+
+def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
+    """Validate fully, choose the kernel, load it and fill the dispatch cache."""
+    check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise AttentionInputError("the tuned kernels are forward-only: inputs require grad "
+                                  "(use torch.no_grad() / inference_mode, or fallback='sdpa')")
+    if k.shape[2] == 0:
+        raise AttentionInputError("k and v must have at least one key (Sk = 0)")
+    key = _key(q, k, causal)
+    choice = TABLE.choose(key)
+    if choice is None:
+        raise AttentionInputError(TABLE.unsupported_reason(key))
+    device = q.get_device()
+    bound = _bound.get("device", device)
+    if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
+        raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
+                                  f"got tensors on cuda:{device}")
+    kernel = _kernels.load_kernel(choice.entry["kernel"], device)
+    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket)] = (device, kernel.launch_unchecked)
+    return kernel.launch_unchecked
+
+
+def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch.Tensor:
+    """torch SDPA with the kernels' semantics: bottom-right causal alignment, GQA."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    mask, is_causal = None, False
+    if causal:
+        sq, sk = q.shape[-2], k.shape[-2]
+        if sq == sk:
+            is_causal = True
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(sq, sk)
+    gqa = q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+    if isinstance(q, torch.Tensor) and out.shape == q.shape and out.stride() != torch.empty_like(q).stride():
+        out = torch.empty_like(q).copy_(out)  # the layout the fake implementation promises torch.compile
+    return out
+
+
+@torch.library.custom_op(f"{PACKAGE}::attention", mutates_args=())
+def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+        fallback: Optional[str]) -> torch.Tensor:
+    return _forward(q, k, v, causal, scale, fallback)
+
+
+@torch.library.register_fake(f"{PACKAGE}::attention")
+def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+             fallback: Optional[str]) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+def _device_cc(q: Any) -> Optional[tuple[int, int]]:
+    if not torch.cuda.is_available():
+        return None
+    device = q.get_device() if isinstance(q, torch.Tensor) and q.is_cuda else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(device)
+
+
+def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
+    """Which kernel attention(q, k, v, causal=...) would run, and why (print() it). Needs no GPU."""
+    errors: list[str] = []  # every limit the inputs break, the device's first
+    try:
+        check_attention_tensors(q, k, v, q)
+    except AttentionInputError as exc:
+        errors.append(str(exc))
+    shapes = (f"q {tuple(getattr(q, 'shape', ()))}, k {tuple(getattr(k, 'shape', ()))}, "
+              f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}")
+    lines = [f"{PACKAGE}.attention({shapes})"]
+    choice = None
+    usable = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
+              and q.dtype in _DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+    # check_attention_tensors stops at the first limit (the device, on a CPU): name the others too.
+    tensors = [(n, t) for n, t in (("q", q), ("k", k), ("v", v)) if isinstance(t, torch.Tensor)]
+    errors += [f"{n} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})" for n, t in tensors if t.dim() != 4]
+    if len({t.dtype for _, t in tensors}) > 1:
+        errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
+    if isinstance(q, torch.Tensor) and q.dtype not in _DTYPES:
+        errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({TABLE.describe()})")
+    if usable:
+        key = _key(q, k, causal)
+        lines.append(f"  dispatch key: {key.label()}")
+        choice = TABLE.choose(key)
+        if choice is None:
+            errors.append(TABLE.unsupported_reason(key))
+    if choice is not None:
+        e = choice.entry
+        ratio = e.get("ratio_to_best_baseline")
+        vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
+        lines.append(f"  kernel: {e['kernel']}")
+        lines.append(f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}")
+        lines.append(f"  why: {choice.reason}")
+        code = _kernels.code_source(e["kernel"], _device_cc(q))
+        lines.append(f"  code: {code}")
+    else:
+        code = "none"
+    error = "; ".join(errors) or None
+    if error:
+        lines.append(f"  error: {error} (fallback='sdpa' would run torch SDPA instead)")
+    return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
+                       bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
+                       "\n".join(lines))
+
+
+attention.explain = explain  # type: ignore[attr-defined]
+attention.table = TABLE  # type: ignore[attr-defined]

@@ -1,0 +1,140 @@
+"""Dispatch table of an exported kernel package: problem key -> tuned kernel (pure Python).
+
+Copied verbatim into every package written by `tuner export`; imports
+nothing but the standard library. A problem is keyed on what the compiled
+kernel depends on (dtype, head dim, causal) plus what makes a different
+variant faster (GQA group, log2 buckets of Sq and Sk). Between tuned shapes
+the nearest bucket wins: kernels handle any sequence length and group, only
+their speed was measured at the tuned ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+
+def seq_bucket(n: int) -> int:
+    """ceil(log2 n): bucket b holds lengths (2**(b-1), 2**b]; 1 -> 0, 2048 -> 11, 2049 -> 12."""
+    return (n - 1).bit_length()
+
+
+def bucket_range(b: int) -> str:
+    return "1" if b == 0 else f"{2 ** (b - 1) + 1}-{2 ** b}"
+
+
+@dataclass(frozen=True)
+class Key:
+    dtype: str
+    head_dim: int
+    causal: bool
+    group: int  # query heads per K/V head (1: MHA)
+    sq_bucket: int
+    sk_bucket: int
+
+    @classmethod
+    def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int) -> "Key":
+        return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk))
+
+    @property
+    def features(self) -> tuple[str, int, bool]:
+        """What is compiled into a kernel: these must match exactly."""
+        return (self.dtype, self.head_dim, self.causal)
+
+    def label(self) -> str:
+        causal = "causal" if self.causal else "non-causal"
+        return (f"{self.dtype} D{self.head_dim} {causal} group {self.group}, Sq bucket {self.sq_bucket} "
+                f"({bucket_range(self.sq_bucket)}), Sk bucket {self.sk_bucket} ({bucket_range(self.sk_bucket)})")
+
+
+@dataclass(frozen=True)
+class Choice:
+    entry: Mapping[str, Any]  # the manifest entry (kernel, trial_id, problem_label, median_us, ...)
+    key: Key  # the asked key
+    tuned: Key  # the entry's key
+    exact: bool
+    distance: int  # |d log2 Sq| + |d log2 Sk| between the buckets
+    candidates: int  # tuned entries with the same dtype, head dim and causality
+
+    @property
+    def reason(self) -> str:
+        if self.exact:
+            return "exact match: this bucket was tuned"
+        parts = []
+        if self.distance:
+            parts.append(f"nearest tuned bucket (Sq bucket {self.tuned.sq_bucket}, Sk bucket {self.tuned.sk_bucket}) "
+                         f"at log2 distance {self.distance}")
+        if self.tuned.group != self.key.group:
+            parts.append(f"tuned for GQA group {self.tuned.group}, not {self.key.group} (the kernel takes any group)")
+        return "; ".join(parts) + f"; chosen among {self.candidates} tuned entries for " \
+                                  f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}"
+
+
+def entry_key(entry: Mapping[str, Any]) -> Key:
+    k = entry["key"]
+    return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]))
+
+
+class DispatchTable:
+    """The tuned entries of one package, with nearest-bucket choice."""
+
+    def __init__(self, entries: list[Mapping[str, Any]]) -> None:
+        self.entries = [e for e in entries if e.get("dispatch", True)]
+        self._by_features: dict[tuple[str, int, bool], list[tuple[Key, Mapping[str, Any]]]] = {}
+        for e in self.entries:
+            key = entry_key(e)
+            self._by_features.setdefault(key.features, []).append((key, e))
+
+    def supported(self) -> list[tuple[str, int, bool]]:
+        return sorted(self._by_features)
+
+    def head_dims(self, dtype: str, causal: bool) -> list[int]:
+        return sorted({d for (dt, d, c) in self._by_features if dt == dtype and c == causal})
+
+    def choose(self, key: Key) -> Optional[Choice]:
+        """The entry for `key`, or None when no kernel has its dtype, head dim and causality."""
+        cands = self._by_features.get(key.features)
+        if not cands:
+            return None
+
+        def rank(item: tuple[Key, Mapping[str, Any]]) -> tuple:
+            tk, e = item
+            dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
+            group_dist = abs(math.log2(tk.group) - math.log2(max(key.group, 1)))
+            # Ties: prefer the larger bucket (long sequences are where tuning pays), then the older trial.
+            return (dist, group_dist, -tk.sq_bucket, -tk.sk_bucket, e.get("trial_id", 0))
+
+        tk, e = min(cands, key=rank)
+        dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
+        return Choice(e, key, tk, tk == key, dist, len(cands))
+
+    def unsupported_reason(self, key: Key) -> str:
+        """Why no kernel fits `key` (names the limit), for errors and explain()."""
+        dts = sorted({dt for dt, _, _ in self._by_features})
+        if key.dtype not in dts:
+            return f"dtype {key.dtype} is not supported: this package has kernels for {', '.join(dts)}"
+        causal = "causal" if key.causal else "non-causal"
+        dims = self.head_dims(key.dtype, key.causal)
+        if not dims:
+            return f"{causal} attention in {key.dtype} is not supported by this package (tuned: {self.describe()})"
+        return f"head dim {key.head_dim} is not supported for {causal} {key.dtype}: tuned head dims are {dims}"
+
+    def describe(self) -> str:
+        return ", ".join(f"{dt} D{d}{' causal' if c else ''}" for dt, d, c in self.supported())
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What attention() would do with these inputs, and why (str() gives the text)."""
+
+    kernel: Optional[str]
+    trial_id: Optional[int]
+    exact: bool
+    reason: str
+    code: str  # where the machine code comes from: a cubin, a JIT compile, or nothing
+    error: Optional[str]  # the error attention() would raise (without fallback), if any
+    text: str
+
+    def __str__(self) -> str:
+        return self.text

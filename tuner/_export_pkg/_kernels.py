@@ -1,0 +1,118 @@
+"""Manifest, integrity check and kernel loading of an exported package.
+
+Copied verbatim into every package written by `tuner export`. The import
+verifies every shipped file against the sha256 in manifest.json, so a
+tampered cubin is refused before it can be loaded. Kernels load lazily
+(first call): from the shipped cubin when it runs on the device, else
+JIT-compiled from the shipped source with PyCUDA's compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from ._launcher import AttentionKernel, LaunchShape, bind_torch_context
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+MANIFEST: dict[str, Any] = json.loads((PACKAGE_DIR / "manifest.json").read_text())
+_loaded: dict[str, AttentionKernel] = {}
+
+
+class IntegrityError(ImportError):
+    """A shipped file does not match the sha256 recorded in manifest.json."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def shipped_files() -> list[tuple[str, str]]:
+    """(relative path, expected sha256) of every cubin and source in the manifest."""
+    files = []
+    for meta in MANIFEST["kernels"].values():
+        files.append((meta["source"], meta["source_sha256"]))
+        files.extend((c["path"], c["sha256"]) for c in meta["cubins"].values())
+    return files
+
+
+def verify_package() -> None:
+    """Raise IntegrityError naming the first file that is missing or altered."""
+    name = MANIFEST["package"]
+    for rel, expected in shipped_files():
+        path = PACKAGE_DIR / rel
+        if not path.is_file():
+            raise IntegrityError(f"{name}: {rel} is missing; reinstall or re-export the package")
+        actual = _sha256(path)
+        if actual != expected:
+            raise IntegrityError(
+                f"{name}: {rel} fails its integrity check (sha256 {actual[:16]}... != {expected[:16]}... in "
+                f"manifest.json): the file was changed after export; refusing to load it. Reinstall or re-export.")
+
+
+def _arch_parts(arch: str) -> tuple[int, int, bool]:
+    m = re.fullmatch(r"sm_(\d+)(\d)(a?)", arch)
+    if not m:
+        raise ValueError(f"malformed arch {arch!r}")
+    return int(m.group(1)), int(m.group(2)), bool(m.group(3))
+
+
+def cubin_arch_for(cubins: dict[str, Any], cc: tuple[int, int]) -> Optional[str]:
+    """The shipped cubin arch that runs on compute capability `cc`, if any.
+
+    A cubin for sm_XY runs on X.Z with Z >= Y; an arch-specific one (sm_90a) only on X.Y itself.
+    """
+    fits = []
+    for arch in cubins:
+        major, minor, specific = _arch_parts(arch)
+        if major == cc[0] and (minor == cc[1] if specific else minor <= cc[1]):
+            fits.append((minor, specific, arch))
+    return max(fits)[2] if fits else None
+
+
+def code_source(kernel: str, cc: Optional[tuple[int, int]]) -> str:
+    """Where `kernel`'s machine code comes from on a device of capability `cc` (for explain())."""
+    if cc is None:
+        return "no CUDA device: nothing would be loaded"
+    arch = cubin_arch_for(MANIFEST["kernels"][kernel]["cubins"], cc)
+    if arch:
+        return f"shipped cubin {arch} (device compute capability {cc[0]}.{cc[1]})"
+    return f"JIT compile of the shipped source for sm_{cc[0]}{cc[1]} (no shipped cubin runs on {cc[0]}.{cc[1]})"
+
+
+def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
+    from pycuda.compiler import compile as nvcc_compile
+
+    # The source already declares its entry point extern "C".
+    return nvcc_compile(source, options=["-O3", "-std=c++17"], arch=f"sm_{cc[0]}{cc[1]}", no_extern_c=True)
+
+
+def load_kernel(kernel: str, device: int) -> AttentionKernel:
+    """Load (once per process) the kernel onto `device` in torch's CUDA context."""
+    if kernel in _loaded:
+        return _loaded[kernel]
+    import torch
+
+    bind_torch_context(device)
+    meta = MANIFEST["kernels"][kernel]
+    cc = torch.cuda.get_device_capability(device)
+    need = tuple(meta["min_compute_capability"])
+    if cc < need:
+        raise RuntimeError(f"{kernel} needs compute capability {need[0]}.{need[1]}+, cuda:{device} has {cc[0]}.{cc[1]}")
+    limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+    if limit and meta["smem_bytes"] > limit:
+        raise RuntimeError(f"{kernel} needs {meta['smem_bytes']} B shared memory per block; cuda:{device} allows {limit} B")
+    arch = cubin_arch_for(meta["cubins"], cc)
+    if arch:
+        path = PACKAGE_DIR / meta["cubins"][arch]["path"]
+        cubin = path.read_bytes()
+        if hashlib.sha256(cubin).hexdigest() != meta["cubins"][arch]["sha256"]:  # changed since import
+            raise IntegrityError(f"{MANIFEST['package']}: {meta['cubins'][arch]['path']} changed after import; refusing it")
+    else:
+        cubin = _jit_cubin((PACKAGE_DIR / meta["source"]).read_text(), cc)
+    shape = LaunchShape(meta["block_m"], meta["threads"], meta["smem_bytes"])
+    _loaded[kernel] = AttentionKernel(cubin, meta["entry"], shape, device)
+    return _loaded[kernel]
