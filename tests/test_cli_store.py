@@ -59,14 +59,19 @@ def results_json(url: str, *args: str) -> list[dict]:
     return json.loads(result.stdout)
 
 
+def _empty_store(url: str) -> str:
+    assert tuner(url, "db", "upgrade").exit_code == 0
+    return url
+
+
 def test_results_empty_json_is_an_empty_list(sqlite_url):
-    result = tuner(sqlite_url, "results", "--format", "json")
+    result = tuner(_empty_store(sqlite_url), "results", "--format", "json")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
 def test_results_empty_csv_has_a_header(sqlite_url):
-    result = tuner(sqlite_url, "results", "--format", "csv")
+    result = tuner(_empty_store(sqlite_url), "results", "--format", "csv")
     assert result.exit_code == 0
     assert result.stdout.splitlines() == [result.stdout.splitlines()[0]]
     assert result.stdout.startswith("id,run_id,gpu_name,profile,")
@@ -145,7 +150,14 @@ def test_show_table_and_json(filled):
 
 
 def test_show_unknown_trial(sqlite_url):
-    assert_one_line_error(tuner(sqlite_url, "show", "42"), "no trial with id 42")
+    assert_one_line_error(tuner(_empty_store(sqlite_url), "show", "42"), "no trial with id 42")
+
+
+def test_readers_do_not_create_a_store_named_by_mistake(tmp_path):
+    typo = tmp_path / "new-folder" / "reslts.db"
+    for args in (("results",), ("show", "1"), ("profile", "1")):
+        assert_one_line_error(tuner(f"sqlite:///{typo}", *args), "no results store at", "tuner db upgrade")
+    assert not typo.parent.exists()
 
 
 def test_db_info_and_upgrade(sqlite_url):
@@ -156,6 +168,7 @@ def test_db_info_and_upgrade(sqlite_url):
 
 
 def test_default_store_comes_from_tuner_db(sqlite_url):
+    _empty_store(sqlite_url)
     result = run_tuner("results", "--format", "json", env={"TUNER_DB": sqlite_url})
     assert result.exit_code == 0 and result.stdout.strip() == "[]"
 

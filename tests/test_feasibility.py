@@ -102,6 +102,13 @@ def test_manifest_expressions_are_sandboxed(text: str) -> None:
         evaluate(text, {"x": [1], "a": 1})
 
 
+@pytest.mark.parametrize("text", ["a // 0", "a + 'x'", "max()"])
+def test_manifest_expression_runtime_errors_are_one_line(text: str) -> None:
+    with pytest.raises(TunerError, match="failed") as info:
+        evaluate(text, {"a": 1})
+    assert "\n" not in str(info.value)
+
+
 def test_manifest_expressions_compute() -> None:
     assert evaluate("max(a, 2) * 3 if b == 'x' else 0", {"a": 1, "b": "x"}) == 6
     with pytest.raises(TunerError, match="unknown_name"):

@@ -207,3 +207,26 @@ def test_to_dict_and_csv_row_are_plain(store):
     detail = json.loads(json.dumps(store.trial_detail(t).to_dict()))
     assert detail["ncu_metrics"] == [{"name": "a", "value": 1.0, "unit": None}]
     assert detail["baselines"][0]["impl"] == "sdpa_flash"
+
+
+def test_run_command_line_never_stores_a_password(store, monkeypatch):
+    import sys
+
+    from tuner.store import RunInfo
+
+    monkeypatch.setattr(sys, "argv", ["tuner", "--db", "postgresql://alice:hunter2@db.example/tuner", "search",
+                                      "--storage=postgresql://bob:s3cret@db.example/optuna", "--gpu", "h100"])
+    info = RunInfo.for_this_process(gpu_name="NVIDIA H100", profile="h100")
+    assert "hunter2" not in info.command_line and "s3cret" not in info.command_line
+    assert "alice:***@db.example" in info.command_line and "--gpu h100" in info.command_line
+
+
+def test_gpu_filter_is_exact_for_profile_names(store):
+    from tuner.store import RunInfo
+
+    l40s = store.start_run(RunInfo(gpu_name="NVIDIA L40S", profile="l40s"))
+    l4 = store.start_run(RunInfo(gpu_name="NVIDIA L4", profile="l4"))
+    store.add_trial(trial(l40s, BIG, params={"m": 1}))
+    store.add_trial(trial(l4, BIG, params={"m": 1}))
+    assert [r.gpu_name for r in store.query_trials(TrialFilter(gpu="l4"))] == ["NVIDIA L4"]
+    assert len(store.query_trials(TrialFilter(gpu="L40"))) == 1  # not a profile name: part of the GPU name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -110,10 +111,11 @@ def space_command(
 
     from tuner.feasibility import space_report
     from tuner.problem import problem_from_shape
-    from tuner.profiles import resolve_profile
+    from tuner.profiles import load_profile, resolve_profile
 
     fmt = _output_format(output_format, ("table", "json"))
-    profile = resolve_profile(gpu)
+    # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
+    profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
     problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv)
     rows = [(v, f) for v, f in space_report(template, problem, profile) if f.ok or show_all]
     if fmt == "json":
@@ -148,6 +150,12 @@ from tuner.store import redact_url as _redact_url  # noqa: E402
 
 _STORE_EPILOG = f"Results store: {_redact_url(_default_db_url())} (change it with --db or TUNER_DB)."
 _OUTPUT_FORMATS = ("table", "json", "csv")
+
+
+def _may_create_store() -> bool:
+    """Readers create only the default store (a first `tuner results` shows an empty
+    table); a --db/TUNER_DB that names no existing store is a typo to report."""
+    return state.db_url is None
 
 
 def _output_format(value: str, allowed: tuple[str, ...]) -> str:
@@ -195,7 +203,7 @@ def results_command(
         status=status,
         limit=limit,
     )
-    with open_store(state.db_url) as store:
+    with open_store(state.db_url, create=_may_create_store()) as store:
         rows = store.best_trials(filt) if best else store.query_trials(filt)
         where = store.url
     if fmt == "json":
@@ -249,7 +257,7 @@ def show_command(
     from tuner.store import open_store
 
     fmt = _output_format(output_format, ("table", "json"))
-    with open_store(state.db_url) as store:
+    with open_store(state.db_url, create=_may_create_store()) as store:
         d = store.trial_detail(trial_id)
     if fmt == "json":
         typer.echo(json.dumps(d.to_dict(), indent=2))
@@ -462,7 +470,7 @@ def profile_command(
         raise TunerError("give either a TRIAL_ID or --top K")
     if trial_id is not None and (run is not None or gpu is not None):
         raise TunerError("--run and --gpu select trials for --top; they do not apply to one TRIAL_ID")
-    with open_store(state.db_url) as store:
+    with open_store(state.db_url, create=_may_create_store()) as store:
         if trial_id is not None:
             results = {trial_id: profile_trial(store, trial_id, ncu=ncu, launches=launches)}
         else:
@@ -570,6 +578,17 @@ except ImportError:  # typer that uses click itself
 
 def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 2."""
+    # Python's warnings (profile/card mismatch with --force, SM count) as one line each.
+    previous = warnings.showwarning
+    warnings.showwarning = lambda message, *_args, **_kw: err_console.print(
+        f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+    try:
+        _run_app()
+    finally:
+        warnings.showwarning = previous
+
+
+def _run_app() -> None:
     try:
         # Without standalone mode click returns an Exit's code instead of exiting.
         code = app(standalone_mode=False)

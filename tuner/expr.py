@@ -41,5 +41,5 @@ def evaluate(text: str, names: Mapping[str, Any]) -> Any:
     code = _compile(text)
     try:
         return eval(code, {"__builtins__": {}}, {**_FUNCTIONS, **names})  # noqa: S307 - AST-whitelisted
-    except NameError as exc:
-        raise TunerError(f"manifest expression {text!r}: {exc}") from None
+    except (NameError, ArithmeticError, TypeError, ValueError) as exc:
+        raise TunerError(f"manifest expression {text!r} failed: {type(exc).__name__}: {exc}") from None

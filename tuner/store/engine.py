@@ -74,6 +74,20 @@ def redact_url(url: str) -> str:
         return "<malformed database URL>"
 
 
+def redact_command_line(args: list[str]) -> list[str]:
+    """Arguments with the password of any database URL in them (`URL` or `--opt=URL`) hidden."""
+    out = []
+    for arg in args:
+        head, sep, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+        if "://" in value and "@" in value:
+            try:
+                value = make_url(value).render_as_string(hide_password=True)
+            except Exception:  # not a URL after all: keep the text, but never a password-like part
+                value = value.split("://", 1)[0] + "://***"
+        out.append(head + sep + value)
+    return out
+
+
 def _redacted(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
@@ -92,13 +106,17 @@ def db_error_message(exc: BaseException, url: URL) -> str:
     return scrub(str(orig if orig is not None else exc), url)
 
 
-def _prepare_sqlite_path(url: URL) -> URL:
+def _prepare_sqlite_path(url: URL, create: bool = True) -> URL:
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file:"):
         return url
     path = Path(os.path.expanduser(database))
     if path.is_dir():
         raise TunerError(f"results store path {path} is a directory, not a SQLite file")
+    if not create:  # a reader must not leave folders behind for a store that is not there
+        if not path.exists():
+            raise TunerError(f"no results store at {path} (`tuner search` or `tuner db upgrade` creates one)")
+        return url.set(database=str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -133,13 +151,17 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def create_store_engine(url: str) -> tuple[Engine, URL]:
-    """An Engine for `url` with the project's connection settings (does not connect)."""
+def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
+    """An Engine for `url` with the project's connection settings (does not connect).
+
+    With create=False a SQLite file that does not exist is an error (and no
+    folder is made for it).
+    """
     parsed = _parse(url)
     backend = parsed.get_backend_name()
     kwargs: dict[str, Any] = {}
     if backend == "sqlite":
-        parsed = _prepare_sqlite_path(parsed)
+        parsed = _prepare_sqlite_path(parsed, create)
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     elif backend == "postgresql":
         driver = parsed.get_driver_name()

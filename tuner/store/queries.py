@@ -82,7 +82,13 @@ def apply_filter(stmt: Select, filt: TrialFilter) -> Select:
     """WHERE clauses of a TrialFilter; the statement must join runs, problems and variants."""
     if filt.gpu:
         gpu = filt.gpu.strip()
-        stmt = stmt.where(or_(Run.profile == gpu, func.lower(Run.gpu_name).contains(gpu.lower(), autoescape=True)))
+        from tuner.profiles import profile_names
+
+        if gpu.lower() in profile_names():
+            # A profile name is exact: "l4" must not match "NVIDIA L40S", nor "a10" an A100.
+            stmt = stmt.where(Run.profile == gpu.lower())
+        else:
+            stmt = stmt.where(func.lower(Run.gpu_name).contains(gpu.lower(), autoescape=True))
     if filt.shape is not None:
         b, h, sq, sk, d = filt.shape
         stmt = stmt.where(

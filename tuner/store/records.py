@@ -13,7 +13,8 @@ from enum import Enum
 from typing import Any, Mapping, Optional
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import DTYPES, Problem
+from tuner.store.engine import redact_command_line
 
 
 class TrialStatus(str, Enum):
@@ -77,7 +78,7 @@ class RunInfo:
             torch_version=torch_version,
             tuner_version=tuner.__version__,
             host=socket.gethostname(),
-            command_line=shlex.join(sys.argv),
+            command_line=shlex.join(redact_command_line(sys.argv)),  # runs are printed in reports
             **gpu_facts,
         )
 
@@ -145,6 +146,8 @@ class TrialFilter:
     limit: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise TunerError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if self.status is not None:
             object.__setattr__(self, "status", TrialStatus.parse(self.status))
         if self.shape is not None:

@@ -352,9 +352,8 @@ class Store:
             return [q.to_baseline_row(b) for b in session.scalars(q.baselines_select(run_id, problem_id))]
 
 
-def _connect(url: Optional[str]) -> tuple[Engine, URL]:
-    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
-    return engine, parsed
+def _connect(url: Optional[str], create: bool = True) -> tuple[Engine, URL]:
+    return eng.create_store_engine(url if url is not None else eng.default_db_url(), create)
 
 
 def open_store(url: Optional[str] = None, *, create: bool = True) -> Store:
@@ -363,13 +362,7 @@ def open_store(url: Optional[str] = None, *, create: bool = True) -> Store:
     A new database is created at the newest schema; one at an older schema
     revision is refused with a hint to run `tuner db upgrade`.
     """
-    engine, parsed = _connect(url)
-    if not create and parsed.get_backend_name() == "sqlite":
-        database = parsed.database or ""
-        if database not in ("", ":memory:") and not database.startswith("file:"):
-            if not os.path.exists(database):
-                engine.dispose()
-                raise TunerError(f"no results store at {parsed.render_as_string(hide_password=True)}")
+    engine, parsed = _connect(url, create)
     try:
         with eng.translate_errors(parsed, "cannot open the results store"):
             eng.check_schema(engine, parsed, create=create)

@@ -1,0 +1,32 @@
+"""Every command answers --help (exit 0, usage shown): the CLI a user meets first."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+from tuner.cli import app
+
+COMMANDS = sorted({c.name for c in app.registered_commands} | {g.name for g in app.registered_groups})
+
+
+def test_every_command_is_listed_in_the_top_level_help() -> None:
+    result = run_tuner("--help")
+    assert result.exit_code == 0
+    for name in COMMANDS:
+        assert name in result.stdout, name
+    assert {"search", "results", "show", "profile", "export", "report", "replay-eval", "space", "render",
+            "profiles", "worker", "db"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_command_has_help(name: str) -> None:
+    result = run_tuner(name, "--help")
+    assert result.exit_code == 0, result.stderr
+    assert "Usage" in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+def test_unknown_command_is_one_short_error() -> None:
+    result = run_tuner("serch")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.stderr and "No such command" in result.stderr
