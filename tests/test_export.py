@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -398,7 +399,7 @@ def test_cli_export_package_and_errors(export_store, tmp_path) -> None:
     assert "exported package cli_pkg: 2 entries, 2 kernels" in res.stdout
     missing = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "w"),
                         "--shape", "1,16,1024,128", "--dtype", "fp16")  # tuned in bf16 only
-    assert missing.exit_code == 2 and "no ok trials for h100 (shape (1, 16, 1024, 1024, 128), fp16)" in missing.stderr
+    assert missing.exit_code == 2 and "no ok trials for h100 (shape 1,16,1024,1024,128, fp16)" in missing.stderr
     bad = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "y"), "--all",
                     "--shape", "2,8,2048,64")
     assert bad.exit_code == 2 and bad.stderr.strip() == "error: give --shape or --all, not both"
@@ -436,3 +437,203 @@ def test_header_instantiates_with_nvcc(export_store, tmp_path) -> None:
                           "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert b"my_attention" in (out / "user.cubin").read_bytes()
+
+
+# --- --force, staged writes, unwritable --out ---------------------------------------------------
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _no_staging_left(out: Path) -> bool:
+    return not [p for p in out.iterdir() if p.name.startswith(".tuner-")]
+
+
+def test_force_refuses_a_folder_that_is_not_an_export(export_store, tmp_path) -> None:
+    out = tmp_path / "myproj"  # the package name defaults to the folder's name: myproj/myproj/
+    (out / "myproj").mkdir(parents=True)
+    (out / "myproj" / "core.py").write_text("def main(): ...\n")
+    (out / "README.md").write_text("# my project\n")
+    (out / "pyproject.toml").write_text("[project]\nname = 'myproj'\n")
+    before = _snapshot(out)
+    res = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(out), "--force")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"{out / 'myproj'} is not from an earlier tuner export; --force refuses to overwrite it" in res.stderr
+    assert _snapshot(out) == before and _no_staging_left(out)
+    # A user README alone is refused too; a folder with none of the export's paths is written into.
+    (out / "README.md").unlink()
+    with pytest.raises(TunerError, match="pyproject.toml is not from an earlier tuner export"):
+        export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, force=True, name="other"))
+    hdr = tmp_path / "hdr"
+    hdr.mkdir()
+    (hdr / "fc_tuned.h").write_text("// my own header\n")
+    with pytest.raises(TunerError, match="fc_tuned.h is not from an earlier tuner export"):
+        export(ExportOptions(gpu="h100", out=hdr, db_url=export_store.url, format="header", name="fc_tuned",
+                             force=True, shapes=("2,8,256,64",)))
+    assert (hdr / "fc_tuned.h").read_text() == "// my own header\n"
+
+
+def test_force_replaces_an_earlier_export(export_store, tmp_path) -> None:
+    name = _unique("rep")
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    first = export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, name=name, force=True,
+                                 shapes=("2,8,256,64",)))
+    old_cubins = {p.name for p in (out / name / "kernels").glob("*.cubin")}
+    second = export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, name=name, force=True,
+                                  shapes=("2,8,2048,64",)))
+    assert [e["trial_id"] for e in first.entries] == [export_store.trial_ids["small"]]
+    manifest = json.loads((out / name / "manifest.json").read_text())
+    assert [e["trial_id"] for e in manifest["entries"]] == [export_store.trial_ids["big"]]
+    new_cubins = {p.name for p in (out / name / "kernels").glob("*.cubin")}
+    assert new_cubins and not new_cubins & old_cubins  # a fresh package folder: nothing stale left
+    assert all(f.is_file() for f in second.files) and (out / "keep.txt").read_text() == "mine"
+    assert _no_staging_left(out)
+    # Header exports: --force replaces the header an earlier export wrote.
+    hdr = tmp_path / "hdr"
+    for shape in ("2,8,256,64", "2,8,2048,64"):
+        export(ExportOptions(gpu="h100", out=hdr, db_url=export_store.url, format="header", name="fc_tuned",
+                             force=True, shapes=(shape,)))
+    assert "sq11_sk11" in (hdr / "fc_tuned.h").read_text() and _no_staging_left(hdr)
+
+
+def test_failed_export_keeps_the_earlier_one(export_store, tmp_path, monkeypatch) -> None:
+    import errno
+
+    import tuner.export as export_mod
+
+    name = _unique("keep")
+    out = tmp_path / "proj"
+    export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, name=name, shapes=("2,8,256,64",)))
+    before = _snapshot(out)
+    options = ExportOptions(gpu="h100", out=out, db_url=export_store.url, name=name, force=True)
+
+    write_text = Path.write_text
+
+    def full_disk(self: Path, *args, **kwargs):  # the disk fills up after the package folder was written
+        if self.name == "README.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(TunerError) as info:
+        export(options)
+    assert str(info.value) == f"cannot write the export to {out} ({out / 'README.md'}): No space left on device"
+    assert _snapshot(out) == before and _no_staging_left(out)
+    monkeypatch.undo()
+
+    replace, calls = os.replace, []
+
+    def failing_replace(src, dst):  # fails while swapping in: after the old files moved out, one new one in
+        calls.append(src)
+        if len(calls) == 5:
+            raise OSError(errno.EIO, "Input/output error", str(src))
+        return replace(src, dst)
+
+    monkeypatch.setattr(export_mod.os, "replace", failing_replace)
+    with pytest.raises(TunerError, match="Input/output error"):
+        export(options)
+    assert len(calls) > 5 and _snapshot(out) == before and _no_staging_left(out)
+
+
+def test_unwritable_out_is_a_one_line_error(export_store, tmp_path) -> None:
+    base = ("--db", export_store.url, "export", "--gpu", "h100", "--shape", "2,8,256,64", "--out")
+    res = run_tuner(*base, "/proc/tuner_export_test/pkg")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("error: cannot write the export to /proc/tuner_export_test/pkg")
+    file = tmp_path / "afile"
+    file.write_text("x")
+    res = run_tuner(*base, str(file), "--name", "pkg")
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {file} exists and is not a folder; pass a folder to --out"
+    res = run_tuner(*base, str(file / "sub"), "--name", "pkg")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert f"cannot write the export to {file / 'sub'}" in res.stderr and "Not a directory" in res.stderr
+    assert file.read_text() == "x"
+
+
+# --- nvcc options, one dispatch rule ----------------------------------------------------------
+
+
+def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> None:
+    from tuner.compiler import BASE_OPTIONS
+
+    report, mod = exported
+    options = json.loads((report.out / report.package / "manifest.json").read_text())["nvcc_options"]
+    assert options == [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")] and "-O3" in options
+    seen = {}
+
+    def fake_compile(source, options=None, arch=None, no_extern_c=False):
+        seen.update(options=options, arch=arch)
+        return b"cubin"
+
+    compiler = ModuleType("pycuda.compiler")
+    compiler.compile = fake_compile
+    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
+    monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
+    assert mod._kernels._jit_cubin("src", (8, 9)) == b"cubin"
+    assert seen == {"options": options, "arch": "sm_89"}
+
+
+def _synthetic_header_inputs():
+    from tuner.export import BuiltKernel
+
+    kernels = {"fp16": variant(BIG, PARAMS["big"]), "bf16": variant(GQA_CAUSAL, PARAMS["gqa"])}
+    built = {v.name: BuiltKernel(v, f"using TunerCfg = fc::AttnConfig<half, {i}>;\n", b"", False)
+             for i, v in enumerate(kernels.values())}
+    rows = [("fp16", 1, 11, 11), ("fp16", 4, 11, 11), ("fp16", 2, 8, 8), ("fp16", 1, 8, 10), ("fp16", 8, 10, 8),
+            ("fp16", 1, 6, 6), ("fp16", 3, 12, 12), ("fp16", 2, 12, 12), ("fp16", 1, 9, 7), ("fp16", 1, 7, 9),
+            ("bf16", 4, 10, 10), ("bf16", 1, 10, 10), ("bf16", 2, 3, 3)]
+    entries = []
+    for trial, (dtype, group, sq, sk) in enumerate(rows, start=1):
+        v = kernels[dtype]
+        key = {"dtype": dtype, "head_dim": v.head_dim, "causal": v.causal, "group": group, "sq_bucket": sq,
+               "sk_bucket": sk}
+        entries.append({"key": key, "kernel": v.name, "trial_id": 100 - trial, "problem_label": f"p{trial}",
+                        "median_us": 1.0, "ratio_to_best_baseline": None, "dispatch": True})
+    return entries, built
+
+
+@pytest.mark.parametrize("source", ["synthetic", "store"])
+def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -> None:
+    """The header's nearest_bucket, compiled into a host program, picks what _dispatch.choose picks."""
+    from tuner._export_pkg._dispatch import DispatchTable, Key
+    from tuner.export_header import render_header
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    if source == "synthetic":  # several groups per bucket: exercises every tie-break
+        entries, built = _synthetic_header_inputs()
+        manifest = {"tuner_version": "test", "exported_at": "now", "entries": entries}
+        (tmp_path / "fc_tuned.h").write_text(render_header("fc_tuned", load_profile("h100"), manifest, built, "t.cu"))
+    else:
+        entries = export(ExportOptions(gpu="h100", out=tmp_path, db_url=export_store.url, format="header",
+                                       name="fc_tuned", force=True)).entries
+    # Host only: stand-ins for the CUDA types the Config aliases name.
+    (tmp_path / "main.cpp").write_text(
+        "struct half; struct __nv_bfloat16;\n"
+        "namespace fc { template <class T, auto... V> struct AttnConfig {}; }\n"
+        '#include "fc_tuned.h"\n#include <cstdio>\n'
+        "int main() { int dt, hd, c, g, sq, sk;\n"
+        '  while (std::scanf("%d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk) == 6)\n'
+        '    std::printf("%d\\n", fc_tuned::h100::nearest_bucket(dt, hd, c != 0, g, sq, sk));\n}\n')
+    exe = tmp_path / "lookup"
+    build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-O1", "-o", str(exe), str(tmp_path / "main.cpp")],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-3000:]
+    keys = [Key(dtype, hd, causal, group, sq, sk) for dtype in ("fp16", "bf16") for hd, causal in
+            ((64, False), (128, True), (64, True)) for group in (0, 1, 2, 3, 4, 5, 6, 8, 16)
+            for sq in range(15) for sk in range(15)]
+    stdin = "".join(f"{0 if k.dtype == 'fp16' else 1} {k.head_dim} {int(k.causal)} {k.group} {k.sq_bucket} "
+                    f"{k.sk_bucket}\n" for k in keys)
+    run = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True)
+    chosen = [e for e in entries if e["dispatch"]]
+    table = DispatchTable(entries)
+    got = [None if i < 0 else chosen[i]["trial_id"] for i in map(int, run.stdout.split())]
+    want = [(c.entry["trial_id"] if c else None) for c in map(table.choose, keys)]
+    assert len(got) == len(keys)
+    mismatches = [(k, g, w) for k, g, w in zip(keys, got, want) if g != w]
+    assert not mismatches, mismatches[:5]
+    assert len(set(want)) > 3  # the grid reaches several entries

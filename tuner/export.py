@@ -9,15 +9,21 @@ imports `tuner`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import keyword
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+# The shipped dispatch module is standard-library only: the tuner keys entries with it (one definition).
+from tuner._export_pkg._dispatch import Key
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem, parse_shape
 from tuner.profiles import GpuProfile, load_profile
@@ -25,7 +31,6 @@ from tuner.space import Variant
 from tuner.store import TrialFilter, TrialRow, open_store
 
 FORMATS = ("package", "header")
-_RUNTIME_DIR = Path(__file__).resolve().parent / "_export_pkg"
 # Runtime files: (source under tuner/, name in the package).
 _RUNTIME_FILES = (
     ("_export_pkg/package_init.py", "__init__.py"),
@@ -35,6 +40,8 @@ _RUNTIME_FILES = (
     ("launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
 )
 PACKAGE_VERSION = "0.1.0"
+# What a manifest.json written by this module always holds: how --force tells an earlier export from user files.
+_PROVENANCE_KEYS = ("format", "package", "version", "tuner_version", "exported_at", "gpu", "kernels", "entries")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +53,7 @@ class ExportOptions:
     name: Optional[str] = None  # Python package name; default: the out folder's name
     format: str = "package"
     allow_rebuild: bool = False  # accept a rebuilt cubin that differs from the one the search measured
-    force: bool = False  # overwrite a non-empty out folder
+    force: bool = False  # write into a non-empty out folder, replacing an earlier export there (nothing else)
     db_url: Optional[str] = None
 
 
@@ -85,7 +92,7 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
     for filt in filters:
         found = [r for r in store.best_trials(filt) if r.profile == profile.name]
         if not found:
-            what = f"shape {filt.shape}" if filt.shape else "any problem"
+            what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
             raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
                              f"run `tuner search --gpu {profile.name}` first")
         rows.update((r.id, r) for r in found)
@@ -117,9 +124,9 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> BuiltKernel:
 
 
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
-    return {"dtype": problem.dtype, "head_dim": problem.head_dim, "causal": problem.causal,
-            "group": problem.heads // problem.heads_kv, "sq_bucket": (problem.seq_q - 1).bit_length(),
-            "sk_bucket": (problem.seq_k - 1).bit_length()}
+    key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
+                 problem.seq_q, problem.seq_k)
+    return dataclasses.asdict(key)
 
 
 def _entry(row: TrialRow, built: BuiltKernel, run: Any) -> dict[str, Any]:
@@ -169,19 +176,90 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _prepare_out(out: Path, force: bool, ours: list[str]) -> None:
-    if out.exists() and not out.is_dir():
-        raise TunerError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise TunerError(f"{out} is not empty; pass --force to overwrite the export there")
-        for name in ours:  # remove only what an export writes
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+def is_package_export(out: Path, name: str) -> bool:
+    """`out` holds an earlier package export `name`: its manifest.json carries the tuner's provenance keys."""
+    try:
+        manifest = json.loads((out / name / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and all(k in manifest for k in _PROVENANCE_KEYS) and manifest["package"] == name
+
+
+def _os_error(exc: OSError, out: Path, stage: Optional[Path] = None) -> TunerError:
+    """One line naming the path and the OS reason (a staged path is named by where it was going)."""
+    path = str(exc.filename or out)
+    if stage is not None:
+        path = path.replace(str(stage), str(out), 1)
+    where = "" if path == str(out) else f" ({path})"
+    return TunerError(f"cannot write the export to {out}{where}: {exc.strerror or exc}")
+
+
+def check_out(out: Path, force: bool, ours: list[str], earlier_export: bool) -> None:
+    """Refuse an out folder whose export paths (`ours`) hold anything but an earlier export of this name."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise TunerError(f"{out} exists and is not a folder; pass a folder to --out")
+        if not (out.is_dir() and any(out.iterdir())):
+            return
+        present = [n for n in ours if os.path.lexists(out / n)]
+    except OSError as exc:
+        raise _os_error(exc, out) from None
+    if not force:
+        raise TunerError(f"{out} is not empty; pass --force to replace the earlier export there")
+    if present and not earlier_export:  # --force replaces an export, never the user's own files
+        raise TunerError(f"{out / present[0]} is not from an earlier tuner export; --force refuses to overwrite it "
+                         f"(pick another --out or --name)")
+
+
+def _swap_in(stage: Path, out: Path, backup: Path, names: list[str]) -> None:
+    """Move the earlier export's `names` into `backup`, then the staged ones into `out`; undo all on failure."""
+    moved: list[str] = []
+    placed: list[str] = []
+    try:
+        for n in names:
+            if os.path.lexists(out / n):
+                os.replace(out / n, backup / n)
+                moved.append(n)
+        for n in names:
+            if os.path.lexists(stage / n):
+                os.replace(stage / n, out / n)
+                placed.append(n)
+    except OSError:
+        for n in placed:  # best effort: put the earlier export back as it was
+            with contextlib.suppress(OSError):
+                os.replace(out / n, stage / n)
+        for n in moved:
+            with contextlib.suppress(OSError):
+                os.replace(backup / n, out / n)
+        raise
+
+
+def write_staged(out: Path, names: list[str], write: Callable[[Path], list[Path]]) -> list[Path]:
+    """Run `write(stage)` in a temporary folder inside `out`, then swap its `names` in (same file system: renames).
+
+    A failed export leaves the earlier one in place and no half-written one; OSError -> one-line TunerError.
+    """
+    created = not out.exists()
+    stage: Optional[Path] = None
+    backup: Optional[Path] = None
+    done = False
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=out))
+        rel = [p.relative_to(stage) for p in write(stage)]
+        backup = Path(tempfile.mkdtemp(prefix=".tuner-previous-", dir=out))
+        _swap_in(stage, out, backup, names)
+        done = True
+        return [out / r for r in rel]
+    except OSError as exc:
+        raise _os_error(exc, out, stage) from None
+    finally:
+        for tmp in (stage, backup):
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if still empty
 
 
 def _pyproject(name: str) -> str:
@@ -221,7 +299,7 @@ def _readme(name: str, manifest: dict[str, Any]) -> str:
 def export(options: ExportOptions) -> ExportReport:
     """Export the best ok trials of `options.gpu` as a package or a header (see module doc)."""
     import tuner
-    from tuner.compiler import nvcc_version
+    from tuner.compiler import BASE_OPTIONS, nvcc_version
     from tuner.templates import load_manifest
 
     if options.format not in FORMATS:
@@ -245,6 +323,8 @@ def export(options: ExportOptions) -> ExportReport:
         "tuner_version": tuner.__version__,
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "nvcc_version": nvcc_version(),
+        # The package's JIT path compiles with these (what the search measured, minus ptxas -v).
+        "nvcc_options": [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")],
         "gpu": {"profile": profile.name, "display_name": profile.display_name, "arch": profile.nvcc_arch,
                 "compute_capability": list(profile.compute_capability),
                 "gpu_names": sorted({r.gpu_name for r in rows})},
@@ -264,32 +344,36 @@ def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manif
     from tuner.feasibility import resources
     from tuner.templates import load_manifest
 
-    out = options.out
-    _prepare_out(out, options.force, [name, "pyproject.toml", "README.md"])
-    pkg = out / name
-    (pkg / "kernels").mkdir(parents=True)
+    names = [name, "pyproject.toml", "README.md"]
+    check_out(options.out, options.force, names, is_package_export(options.out, name))
     arch = profile.nvcc_arch
-    files = []
-    for kname, k in sorted(built.items()):
-        res = resources(k.variant)
-        src_rel, cubin_rel = f"kernels/{kname}.cu", f"kernels/{kname}.{arch}.cubin"
-        (pkg / src_rel).write_text(k.source)
-        (pkg / cubin_rel).write_bytes(k.cubin)
-        files += [pkg / src_rel, pkg / cubin_rel]
-        manifest["kernels"][kname] = {
-            "entry": kname, "template": k.variant.template, "params": k.variant.stored_params(),
-            "block_m": int(k.variant.params["BLOCK_M"]), "threads": res["threads"], "smem_bytes": res["smem_bytes"],
-            "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
-            "source": src_rel, "source_sha256": _sha(k.source.encode()),
-            "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},
-        }
-    tuner_dir = Path(__file__).resolve().parent
-    for src, dest in _RUNTIME_FILES:
-        shutil.copyfile(tuner_dir / src, pkg / dest)
-        files.append(pkg / dest)
-    (pkg / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    (out / "pyproject.toml").write_text(_pyproject(name))
-    (out / "README.md").write_text(_readme(name, manifest))
-    files += [pkg / "manifest.json", out / "pyproject.toml", out / "README.md"]
-    return ExportReport(out, "package", name, manifest["entries"], len(built), files)
 
+    def write(root: Path) -> list[Path]:
+        pkg = root / name
+        (pkg / "kernels").mkdir(parents=True)
+        files = []
+        for kname, k in sorted(built.items()):
+            res = resources(k.variant)
+            src_rel, cubin_rel = f"kernels/{kname}.cu", f"kernels/{kname}.{arch}.cubin"
+            (pkg / src_rel).write_text(k.source)
+            (pkg / cubin_rel).write_bytes(k.cubin)
+            files += [pkg / src_rel, pkg / cubin_rel]
+            manifest["kernels"][kname] = {
+                "entry": kname, "template": k.variant.template, "params": k.variant.stored_params(),
+                "block_m": int(k.variant.params["BLOCK_M"]), "threads": res["threads"],
+                "smem_bytes": res["smem_bytes"],
+                "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
+                "source": src_rel, "source_sha256": _sha(k.source.encode()),
+                "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},
+            }
+        tuner_dir = Path(__file__).resolve().parent
+        for src, dest in _RUNTIME_FILES:
+            shutil.copyfile(tuner_dir / src, pkg / dest)
+            files.append(pkg / dest)
+        (pkg / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        (root / "pyproject.toml").write_text(_pyproject(name))
+        (root / "README.md").write_text(_readme(name, manifest))
+        return files + [pkg / "manifest.json", root / "pyproject.toml", root / "README.md"]
+
+    files = write_staged(options.out, names, write)
+    return ExportReport(options.out, "package", name, manifest["entries"], len(built), files)

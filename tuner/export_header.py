@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import TunerError
@@ -35,12 +36,25 @@ def _struct_name(key: dict[str, Any]) -> str:
     return f"{key['dtype']}_d{key['head_dim']}_{causal}_g{key['group']}_sq{key['sq_bucket']}_sk{key['sk_bucket']}"
 
 
+def _first_line(name: str) -> str:
+    return f"// {name}: attention tile constants tuned by FlashCore tuner"
+
+
+def is_header_export(out: Path, name: str) -> bool:
+    """`out` holds an earlier header export `name` (its header starts with the line this module writes)."""
+    try:
+        with open(out / f"{name}.h", encoding="utf-8") as f:
+            return f.readline().startswith(_first_line(name))
+    except (OSError, ValueError):
+        return False
+
+
 def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], built: dict[str, "BuiltKernel"],
                   template_file: str) -> str:
     guard = f"{name.upper()}_TUNED_H"
     ns = f"{name}::{profile.name}"
     lines = [
-        f"// {name}: attention tile constants tuned by FlashCore tuner {manifest['tuner_version']}",
+        f"{_first_line(name)} {manifest['tuner_version']}",
         f"// for {profile.display_name} ({profile.nvcc_arch}), exported {manifest['exported_at']}.",
         "// Generated file: re-export instead of editing.",
         "//",
@@ -54,6 +68,8 @@ def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], buil
         "#pragma once",
         f"#ifndef {guard}",
         f"#define {guard}",
+        "",
+        "#include <cmath>",
         "",
         f"#define {name.upper()}_ARCH \"{profile.nvcc_arch}\"",
         "",
@@ -84,23 +100,31 @@ def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], buil
         lines.append("")
     lines.append("// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).")
     lines.append("// dtype: 0 = fp16, 1 = bf16.")
+    lines.append("// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest")
+    lines.append("// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then the larger sq, then the larger")
+    lines.append("// sk bucket, then the older trial.")
     lines.append("inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket) {")
-    lines.append("  struct Row { int dtype, head_dim; bool causal; int group, sq, sk; };")
+    lines.append("  struct Row { int dtype, head_dim; bool causal; int group, sq, sk; long long trial; };")
     rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
-                     f"{e['key']['sk_bucket']}}}" for e in chosen)
+                     f"{e['key']['sk_bucket']}, {int(e.get('trial_id', 0))}}}" for e in chosen)
     lines.append(f"  static const Row rows[] = {{{rows}}};")
-    # Same order as the Python dispatch: bucket distance, then group mismatch, then the larger bucket.
-    lines.append("  int best = -1, best_d = 0, best_g = 0, best_s = 0;")
+    lines.append("  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));")
+    lines.append("  int best = -1, best_d = 0;")
+    lines.append("  double best_g = 0.0;")
     lines.append(f"  for (int i = 0; i < {len(chosen)}; ++i) {{")
     lines.append("    const Row& r = rows[i];")
     lines.append("    if (r.dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;")
     lines.append("    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);")
-    lines.append("    const int g = r.group > group ? r.group / group : group / r.group;")
-    lines.append("    const int s = r.sq * 64 + r.sk;")
-    lines.append("    if (best < 0 || d < best_d || (d == best_d && (g < best_g || (g == best_g && s > best_s)))) {")
-    lines.append("      best = i; best_d = d; best_g = g; best_s = s;")
+    # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
+    lines.append("    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);")
+    lines.append("    bool better = best < 0;")
+    lines.append("    if (!better) {")
+    lines.append("      const Row& b = rows[best];")
+    lines.append("      better = d != best_d ? d < best_d : g != best_g ? g < best_g : r.sq != b.sq ? r.sq > b.sq")
+    lines.append("             : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;")
     lines.append("    }")
+    lines.append("    if (better) { best = i; best_d = d; best_g = g; }")
     lines.append("  }")
     lines.append("  return best;")
     lines.append("}")
@@ -110,7 +134,7 @@ def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], buil
 
 def write_header(options: "ExportOptions", name: str, profile: GpuProfile, manifest: dict[str, Any],
                  built: dict[str, "BuiltKernel"]) -> "ExportReport":
-    from tuner.export import ExportReport, _prepare_out
+    from tuner.export import ExportReport, check_out, write_staged
     from tuner.templates import load_manifest
 
     templates = {k.variant.template for k in built.values()}
@@ -118,8 +142,14 @@ def write_header(options: "ExportOptions", name: str, profile: GpuProfile, manif
         raise TunerError(f"a header export takes kernels of one template; these come from {sorted(templates)}")
     template_path = load_manifest(templates.pop()).source_path
     header = f"{name}.h"
-    _prepare_out(options.out, options.force, [header, template_path.name])
-    shutil.copyfile(template_path, options.out / template_path.name)
-    (options.out / header).write_text(render_header(name, profile, manifest, built, template_path.name))
-    files = [options.out / header, options.out / template_path.name]
+    names = [header, template_path.name]
+    check_out(options.out, options.force, names, is_header_export(options.out, name))
+    text = render_header(name, profile, manifest, built, template_path.name)
+
+    def write(root: Path) -> list[Path]:
+        shutil.copyfile(template_path, root / template_path.name)
+        (root / header).write_text(text)
+        return [root / header, root / template_path.name]
+
+    files = write_staged(options.out, names, write)
     return ExportReport(options.out, "header", name, manifest["entries"], len(built), files)

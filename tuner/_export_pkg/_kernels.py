@@ -86,8 +86,9 @@ def code_source(kernel: str, cc: Optional[tuple[int, int]]) -> str:
 def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
     from pycuda.compiler import compile as nvcc_compile
 
-    # The source already declares its entry point extern "C".
-    return nvcc_compile(source, options=["-O3", "-std=c++17"], arch=f"sm_{cc[0]}{cc[1]}", no_extern_c=True)
+    # The source already declares its entry point extern "C"; the options are the tuner's, recorded at export.
+    options = list(MANIFEST["nvcc_options"])
+    return nvcc_compile(source, options=options, arch=f"sm_{cc[0]}{cc[1]}", no_extern_c=True)
 
 
 def load_kernel(kernel: str, device: int) -> AttentionKernel:
