@@ -42,6 +42,12 @@ if os.environ.get("FAKE_NCU_ARGS"):
         f.write(json.dumps({{"argv": sys.argv[1:], "app": app}}) + "\n")
 if mode == "run":
     sys.exit(subprocess.run(app).returncode)
+if mode == "hang":  # like ncu stuck on its profiled child: both must die on timeout
+    import time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(os.environ["FAKE_NCU_PIDS"], "w") as f:
+        f.write(f"{{os.getpid()}} {{child.pid}}")
+    time.sleep(120)
 text = open({sample!r}).read().replace({kernel!r}, opts.get("--kernel-name", {kernel!r}))
 if mode == "logfile" and "--log-file" in opts:
     open(opts["--log-file"], "w").write(text)
@@ -262,6 +268,35 @@ def test_replay_without_gpu_reports_why(stored, fake_ncu, monkeypatch) -> None:
     message = str(info.value)
     assert "\n" not in message and "measured no kernel" in message
     assert "error:" in message and ("GPU" in message or "pycuda" in message)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid is a running process (a zombie waiting for its reaper counts as gone)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_ncu_timeout_kills_ncu_and_its_child(stored, fake_ncu, monkeypatch, tmp_path) -> None:
+    import time
+
+    store, _, trial_id = stored
+    pids_file = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    monkeypatch.setenv("FAKE_NCU_PIDS", str(pids_file))
+    start = time.monotonic()
+    with pytest.raises(TunerError, match="did not finish within 2 s") as info:
+        profile_trial(store, trial_id, timeout_s=2)
+    assert time.monotonic() - start < 30 and "\n" not in str(info.value)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10  # the orphaned child is reaped by init
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+    assert store.trial_detail(trial_id).ncu_metrics == []
 
 
 def test_only_ok_trials_are_profiled(stored, fake_ncu) -> None:

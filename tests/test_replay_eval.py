@@ -118,3 +118,46 @@ def test_bad_options_are_clear_errors(replay_recording):
         load_recording(replay_recording.url, shape="3,3,96,64")
     result = run_tuner("replay-eval", "--from", replay_recording.url, "--samplers", "nope")
     assert result.exit_code == 2 and "unknown sampler" in result.stderr
+
+
+# --- an unwritable --out: checked before the evaluation, one line, no traceback ------------------
+
+
+def _taken(tmp_path) -> str:
+    path = tmp_path / "taken"
+    path.write_text("not a folder")
+    return str(path)
+
+
+@pytest.mark.parametrize("where", ["proc", "file"])
+def test_bad_out_fails_before_any_replay(replay_recording, tmp_path, where):
+    out = "/proc/tuner-replay-eval-out" if where == "proc" else _taken(tmp_path)
+    replayed = []
+    with pytest.raises(TunerError, match="cannot write to") as info:
+        evaluate_samplers(EvalOptions(replay_recording.url, samplers=("random",), seeds=1, trials=2, jobs=1,
+                                      out_dir=out), progress=replayed.append)
+    assert replayed == [] and "\n" not in str(info.value) and out in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["proc", "file"])
+def test_write_outputs_to_a_bad_out_is_a_one_line_error(replay_recording, tmp_path, where):
+    from tuner.replay_eval import write_outputs
+
+    rec = load_recording(replay_recording.url)
+    result = summarise(rec, [_run("random", 0, [rec.best_us])], trials=1, seeds=1)
+    out = "/proc/tuner-replay-eval-out" if where == "proc" else _taken(tmp_path)
+    with pytest.raises(TunerError, match="cannot write to") as info:
+        write_outputs(result, out)
+    assert "\n" not in str(info.value) and out in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["proc", "file"])
+def test_replay_eval_command_bad_out_is_a_one_line_error(replay_recording, tmp_path, where):
+    out = "/proc/tuner-replay-eval-out" if where == "proc" else _taken(tmp_path)
+    result = run_tuner("replay-eval", "--from", replay_recording.url, "--samplers", "random", "--seeds", "1",
+                       "--trials", "2", "--jobs", "1", "--out", out)
+    assert result.exit_code != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: cannot write to ") and out in errors[0]
+    assert result.stderr.splitlines()[-1] == errors[0]

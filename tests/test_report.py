@@ -89,16 +89,24 @@ def test_report_numbers_are_the_stores(report_store, tmp_path):
     (entry,) = data["problems"]
     assert entry["best_trial_id"] == best.id and entry["run_id"] == best.run_id
     assert entry["best_us"] == best.median_us
-    assert entry["ratio_to_best_baseline"] == best.ratio_to_best_baseline
     with open_store(report_store.url, create=False) as store:
         baselines = store.baselines_for(best.run_id, best.problem_id)
+        trials = store.query_trials(TrialFilter(run_id=best.run_id, status=TrialStatus.OK))
+    # the speed-up computed here from the raw rows, not by the store's SQL: baseline µs / tuned µs
+    tuned_us = min(r.median_us for r in trials if r.problem == best.problem)
+    fastest = min(baselines, key=lambda b: b.median_us)
+    assert tuned_us == best.median_us
+    assert entry["ratio_to_best_baseline"] == pytest.approx(fastest.median_us / tuned_us, rel=1e-12)
+    assert fastest.median_us != tuned_us  # so a flipped ratio (tuned / baseline) would fail the line above
+    assert entry["best_baseline_impl"] == fastest.impl
     assert {t["impl"]: t["median_us"] for t in entry["timings"]} == {
         "tuned": best.median_us, **{b.impl: b.median_us for b in baselines}}
     assert entry["ratios"] == {b.impl: b.median_us / best.median_us for b in baselines}
     assert entry["ratios"]["triton_fa2"] == report_store.triton_us / best.median_us
+    assert entry["ratios"]["triton_fa2"] == pytest.approx(1.25)  # the fixture made it 1.25x the tuned time
     # the markdown shows the same numbers, rounded
     assert f"| {best.median_us:.3f} |" in md
-    assert f"{best.ratio_to_best_baseline:.3f}x" in md
+    assert f"| {fastest.impl} | {fastest.median_us:.3f} | {fastest.median_us / tuned_us:.3f}x |" in md
     assert f"{report_store.triton_us / best.median_us:.3f}x" in md
     for impl in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton_fa2"):
         assert impl in md
@@ -162,3 +170,40 @@ def test_report_without_ok_trials_for_the_gpu_is_a_clear_error(report_store, tmp
     result = run_tuner("report", "--gpu", "no-such-card", "--db", report_store.url, "--out", str(tmp_path))
     assert result.exit_code == 2
     assert "no ok trials for GPU 'no-such-card'" in result.stderr
+
+
+def test_summary_row_takes_the_best_baseline_from_the_store_row(report_store):
+    """Baseline name, its µs and the speed-up all come from the trial row (the store's one pick, ties included)."""
+    from dataclasses import replace
+
+    from tuner.report import gather_report, render_markdown
+
+    with open_store(report_store.url, create=False) as store:
+        report = gather_report(store, report_store.gpu, db_url=report_store.url)
+    (p,) = report.problems
+    # a store that broke a tie the other way: the summary must follow it, not re-pick from the timings
+    best = replace(p.best, best_baseline_impl="sdpa_efficient", best_baseline_us=123.456, ratio_to_best_baseline=9.5)
+    md = render_markdown(replace(report, problems=(replace(p, best=best),)))
+    assert "| sdpa_efficient | 123.456 | 9.500x |" in md
+
+
+def _assert_one_line_error(result, path: str) -> None:
+    assert result.exit_code != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: cannot write to ") and path in lines[0]
+
+
+def test_report_out_under_proc_is_a_one_line_error(report_store):
+    out = "/proc/tuner-report-out"
+    result = run_tuner("report", "--gpu", report_store.gpu, "--db", report_store.url, "--out", out)
+    _assert_one_line_error(result, out)
+
+
+def test_report_out_that_is_a_file_is_a_one_line_error(report_store, tmp_path):
+    out = tmp_path / "taken"
+    out.write_text("not a folder")
+    result = run_tuner("report", "--gpu", report_store.gpu, "--db", report_store.url, "--out", str(out))
+    _assert_one_line_error(result, str(out))
+    assert "not a folder" in result.stderr and out.read_text() == "not a folder"

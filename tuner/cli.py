@@ -555,7 +555,8 @@ def replay_eval_command(
     from tuner.replay_eval import EvalOptions, evaluate_samplers, rich_table, write_outputs
 
     names = tuple(s.strip().lower() for s in samplers.split(",") if s.strip())
-    options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs)
+    options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs,
+                          out_dir=out)
     result = evaluate_samplers(options, progress=lambda r: err_console.print(
         f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
     console.print(rich_table(result))

@@ -40,6 +40,7 @@ import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from tuner.compiler import CompileResult
@@ -158,7 +159,7 @@ class CudaRunner:
         name: str = request["variant_name"]
         prefix: str = request.get("range_prefix") or ""
         try:
-            cubin = open(request["cubin_path"], "rb").read()
+            cubin = Path(request["cubin_path"]).read_bytes()  # closes the file (open().read() leaked it)
         except OSError as exc:
             raise RequestError(f"cannot read the cubin of {name}: {exc}") from None
         progress("prepare", True)

@@ -61,33 +61,24 @@ def plot_comparison(p: "ProblemReport", path: str) -> None:
 
 def plot_convergence(p: "ProblemReport", path: str) -> None:
     """Best-so-far µs against trial number and against wall time, one line per study."""
-    from tuner.report import TUNED
-
-    from tuner.report import runs_text
-
     fig = _figure(10, 4.2)
-    runs = runs_text(r for c in p.curves for r in c.run_ids)
-    synthetic = " (SYNTHETIC)" if p.label.synthetic else ""
-    fig.suptitle(f"{p.problem.label}: best so far — {p.label.gpu_name}, {runs}, {p.label.date}{synthetic}",
-                 fontsize=10)
+    fig.suptitle(f"{p.problem.label}: best so far — {p.curves_label.caption}", fontsize=10)
     by_number, by_time = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for c in p.curves:
         if c.best_by_number:
             by_number.step([n + 1 for n in c.trial_numbers], c.best_by_number, where="post", label=c.study)
             by_time.step(c.elapsed_s, c.best_by_time, where="post", label=c.study)
-    baselines = [t for t in p.timings if t.impl != TUNED]
-    if baselines:
-        fastest = min(baselines, key=lambda t: t.median_us)
+    if p.best.best_baseline_us is not None:  # the store's pick, as in the report's summary (ties agree)
         for ax in (by_number, by_time):
-            ax.axhline(fastest.median_us, color="#aa3333", linestyle="--", linewidth=1,
-                       label=f"{fastest.impl} (run {p.best.run_id})")
+            ax.axhline(p.best.best_baseline_us, color="#aa3333", linestyle="--", linewidth=1,
+                       label=f"{p.best.best_baseline_impl} (run {p.best.run_id})")
     by_number.set_xlabel("trial number")
     by_time.set_xlabel("seconds since the run started")
     for ax in (by_number, by_time):
         ax.set_ylabel("best median µs so far")
         ax.grid(alpha=0.3)
     by_number.legend(fontsize=7)
-    _save(fig, path, f"tuner report: {p.label.gpu_name}, {runs}, {p.label.date}{synthetic}")
+    _save(fig, path, f"tuner report: {p.curves_label.caption}")
 
 
 def plot_importance(p: "ProblemReport", imp: "Importance", path: str) -> None:

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,20 +268,46 @@ def profile_trial(store: Any, trial_id: int, *, ncu: str = "ncu", launches: int 
         cmd = ncu_command(_replay_args(detail, arch, nvtx_range, launches), nvtx_range, METRICS, out_csv,
                           ncu=ncu_path, kernel_name=detail.variant_name)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_package_root(), os.environ.get("PYTHONPATH")]))}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
-        except subprocess.TimeoutExpired:
-            raise TunerError(f"ncu did not finish within {timeout_s:.0f} s profiling trial {trial_id}") from None
-        except OSError as exc:
-            raise TunerError(f"cannot run ncu ({ncu_path}): {exc}") from None
+        stdout, stderr, returncode = _run_ncu(cmd, env, timeout_s, ncu_path, trial_id)
         text = out_csv.read_text(errors="replace") if out_csv.exists() else ""
-    metrics = parse_ncu_csv(text or proc.stdout, METRICS, kernel=detail.variant_name)
+    metrics = parse_ncu_csv(text or stdout, METRICS, kernel=detail.variant_name)
     if not metrics:
-        why = _ncu_messages("\n".join([text, proc.stdout, proc.stderr]))
-        detail_text = "; ".join(why[-2:]) if why else f"ncu exited with code {proc.returncode}"
+        why = _ncu_messages("\n".join([text, stdout, stderr]))
+        detail_text = "; ".join(why[-2:]) if why else f"ncu exited with code {returncode}"
         raise TunerError(f"ncu measured no kernel of trial {trial_id} ({detail.variant_name}): {detail_text}")
     store.add_ncu_metrics(trial_id, metrics)
     return metrics
+
+
+def _run_ncu(cmd: Sequence[str], env: Mapping[str, str], timeout_s: float, ncu_path: str,
+             trial_id: int) -> tuple[str, str, int]:
+    """Run ncu in its own session; (stdout, stderr, exit code). A timeout kills the whole group.
+
+    subprocess.run(timeout=...) kills ncu only, leaving its child (the replay, holding the GPU) alive.
+    """
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env),
+                                start_new_session=True)
+    except OSError as exc:
+        raise TunerError(f"cannot run ncu ({ncu_path}): {exc}") from None
+    with proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise TunerError(f"ncu did not finish within {timeout_s:.0f} s profiling trial {trial_id}") from None
+        except BaseException:  # e.g. Ctrl-C: its own session no longer gets the terminal's SIGINT
+            _kill_group(proc)
+            raise
+    return stdout, stderr, proc.returncode
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+    proc.wait()
 
 
 def _package_root() -> str:

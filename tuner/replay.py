@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 from tuner.compiler import CompileResult
 from tuner.errors import TunerError
@@ -44,6 +44,21 @@ class _Recorded:
     error: Optional[str]
 
 
+VariantKey = tuple[Problem, str, str]  # (problem, template, canonical JSON of the params)
+
+
+def newest_measurements(rows: Iterable[TrialRow]) -> dict[VariantKey, TrialRow]:
+    """The newest replayable row of each variant, from rows in query_trials order (newest first).
+
+    A variant measured twice replays as its last measurement (the backend and replay-eval agree on this).
+    """
+    newest: dict[VariantKey, TrialRow] = {}
+    for row in rows:
+        if row.status in REPLAYED_STATUSES:
+            newest.setdefault((row.problem, row.template, canonical_json(row.params)), row)
+    return newest
+
+
 class ReplayBackend:
     """Measurements looked up in another results store (read once, at construction)."""
 
@@ -57,18 +72,14 @@ class ReplayBackend:
             self._facts, self._run_ids = self._pick_gpu(source.url, rows, profile, force)
             self._trials: dict[tuple, _Recorded] = {}
             self._baselines: dict[Problem, dict[str, BaselineMeasurement]] = {}
-            baseline_keys: set[tuple[int, int]] = set()
-            # query_trials is newest first: keep the newest measurement of each variant.
-            for row in rows:
-                if row.run_id not in self._run_ids:
-                    continue
-                baseline_keys.add((row.run_id, row.problem_id))
-                if row.status not in REPLAYED_STATUSES:
-                    continue
-                key = (row.problem, row.template, canonical_json(row.params))
-                self._trials.setdefault(key, _Recorded(row.status, row.median_us, row.p20_us, row.p80_us,
-                                                       row.rel_error, row.error))
-                self._problem_of[row.problem_id] = row.problem
+            mine = [row for row in rows if row.run_id in self._run_ids]
+            baseline_keys = {(row.run_id, row.problem_id) for row in mine}
+            for key, row in newest_measurements(mine).items():
+                self._trials[key] = _Recorded(row.status, row.median_us, row.p20_us, row.p80_us, row.rel_error,
+                                              row.error)
+            for row in mine:
+                if row.status in REPLAYED_STATUSES:
+                    self._problem_of[row.problem_id] = row.problem
             for run_id, problem_id in sorted(baseline_keys, reverse=True):
                 problem = self._problem_of.get(problem_id)
                 if problem is None:
@@ -146,6 +157,14 @@ def recording_profile(url: str) -> GpuProfile:
         return matching[0]
 
 
+SYNTHETIC_HOST = "synthetic"  # the host of a synthetic recording's run: its numbers are not measurements
+
+
+def is_synthetic_run(run: Optional[RunInfo]) -> bool:
+    """Whether a run is a synthetic recording (see synthetic_run_info)."""
+    return run is not None and run.host == SYNTHETIC_HOST
+
+
 def synthetic_run_info(gpu_name: str = "NVIDIA H100 80GB HBM3", profile: str = "h100") -> RunInfo:
     """RunInfo of a synthetic recording (tests, demos): says so in its host and command line."""
-    return RunInfo(gpu_name=gpu_name, profile=profile, host="synthetic", command_line="synthetic recording (not measured)")
+    return RunInfo(gpu_name=gpu_name, profile=profile, host=SYNTHETIC_HOST, command_line="synthetic recording (not measured)")

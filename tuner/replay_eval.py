@@ -28,10 +28,12 @@ from datetime import datetime
 from typing import Callable, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
-from tuner.replay import REPLAYED_STATUSES
+from tuner.markdown import run_caption
+from tuner.markdown import table as markdown_table
+from tuner.problem import Problem, parse_shape
+from tuner.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
 from tuner.search_space import SAMPLERS
-from tuner.store import TrialFilter, TrialRow, TrialStatus, canonical_json, open_store
+from tuner.store import TrialFilter, TrialStatus, open_store
 
 DEFAULT_SAMPLERS = ("tpe", "gp", "cmaes", "random")
 DEFAULT_SEEDS = 5
@@ -48,6 +50,7 @@ class EvalOptions:
     shape: Optional[str] = None  # B,H,S,D: which recorded problem (default: the one with most variants)
     jobs: Optional[int] = None  # worker processes (default: CPU count; 1 runs in this process)
     thresholds_pct: tuple[float, ...] = THRESHOLDS_PCT
+    out_dir: Optional[str] = None  # checked (and created) before the evaluation, so a bad --out loses no results
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,7 @@ class Recording:
 
     @property
     def caption(self) -> str:
-        runs = ", ".join(map(str, self.run_ids))
-        note = " (SYNTHETIC recording, not measured)" if self.synthetic else ""
-        return f"{self.gpu_name}, run {runs}, {self.date}{note}"
+        return run_caption(self.gpu_name, self.run_ids, self.date, self.synthetic)
 
 
 @dataclass(frozen=True)
@@ -161,41 +162,30 @@ def fmt_trials(value: float, trials: int) -> str:
 # --- the recording ------------------------------------------------------------------------------
 
 
-def _problem_matches(problem: Problem, shape: str) -> bool:
-    from tuner.problem import parse_shape
-
-    b, h, sq, sk, d = parse_shape(shape)
-    return (problem.batch, problem.heads, problem.seq_q, problem.seq_k, problem.head_dim) == (b, h, sq, sk, d)
-
-
 def load_recording(url: str, shape: Optional[str] = None) -> Recording:
     """The recorded problem (the one with most replayable variants, or `shape`) and its best ok variant.
 
     Like the replay backend, the newest measurement of a variant is the one that counts.
     """
     with open_store(url, create=False) as store:
-        rows = [r for r in store.query_trials(TrialFilter()) if r.status in REPLAYED_STATUSES]
-        if shape is not None:
-            rows = [r for r in rows if _problem_matches(r.problem, shape)]
-        if not rows:
+        shape_filter = TrialFilter(shape=parse_shape(shape) if shape is not None else None)
+        replayable = [r for r in store.query_trials(shape_filter) if r.status in REPLAYED_STATUSES]
+        if not replayable:
             where = f" for shape {shape}" if shape else ""
             raise TunerError(f"the recording at {store.url} holds no replayable trials{where}")
-        counts = Counter((r.problem, r.gpu_name) for r in rows)
+        counts = Counter((r.problem, r.gpu_name) for r in replayable)
         (problem, gpu_name), _ = counts.most_common(1)[0]
-        chosen = [r for r in rows if r.problem == problem and r.gpu_name == gpu_name]
-        newest: dict[tuple[str, str], TrialRow] = {}
-        for row in chosen:  # newest first
-            newest.setdefault((row.template, canonical_json(row.params)), row)
-        ok = [r for r in newest.values() if r.status is TrialStatus.OK and r.median_us is not None]
+        chosen = [r for r in replayable if r.problem == problem and r.gpu_name == gpu_name]
+        variants = newest_measurements(chosen)
+        ok = [r for r in variants.values() if r.status is TrialStatus.OK and r.median_us is not None]
         if not ok:
             raise TunerError(f"the recording at {store.url} has no ok trial of {problem.label}")
         best = min(ok, key=lambda r: (r.median_us, r.id))
-        run = store.trial_detail(best.id).run
-        synthetic = run is not None and run.host == "synthetic"
+        synthetic = is_synthetic_run(store.trial_detail(best.id).run)
         return Recording(
             url=url, problem=problem, template=best.template, profile=best.profile, gpu_name=gpu_name,
             run_ids=tuple(sorted({r.run_id for r in chosen})), date=max(r.created_at for r in chosen).date().isoformat(),
-            variants=len(newest), best_us=float(best.median_us), best_variant=best.variant_name, synthetic=synthetic,
+            variants=len(variants), best_us=float(best.median_us), best_variant=best.variant_name, synthetic=synthetic,
         )  # fmt: skip
 
 
@@ -267,6 +257,10 @@ def _validate(options: EvalOptions) -> None:
 def evaluate_samplers(options: EvalOptions, progress: Optional[Callable[[SeedRun], None]] = None) -> EvalResult:
     """Replay every (sampler, seed) pair, in a process pool when jobs > 1; summarise per sampler."""
     _validate(options)
+    if options.out_dir is not None:
+        from tuner.report import ensure_out_dir
+
+        ensure_out_dir(options.out_dir)
     recording = load_recording(options.recording, options.shape)
     pairs = [(recording, s, seed, options.trials) for s in dict.fromkeys(options.samplers) for seed in range(options.seeds)]
     jobs = min(options.jobs or os.cpu_count() or 1, len(pairs))
@@ -355,10 +349,7 @@ def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:
         "final gap: median over seeds of the last best above the recorded best.",
         f"Generated {result.generated_at:%Y-%m-%d %H:%M %Z}.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
-        "",
+        *markdown_table(header, rows),
         f"**{result.best_line()}**",
         "",
     ]
@@ -397,11 +388,15 @@ class EvalFiles:
 
 def write_outputs(result: EvalResult, out_dir: str) -> EvalFiles:
     from tuner.plots import plot_replay_eval
+    from tuner.report import ensure_out_dir, os_error_text
 
-    os.makedirs(out_dir, exist_ok=True)
+    ensure_out_dir(out_dir)
     files = EvalFiles(*(os.path.join(out_dir, n) for n in ("replay_eval.md", "replay_eval.csv", "replay_eval.png")))
-    plot_replay_eval(result, files.plot)
-    write_csv(result, files.csv)
-    with open(files.markdown, "w") as handle:
-        handle.write(markdown(result, os.path.basename(files.plot)))
+    try:
+        plot_replay_eval(result, files.plot)
+        write_csv(result, files.csv)
+        with open(files.markdown, "w") as handle:
+            handle.write(markdown(result, os.path.basename(files.plot)))
+    except OSError as exc:  # one line, not a traceback
+        raise TunerError(os_error_text(exc, out_dir)) from None
     return files

@@ -11,14 +11,18 @@ which card and run produced it.
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Optional
 
 from tuner.errors import TunerError
+from tuner.markdown import fmt as _f
+from tuner.markdown import run_caption, runs_text  # noqa: F401  (runs_text: kept importable from here)
+from tuner.markdown import table as _table
 from tuner.problem import Problem
+from tuner.replay import is_synthetic_run
 from tuner.search_space import problem_key
 from tuner.store import NcuMetric, Store, TrialFilter, TrialRow, TrialStatus, default_db_url, open_store, redact_url
 
@@ -39,14 +43,7 @@ class RunLabel:
 
     @property
     def caption(self) -> str:
-        note = " (SYNTHETIC data, not measured)" if self.synthetic else ""
-        return f"{self.gpu_name}, {runs_text(self.run_ids)}, {self.date}{note}"
-
-
-def runs_text(run_ids: Any) -> str:
-    """'run 3' or 'runs 3, 4'."""
-    ids = sorted(set(run_ids))
-    return ("run " if len(ids) == 1 else "runs ") + ", ".join(map(str, ids))
+        return run_caption(self.gpu_name, self.run_ids, self.date, self.synthetic)
 
 
 @dataclass(frozen=True)
@@ -105,6 +102,11 @@ class ProblemReport:
     @property
     def key(self) -> str:
         return f"{self.best.profile}-{problem_key(self.problem)}"
+
+    @property
+    def curves_label(self) -> RunLabel:
+        """The label with the runs of this problem's studies (they may span several runs)."""
+        return replace(self.label, run_ids=tuple(sorted({r for c in self.curves for r in c.run_ids})))
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -243,9 +245,8 @@ def gather_report(store: Store, gpu: str, *, db_url: str, run_id: Optional[int] 
     runs: dict[int, RunFacts] = {}
     for best in sorted(best_rows, key=lambda r: (r.profile, r.problem)):
         detail = store.trial_detail(best.id)
-        run = detail.run
         label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at),
-                         synthetic=run is not None and run.host == "synthetic")
+                         synthetic=is_synthetic_run(detail.run))
         baselines = {b.impl: b for b in detail.baselines}
         timings = [Timing(TUNED, float(best.median_us), best.tflops)] + [
             Timing(i, baselines[i].median_us, baselines[i].tflops) for i in _ordered(list(baselines))
@@ -276,21 +277,6 @@ def _run_facts(store: Store, trial_id: int) -> RunFacts:
 # --- markdown -----------------------------------------------------------------------------------
 
 
-def _f(value: Optional[float], spec: str, suffix: str = "") -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:{spec}}{suffix}"
-
-
-def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list[str]:
-    align = ["---" if i < right_from else "---:" for i in range(len(header))]
-    cell = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731  (a | would split the cell)
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|",
-            *("| " + " | ".join(cell(c) for c in r) + " |" for r in rows), ""]
-
-
-def _best_baseline(p: ProblemReport) -> Optional[Timing]:
-    return min((t for t in p.timings if t.impl != TUNED), key=lambda t: t.median_us, default=None)
-
-
 def _figure(lines: list[str], figures: dict[str, str], key: str, number: list[int], caption: str) -> None:
     """Append the figure `key` (if drawn) with a numbered caption naming card and run."""
     if key in figures:
@@ -315,10 +301,10 @@ def render_markdown(report: BenchmarkReport, figures: Optional[dict[str, str]] =
     lines += ["## Summary", ""]
     rows = []
     for p in report.problems:
-        b = _best_baseline(p)
+        # baseline, its µs and the speed-up all from the store's one choice (a second pick could differ on ties)
         rows.append([p.problem.label, p.label.gpu_name, str(p.best.run_id), p.label.date, p.best.variant_name,
-                     _f(p.best.median_us, ".3f"), _f(p.best.tflops, ".1f"), b.impl if b else "-",
-                     _f(b.median_us if b else None, ".3f"), _f(p.best.ratio_to_best_baseline, ".3f", "x")])
+                     _f(p.best.median_us, ".3f"), _f(p.best.tflops, ".1f"), p.best.best_baseline_impl or "-",
+                     _f(p.best.best_baseline_us, ".3f"), _f(p.best.ratio_to_best_baseline, ".3f", "x")])
     lines += _table(["problem", "card", "run", "date", "best variant", "µs", "TFLOP/s", "best baseline",
                      "baseline µs", "speed-up"], rows, right_from=5)
     impls = report.baseline_impls
@@ -355,8 +341,7 @@ def _problem_section(p: ProblemReport, figures: dict[str, str], number: list[int
     else:
         _figure(lines, figures, f"{p.key}/convergence", number,
                 f"{p.problem.label}: best-so-far µs by trial number and wall time, per study — "
-                f"{p.label.gpu_name}, {runs_text(r for c in p.curves for r in c.run_ids)}, "
-                f"{p.label.date}{' (SYNTHETIC)' if p.label.synthetic else ''}.")
+                f"{p.curves_label.caption}.")
         rows = [[f"`{c.study}`", ", ".join(map(str, c.run_ids)), str(c.trials), str(len(c.trial_numbers)),
                  _f(c.best_by_number[0] if c.best_by_number else None, ".3f"),
                  _f(c.best_by_number[-1] if c.best_by_number else None, ".3f"),
@@ -410,14 +395,42 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
 # --- files --------------------------------------------------------------------------------------
 
 
+def os_error_text(exc: OSError, path: str) -> str:
+    """One line: which path could not be written and the OS's reason."""
+    where = exc.filename if isinstance(exc.filename, str) and exc.filename else path
+    return f"cannot write to {where}: {exc.strerror or exc}"
+
+
+def ensure_out_dir(path: str) -> None:
+    """Create the output folder `path` and check a file can be written in it, or raise a one-line TunerError.
+
+    Done before the (possibly long) work whose results go there, so they are not lost to a bad --out.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise TunerError(f"cannot write to {path}: it exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # running as root, os.access would always say yes
+            pass
+    except OSError as exc:
+        raise TunerError(os_error_text(exc, path)) from None
+
+
 def write_report(db_url: Optional[str], gpu: str, out_dir: str, *, run_id: Optional[int] = None) -> ReportFiles:
     """Gather the report from the store at `db_url`, draw its figures, write report.md and report.json."""
-    from tuner import plots
-
     url = db_url or default_db_url()
     with open_store(url, create=False) as store:
         report = gather_report(store, gpu, db_url=url, run_id=run_id)
-    os.makedirs(out_dir, exist_ok=True)
+    ensure_out_dir(out_dir)
+    try:
+        return _write_files(report, out_dir)
+    except OSError as exc:  # e.g. the disk filled up mid-way: one line, not a traceback
+        raise TunerError(os_error_text(exc, out_dir)) from None
+
+
+def _write_files(report: BenchmarkReport, out_dir: str) -> ReportFiles:
+    from tuner import plots
+
     figures: dict[str, str] = {}
 
     def draw(key: str, name: str, fn: Any, *args: Any) -> None:
