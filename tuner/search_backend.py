@@ -1,0 +1,80 @@
+"""What a search calls out to: the measuring backend, the compiler and the clock.
+
+Backends: `gpu` is tuner.gpu_worker.GpuBackend(device=..., profile=...);
+`replay` is tuner.replay.ReplayBackend. A backend whose `needs_compile` is
+False is given compiled=None and no compiler is ever called.
+
+`Hooks` bundles the three so a caller can replace them for one search:
+tuner.search builds it from its own module attributes at call time, which keeps
+`tuner.search.make_backend`, `.compile_variant` and `._now` the names to patch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from tuner.compiler import CompileResult, compile_source
+from tuner.errors import NoGpuError, TunerError
+from tuner.evaluation import Backend
+from tuner.profiles import GpuProfile
+from tuner.space import Variant
+from tuner.templates import render
+
+BACKENDS = ("gpu", "replay")
+
+
+def check_backend(kind: str) -> None:
+    """TunerError unless `kind` names a backend."""
+    if kind not in BACKENDS:
+        raise TunerError(f"unknown backend {kind!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def check_replay_source(kind: str, replay_from: Optional[str]) -> None:
+    """TunerError when the replay backend is given no recording to replay."""
+    if kind == "replay" and not replay_from:
+        raise TunerError("--backend replay needs --from DB_URL (a results store recorded on a GPU)")
+
+
+def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Optional[str] = None,
+                 force: bool = False) -> Backend:
+    """The backend `kind` ("gpu" or "replay") measuring on `device`."""
+    check_backend(kind)
+    check_replay_source(kind, replay_from)
+    if kind == "replay":
+        from tuner.replay import ReplayBackend
+
+        return ReplayBackend(replay_from, profile, force=force)
+    from tuner.gpu_worker import GpuBackend
+
+    return GpuBackend(device=device, profile=profile)
+
+
+def require_gpus(devices: tuple[int, ...]) -> None:
+    """NoGpuError unless torch sees a CUDA GPU for every requested device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoGpuError(
+            "no usable CUDA GPU on this machine (torch.cuda.is_available() is False); "
+            "use --backend replay --from DB_URL to replay a recorded search"
+        )
+    count = torch.cuda.device_count()
+    missing = [d for d in devices if d < 0 or d >= count]
+    if missing:
+        raise TunerError(f"CUDA device {missing[0]} does not exist; this machine has {count}")
+
+
+def compile_variant(variant: Variant, arch: str) -> CompileResult:
+    """Render and compile one variant (runs in the compile thread pool)."""
+    return compile_source(render(variant), variant.name, arch)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The backend factory, the compiler and the wall clock (of deadlines) a worker uses."""
+
+    make_backend: Callable[..., Backend] = make_backend
+    compile_variant: Callable[[Variant, str], CompileResult] = compile_variant
+    now: Callable[[], float] = time.time

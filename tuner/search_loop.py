@@ -1,0 +1,331 @@
+"""The ask/tell loop of one study on one worker (ProblemSearch).
+
+Per asked point:
+- infeasible      -> stored as `pruned` with the reason, told PRUNED, never compiled;
+- already measured (same problem, template hash, parameters, GPU) in the store
+                  -> told the stored result, not measured again, no new row;
+- measured by another worker right now -> waits for it, then the same;
+- otherwise       -> compiled (a thread pool running ahead of the GPU; nvcc
+                     runs in subprocesses), measured by the Backend, stored
+                     (one transaction), told (median µs, or FAIL/PRUNED).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from tuner.compiler import CompileResult
+from tuner.evaluation import Backend, Measurement
+from tuner.feasibility import Feasibility, check
+from tuner.profiles import GpuProfile
+from tuner.search_backend import Hooks
+from tuner.search_space import distributions
+from tuner.search_study import (
+    ATTR_INTERRUPTED, ATTR_REASON, ATTR_SOURCE, ATTR_STATUS, ATTR_STORE_ID, ATTR_VARIANT, StudyInfo,
+)  # fmt: skip
+from tuner.space import Variant, variant_from_params
+from tuner.store import Store, TrialRecord, TrialRow, TrialStatus
+from tuner.templates import Manifest, load_manifest
+
+DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
+ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
+
+Events = Callable[[tuple], None]
+
+_WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """One study for a worker: how many new trials it asks, and until when."""
+
+    index: int  # position of the problem in the search (progress events)
+    study: str
+    trials: Optional[int]
+    deadline: Optional[float] = None  # wall-clock time after which no trial is started
+
+
+@dataclass
+class WorkerResult:
+    run_id: Optional[int] = None
+    measured: int = 0  # trials the backend measured
+    reused: int = 0  # trials served from the store
+    asked: int = 0
+    interrupted: bool = False
+
+
+@dataclass
+class Context:
+    """What every trial of a worker shares."""
+
+    store: Store
+    backend: Backend
+    run_id: int
+    profile: GpuProfile
+    gpu_name: str
+    compile_pool: Optional[ThreadPoolExecutor]
+    stop: Any  # threading.Event or multiprocessing.Event
+    events: Events
+    hooks: Hooks = field(default_factory=Hooks)
+    result: WorkerResult = field(default_factory=WorkerResult)
+
+    def interrupt(self) -> None:
+        """Ctrl-C reached this worker: stop, and say so in its result."""
+        self.stop.set()
+        self.result.interrupted = True
+
+
+def abandoned(trial: FrozenTrial) -> bool:
+    """A running trial nobody will finish: told interrupted, or asked by a dead process of this host."""
+    if trial.user_attrs.get(ATTR_INTERRUPTED):
+        return True
+    host, _, pid = str(trial.user_attrs.get(ATTR_WORKER, "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass
+class _Pending:
+    trial: Trial
+    variant: Variant
+    feasibility: Feasibility
+    compile: Optional[Future] = None
+    wait_for: Optional[int] = None  # number of another worker's running trial of the same variant
+
+
+class ProblemSearch:
+    """The ask/tell loop of one study on one worker."""
+
+    def __init__(self, ctx: Context, study: optuna.Study, info: StudyInfo, job: WorkerJob) -> None:
+        self.ctx, self.study, self.info, self.job = ctx, study, info, job
+        self.problem = info.problem
+        self.manifest: Manifest = load_manifest(info.template)
+        self.distributions = distributions(self.manifest)
+        self.asked = 0
+        self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
+
+    # The loop ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        pending: deque[_Pending] = deque()
+        lookahead = (self.ctx.compile_pool._max_workers + 1) if self.ctx.compile_pool else 1
+        current: Optional[_Pending] = None
+        try:
+            while not self.ctx.stop.is_set():
+                while len(pending) < lookahead and self._may_ask():
+                    item = self._ask()
+                    if item is not None:
+                        pending.append(item)
+                if not pending or self.ctx.stop.is_set():
+                    break
+                current = pending.popleft()
+                self._finish(current)
+                current = None
+        except KeyboardInterrupt:
+            self.ctx.interrupt()
+        finally:
+            for item in ([current] if current else []) + list(pending):
+                if item.compile is not None:
+                    item.compile.cancel()
+                item.trial.set_user_attr(ATTR_INTERRUPTED, True)
+                self.study.tell(item.trial, state=TrialState.FAIL)
+        if self.ctx.stop.is_set():
+            self.ctx.result.interrupted = True
+
+    def _may_ask(self) -> bool:
+        if self.ctx.stop.is_set():
+            return False
+        if self.job.trials is not None and self.asked >= self.job.trials:
+            return False
+        if self.job.deadline is not None and self.ctx.hooks.now() >= self.job.deadline:
+            return False
+        sampler = self.study.sampler
+        if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
+            return False
+        return True
+
+    def _ask(self) -> Optional[_Pending]:
+        """Ask one point; settle it at once when it needs no GPU, else start its compile."""
+        trial = self.study.ask(self.distributions)
+        trial.set_user_attr(ATTR_WORKER, _WORKER_ID)
+        self.asked += 1
+        self.ctx.result.asked += 1
+        variant = variant_from_params(self.info.template, self.problem, trial.params)
+        trial.set_user_attr(ATTR_VARIANT, variant.name)
+        feasibility = check(variant, self.problem, self.ctx.profile)
+        if not feasibility.ok:
+            self._store(trial, variant, TrialStatus.PRUNED, error=feasibility.reason,
+                        smem_bytes=feasibility.smem_bytes or None)
+            self._tell_pruned(trial, feasibility.reason)
+            return None
+        # Running trials first, the store second: a trial is stored before it is told,
+        # so a duplicate that finished in between is found in the store.
+        item = _Pending(trial, variant, feasibility, wait_for=self._running_duplicate(trial))
+        if item.wait_for is None:
+            known = self._known(variant)
+            if known is not None:
+                self._tell_known(trial, known)
+                return None
+            self._start_compile(item)
+        return item
+
+    def _finish(self, item: _Pending) -> None:
+        if item.wait_for is not None:
+            if self._await_duplicate(item):
+                return
+            self._start_compile(item)
+        compiled: Optional[CompileResult] = None
+        if item.compile is not None:
+            compiled = item.compile.result()
+            if not compiled.ok:
+                self._store(item.trial, item.variant, TrialStatus.COMPILE_ERROR, compiled=compiled,
+                            feasibility=item.feasibility, error="compile error (see the compile log)")
+                self._tell(item.trial, TrialState.FAIL, TrialStatus.COMPILE_ERROR, "measured")
+                return
+        # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
+        prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
+        measurement = self.ctx.backend.measure(self.problem, item.variant, compiled, range_prefix=prefix)
+        self.ctx.result.measured += 1
+        self._store_measurement(item, compiled, measurement)
+
+    def _start_compile(self, item: _Pending) -> None:
+        """Submit the variant to the compile pool, unless the backend measures without compiling."""
+        if not getattr(self.ctx.backend, "needs_compile", True):
+            return
+        assert self.ctx.compile_pool is not None
+        item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.compile_variant, item.variant,
+                                                    self.ctx.profile.nvcc_arch)
+
+    # Duplicates --------------------------------------------------------------------------------
+
+    def _known(self, variant: Variant) -> Optional[TrialRow]:
+        return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
+                                         variant.stored_params(), self.ctx.gpu_name)
+
+    def _running_duplicate(self, trial: Trial) -> Optional[int]:
+        """Number of an earlier-asked running trial of the same point (another worker, or compiling ahead).
+
+        A running trial whose parameters are not all written yet (its ask is in
+        progress elsewhere) is waited for briefly, then ignored for good.
+        """
+        params, wanted = trial.params, len(self.distributions)
+        deadline = time.monotonic() + 2.0
+        while True:
+            incomplete = []
+            for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if other.number >= trial.number or other.number in self._ignored or abandoned(other):
+                    continue
+                if len(other.params) < wanted:
+                    incomplete.append(other.number)
+                elif other.params == params:
+                    return other.number
+            if not incomplete:
+                return None
+            if time.monotonic() > deadline:
+                self._ignored.update(incomplete)
+                return None
+            time.sleep(0.01)
+
+    def _await_duplicate(self, item: _Pending) -> bool:
+        """Wait for the other worker's trial of this variant; True when its result was reused."""
+        deadline = time.monotonic() + DUPLICATE_WAIT_S
+        while time.monotonic() < deadline and not self.ctx.stop.is_set():
+            # Its state first, the store second: it is stored before it is told.
+            other = self._trial_by_number(item.wait_for)
+            known = self._known(item.variant)
+            if known is not None:
+                self._tell_known(item.trial, known)
+                return True
+            if other is None or other.state != TrialState.RUNNING or abandoned(other):
+                if other is not None and other.state == TrialState.PRUNED:
+                    self._tell_pruned(item.trial, str(other.user_attrs.get(ATTR_REASON, "pruned")))
+                    return True
+                return False  # the other trial was abandoned: measure it here
+            time.sleep(0.05)
+        return False
+
+    def _trial_by_number(self, number: Optional[int]) -> Optional[FrozenTrial]:
+        for other in self.study.get_trials(deepcopy=False):
+            if other.number == number:
+                return other
+        return None
+
+    # Outcomes ----------------------------------------------------------------------------------
+
+    def _store_measurement(self, item: _Pending, compiled: Optional[CompileResult], m: Measurement) -> None:
+        status = TrialStatus.parse(m.status)
+        store_id = self._store(item.trial, item.variant, status, measurement=m, compiled=compiled,
+                               feasibility=item.feasibility, error=m.error)
+        item.trial.set_user_attr(ATTR_STORE_ID, store_id)
+        if status is TrialStatus.OK and m.median_us is not None and math.isfinite(m.median_us):
+            self._tell(item.trial, TrialState.COMPLETE, status, "measured", m.median_us)
+        elif status is TrialStatus.PRUNED:
+            self._tell_pruned(item.trial, m.error or "pruned by the backend")
+        else:
+            self._tell(item.trial, TrialState.FAIL, status, "measured")
+
+    def _tell_known(self, trial: Trial, row: TrialRow) -> None:
+        trial.set_user_attr(ATTR_STORE_ID, row.id)
+        self.ctx.result.reused += 1
+        if row.status is TrialStatus.OK and row.median_us is not None:
+            self._tell(trial, TrialState.COMPLETE, row.status, "store", row.median_us)
+        else:
+            self._tell(trial, TrialState.FAIL, row.status, "store")
+
+    def _tell_pruned(self, trial: Trial, reason: str) -> None:
+        trial.set_user_attr(ATTR_REASON, reason)
+        self._tell(trial, TrialState.PRUNED, TrialStatus.PRUNED, "pruned")
+
+    def _tell(self, trial: Trial, state: TrialState, status: TrialStatus, source: str,
+              value: Optional[float] = None) -> None:
+        trial.set_user_attr(ATTR_STATUS, status.value)
+        trial.set_user_attr(ATTR_SOURCE, source)
+        if state == TrialState.COMPLETE:
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=state)
+        self.ctx.events(("trial", self.job.index, value))
+
+    def _store(self, trial: Trial, variant: Variant, status: TrialStatus, *, error: Optional[str] = None,
+               measurement: Optional[Measurement] = None, compiled: Optional[CompileResult] = None,
+               feasibility: Optional[Feasibility] = None, smem_bytes: Optional[int] = None) -> int:
+        m = measurement
+        return self.ctx.store.add_trial(TrialRecord(
+            run_id=self.ctx.run_id,
+            problem=self.problem,
+            template=variant.template,
+            template_hash=self.manifest.source_hash,
+            params=variant.stored_params(),
+            variant_name=variant.name,
+            status=status,
+            study=self.study.study_name,
+            trial_number=trial.number,
+            median_us=m.median_us if m else None,
+            p20_us=m.p20_us if m else None,
+            p80_us=m.p80_us if m else None,
+            rel_error=m.rel_error if m else None,
+            compile_s=compiled.seconds if compiled else None,
+            registers=compiled.registers if compiled and compiled.ok else None,
+            spill_bytes=compiled.spill_bytes if compiled and compiled.ok else None,
+            cubin_sha256=(compiled.cubin_sha256 or None) if compiled else None,
+            compile_log=compiled.log if compiled and not compiled.ok else None,
+            smem_bytes=feasibility.smem_bytes if feasibility else smem_bytes,
+            error=error,
+        ))

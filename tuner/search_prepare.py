@@ -1,0 +1,123 @@
+"""Preparing a search: its problems, and per problem a study (created, or loaded with --resume) with a budget.
+
+A new study is warm-started with the best variants of the nearest recorded
+problem, enqueued before the sampler's own points.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import optuna
+
+from tuner.errors import TunerError
+from tuner.feasibility import supports_problem
+from tuner.problem import Problem, problem_from_shape
+from tuner.profiles import GpuProfile
+from tuner.search_space import grid_size, make_sampler, problem_key, study_name
+from tuner.search_study import (
+    ATTR_BUDGET, ATTR_PROBLEM, ATTR_PROFILE, ATTR_SAMPLER, ATTR_SEED, ATTR_TEMPLATE, load_study, problem_attr,
+    study_exists, study_info,
+)  # fmt: skip
+from tuner.store import Store, TrialFilter, TrialStatus
+from tuner.templates import Manifest
+
+if TYPE_CHECKING:
+    from tuner.search import SearchOptions
+
+DEFAULT_TRIALS = 100
+WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
+
+
+def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
+                say: Callable[[str], None]) -> list[Problem]:
+    """--shape problems (each must suit the template), or the profile's defaults that do."""
+    if options.shapes:
+        problems = [problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
+                                       layout=options.layout) for s in options.shapes]
+        for p in problems:
+            why = supports_problem(manifest, p)
+            if why:
+                raise TunerError(f"cannot tune {p.label}: {why}")
+        return list(dict.fromkeys(problems))
+    problems = []
+    for p in profile.default_problems:
+        why = supports_problem(manifest, p)
+        if why:
+            say(f"skipping default problem {p.label}: {why}")
+        else:
+            problems.append(p)
+    if not problems:
+        raise TunerError(f"none of {profile.name}'s default problems suits template {manifest.name}; give --shape")
+    return problems
+
+
+def warm_start_points(store: Store, profile: str, template: str, problem: Problem, k: int,
+                      manifest: Manifest) -> list[dict[str, Any]]:
+    """Parameters of the `k` best ok variants of the nearest recorded problem (same GPU profile, template,
+    head dim, dtype and causality; nearest in log(B*H*Sq*Sk))."""
+    if k <= 0:
+        return []
+    best = store.best_trials(TrialFilter(gpu=profile, template=template, dtype=problem.dtype, causal=problem.causal))
+    candidates = {row.problem for row in best if row.profile == profile and row.problem.head_dim == problem.head_dim}
+    if not candidates:
+        return []
+    size = math.log(problem.batch * problem.heads * problem.seq_q * problem.seq_k)
+    nearest = min(candidates, key=lambda p: (abs(math.log(p.batch * p.heads * p.seq_q * p.seq_k) - size),
+                                             p != problem, p))
+    rows = store.query_trials(TrialFilter(
+        gpu=profile, shape=(nearest.batch, nearest.heads, nearest.seq_q, nearest.seq_k, nearest.head_dim),
+        dtype=nearest.dtype, causal=nearest.causal, template=template, status=TrialStatus.OK,
+    ))
+    rows = sorted((r for r in rows if r.problem == nearest and r.profile == profile and r.median_us is not None),
+                  key=lambda r: r.median_us)
+    points: list[dict[str, Any]] = []
+    for row in rows:
+        params = {k2: v for k2, v in row.params.items() if k2 in manifest.params}
+        if set(params) != set(manifest.params) or params in points:
+            continue
+        if any(v not in manifest.params[name].values for name, v in params.items()):
+            continue  # recorded with an older manifest
+        points.append(params)
+        if len(points) == k:
+            break
+    return points
+
+
+def study_name_for(options: SearchOptions, profile: GpuProfile, problem: Problem, several: bool) -> str:
+    """--study NAME (suffixed with the problem when the search has several), else the default name."""
+    if options.study:
+        return f"{options.study}-{problem_key(problem)}" if several else options.study
+    return study_name(profile.name, options.template, problem)
+
+
+def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: GpuProfile, manifest: Manifest,
+                  problem: Problem, name: str) -> tuple[optuna.Study, Optional[int]]:
+    """Create (or with --resume, load) the study; returns it and its total trial budget."""
+    sampler = make_sampler(options.sampler, options.seed, manifest)  # validates the name early
+    if study_exists(storage, name):
+        if not options.resume:
+            raise TunerError(f"study {name!r} already exists; pass --resume to continue it, or --study NAME for a new one")
+        study = load_study(storage, name, sampler)
+        info = study_info(study)
+        if (info.problem, info.template, info.profile) != (problem, options.template, profile.name):
+            raise TunerError(f"study {name!r} tunes {info.template} for {info.problem.label} on {info.profile}, "
+                             f"not {options.template} for {problem.label} on {profile.name}")
+        budget = options.trials if options.trials is not None else info.budget
+    else:
+        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
+        budget = options.trials
+        if budget is None and options.sampler == "grid":
+            budget = grid_size(manifest)
+        if budget is None and options.time_budget_s is None:
+            budget = DEFAULT_TRIALS
+        for key, value in ((ATTR_PROBLEM, problem_attr(problem)), (ATTR_TEMPLATE, options.template),
+                           (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed)):
+            study.set_user_attr(key, value)
+        if options.sampler != "grid":  # the grid covers every point anyway
+            for params in warm_start_points(store, profile.name, options.template, problem, options.warm_start,
+                                            manifest):
+                study.enqueue_trial(params, skip_if_exists=True)
+    study.set_user_attr(ATTR_BUDGET, budget)
+    return study, budget
