@@ -153,7 +153,7 @@ struct TileLayout {
 // --------------------------------------------------------------- the kernel
 
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int KV_SPLIT_, int SWIZZLE_,
-          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool CAUSAL_>
+          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool LAZY_RESCALE_, bool CAUSAL_>
 struct AttnConfig {
   using T = T_;
   static constexpr int D = HEAD_DIM_;
@@ -168,6 +168,9 @@ struct AttnConfig {
   // CTAs per SM the register allocation must allow (__launch_bounds__'s
   // second argument): 2 caps registers at 65536 / (2 * THREADS) per thread.
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  // Skip the O rescale of a tile when no row max of the warp moved (a vote
+  // and a branch per m-tile, against DT*4 multiplies).
+  static constexpr bool LAZY_RESCALE = LAZY_RESCALE_;
 
   static constexpr int THREADS = NUM_WARPS * 32;
   static constexpr int WARPS_M = NUM_WARPS / KV_SPLIT;  // warps stacked along query rows
@@ -413,6 +416,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
     }
 
     // ---- online softmax (row stats kept per thread-quad; sums reduced at the end)
+    float alphas[C::MT][2];
 #pragma unroll
     for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
@@ -445,10 +449,19 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
         TreeReduce<C::NT>::run(vals, AddOp());
         const float sum = vals[0];
         row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+        alphas[mt][r] = alpha;
+      }
+    // With LAZY_RESCALE, rescale O only where a row max moved: after the first
+    // tiles of a long row it rarely does; the vote keeps the branch warp-uniform.
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+      if (!C::LAZY_RESCALE || __any_sync(0xffffffff, alphas[mt][0] != 1.f || alphas[mt][1] != 1.f)) {
 #pragma unroll
         for (int dt = 0; dt < C::DT; ++dt) {
-          acc_o[mt][dt][2 * r] *= alpha;
-          acc_o[mt][dt][2 * r + 1] *= alpha;
+          acc_o[mt][dt][0] *= alphas[mt][0];
+          acc_o[mt][dt][1] *= alphas[mt][0];
+          acc_o[mt][dt][2] *= alphas[mt][1];
+          acc_o[mt][dt][3] *= alphas[mt][1];
         }
       }
 

@@ -94,7 +94,9 @@ def store(store_url: str):
 # `replay_recording`: a results store to replay (tuner search --backend replay
 # --from URL). REPLAY_RECORDING is a real recording: a grid search of
 # B1 H8 S512 D64 fp16 on an NVIDIA H200 (2026-11-26; 1343 of the 1500 feasible
-# variants measured ok, pruned rows and compile logs stripped). Without it the
+# variants measured ok, pruned rows and compile logs stripped; its variants got
+# LAZY_RESCALE=false when that parameter was added, which is the code they ran
+# with). Without it the
 # tests build a SYNTHETIC one (made-up timings, tuner/replay_fixture.py).
 # `pg_url`: a fresh PostgreSQL database, or a skip that says why.
 # =============================================================================

@@ -60,7 +60,7 @@ def test_check_is_deterministic_and_pure(case) -> None:
 def test_shared_memory_limit_is_the_profiles() -> None:
     problem = Problem(1, 1, 128, 128, 256)
     v = Variant(TEMPLATE, 256, "fp16", False, {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_WARPS": 8, "KV_SPLIT": 1,
-                                               "SWIZZLE": "pad", "STAGES": 3, "Q_IN_REGS": False, "MIN_BLOCKS": 1})
+                                               "SWIZZLE": "pad", "STAGES": 3, "Q_IN_REGS": False, "MIN_BLOCKS": 1, "LAZY_RESCALE": False})
     smem = resources(v)["smem_bytes"]
     assert smem == (128 + 2 * 3 * 128) * (256 + 8) * 2
     result = check(v, problem, load_profile("h100"))

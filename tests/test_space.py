@@ -49,7 +49,7 @@ def test_example_name_from_the_issue() -> None:
     v = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg")
     assert (v.head_dim, v.dtype, v.causal) == (64, "fp16", False)
     assert v.params == {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4, "KV_SPLIT": 1, "SWIZZLE": "xor",
-                        "STAGES": 2, "Q_IN_REGS": True, "MIN_BLOCKS": 1}
+                        "STAGES": 2, "Q_IN_REGS": True, "MIN_BLOCKS": 1, "LAZY_RESCALE": False}
     assert parse_variant_name(v.name + "_causal").causal
 
 
@@ -93,7 +93,7 @@ def test_render_names_the_entry_point_after_the_variant() -> None:
     v = parse_variant_name("attn_fwd_mma_d128_bf16_m64n32_w4_kv2_pad_s3_qsmem_causal")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)\n{v.name}(' in src
-    assert "fc::AttnConfig<__nv_bfloat16, 128, 64, 32, 4, 2, 1, 3, false, 1, true>" in src
+    assert "fc::AttnConfig<__nv_bfloat16, 128, 64, 32, 4, 2, 1, 3, false, 1, false, true>" in src
 
 
 def test_enumeration_is_the_cartesian_product() -> None:

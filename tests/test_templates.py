@@ -15,7 +15,7 @@ from tuner.templates import list_templates, load_manifest, load_manifest_file
 def test_shipped_manifest_loads() -> None:
     m = load_manifest("attn_fwd_mma")
     assert "attn_fwd_mma" in [t.name for t in list_templates()]
-    assert set(m.params) == {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "KV_SPLIT", "SWIZZLE", "STAGES", "Q_IN_REGS", "MIN_BLOCKS"}
+    assert set(m.params) == {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "KV_SPLIT", "SWIZZLE", "STAGES", "Q_IN_REGS", "MIN_BLOCKS", "LAZY_RESCALE"}
     assert {64, 128} <= set(m.features.head_dims) and set(m.features.dtypes) == {"fp16", "bf16"}
     assert "sm_80" in m.archs and "sm_90a" in m.archs
     assert len(m.source_hash) == 64
