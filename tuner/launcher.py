@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
@@ -112,6 +111,13 @@ class AttentionKernel:
         self._fn.prepare(ARG_FORMAT)
         self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
         self._block = (shape.threads, 1, 1)
+        # prepared_call's Python wrapper (block-shape setter, an import and
+        # kwargs handling per call) costs a few microseconds; where PyCUDA has
+        # the underlying launcher, pack the prepared format and call it directly.
+        from pycuda._pvt_struct import pack
+
+        self._pack = pack
+        self._launch_kernel = getattr(self._fn, "_launch_kernel", None)
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                  check: bool = True) -> None:
@@ -126,10 +132,11 @@ class AttentionKernel:
         hkv, sk = k.shape[1], k.shape[2]
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
-        self._fn.prepared_call(
-            ((sq + self.shape.block_m - 1) // self.shape.block_m, h, b), self._block,
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
-            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-            sq, sk, h // hkv, np.float32(scale),
-            shared_size=self.shape.smem_bytes,
-        )
+        grid = ((sq + self.shape.block_m - 1) // self.shape.block_m, h, b)
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
+                qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+                sq, sk, h // hkv, scale)
+        if self._launch_kernel is not None:
+            self._launch_kernel(grid, self._block, self._pack(ARG_FORMAT, *args), self.shape.smem_bytes, None)
+        else:
+            self._fn.prepared_call(grid, self._block, *args, shared_size=self.shape.smem_bytes)
