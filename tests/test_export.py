@@ -35,7 +35,7 @@ SMALL = Problem(2, 8, 256, 256, 64)                                # fp16 D64, b
 SHADOWED = Problem(1, 8, 2048, 2048, 64)                           # same key as BIG, less work
 GQA_CAUSAL = Problem(1, 16, 1024, 1024, 128, dtype="bf16", causal=True, heads_kv=4)  # group 4
 
-_COMMON = dict(NUM_WARPS=4, KV_SPLIT=1, STAGES=2, Q_IN_REGS=True, MIN_BLOCKS=1)
+_COMMON = dict(NUM_WARPS=4, KV_SPLIT=1, STAGES=2, Q_IN_REGS=True, MIN_BLOCKS=1, LAZY_RESCALE=False)
 PARAMS = {
     "big": dict(_COMMON, BLOCK_M=64, BLOCK_N=64, SWIZZLE="xor"),
     "small": dict(_COMMON, BLOCK_M=64, BLOCK_N=32, SWIZZLE="pad"),
@@ -416,7 +416,7 @@ def test_header_export(export_store, tmp_path) -> None:
     assert (out / "attn_fwd_mma.cu").is_file()
     assert "namespace fc_tuned {" in header and "namespace h100 {" in header
     assert "struct fp16_d64_noncausal_g1_sq11_sk11 {" in header
-    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, 2, 2, true, 1, false>;" in header
+    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, 2, 2, true, 1, false, false>;" in header
     assert "struct bf16_d128_causal_g4_sq10_sk10 {" in header and "static constexpr int BLOCK_N = 32;" in header
     assert "sq11" in header and "sq8" in header
 

@@ -18,7 +18,7 @@ from tuner.errors import NoGpuError, TunerError
 from tuner.gpu_worker import GpuBackend, RequestError, RunnerOptions
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.space import Variant
+from tuner.space import parse_variant_name
 from tuner.store.records import TrialStatus
 
 PROBLEM = Problem(1, 2, 128, 128, 64)
@@ -203,9 +203,8 @@ def test_close_stops_the_child_and_refuses_more_work(profile) -> None:
 
 
 def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
-    variant = Variant("attn_fwd_mma", 64, "fp16", False, {
-        "BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4, "KV_SPLIT": 1, "SWIZZLE": "pad", "STAGES": 2,
-        "Q_IN_REGS": True, **({"MIN_BLOCKS": 1} if _has_min_blocks() else {})})
+    # By name: parameters added to the template later take their default (empty-label) values.
+    variant = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg")
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
     compiled = CompileResult(True, variant.name, "sm_90a", cubin, "x", 100, 0, 0, 0, 1.0, "")
@@ -221,8 +220,3 @@ def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
         with pytest.raises(TunerError, match="no cubin"):
             b.measure(PROBLEM, variant, failed)
 
-
-def _has_min_blocks() -> bool:
-    from tuner.templates import load_manifest
-
-    return "MIN_BLOCKS" in load_manifest("attn_fwd_mma").params

@@ -15,9 +15,8 @@ from tuner.errors import TunerError
 from tuner.nvtx_ranges import ncu_include, range_name
 from tuner.problem import Problem
 from tuner.profiling import METRICS, ncu_command, parse_ncu_csv, profile_top, profile_trial, trial_range_name
-from tuner.space import Variant
+from tuner.space import Variant, parse_variant_name
 from tuner.store import RunInfo, TrialRecord, TrialStatus, open_store
-from tuner.templates import load_manifest
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = (DATA / "ncu_raw_sample.csv").read_text()
@@ -59,12 +58,9 @@ else:
 
 
 def mma_variant(**overrides) -> Variant:
-    params = {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4, "KV_SPLIT": 1, "SWIZZLE": "pad", "STAGES": 2,
-              "Q_IN_REGS": True}
-    if "MIN_BLOCKS" in load_manifest("attn_fwd_mma").params:
-        params["MIN_BLOCKS"] = 1
-    params.update(overrides)
-    return Variant("attn_fwd_mma", 64, "fp16", False, params)
+    # By name, so parameters added to the template later take their default values.
+    base = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg")
+    return Variant("attn_fwd_mma", 64, "fp16", False, {**base.params, **overrides})
 
 
 def add_trial(store, run_id: int, variant: Variant, *, problem: Problem = PROBLEM, median_us: float = 100.0,

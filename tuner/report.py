@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from tuner.errors import TunerError
 from tuner.markdown import fmt as _f
-from tuner.markdown import run_caption, runs_text  # noqa: F401  (runs_text: kept importable from here)
+from tuner.markdown import run_caption
 from tuner.markdown import table as _table
 from tuner.problem import Problem
 from tuner.replay import is_synthetic_run
@@ -190,12 +190,12 @@ def study_curves(rows: list[TrialRow], run_starts: dict[int, Optional[datetime]]
 def _optuna_storage(db_url: str) -> tuple[Optional[Any], str]:
     """The search's Optuna storage for this results store, or None and why (never creates one)."""
     from tuner.search_study import JOURNAL_SUFFIX, storage_for
-    from tuner.store.engine import _parse
+    from tuner.store.engine import parse_url, sqlite_file
 
-    parsed = _parse(db_url)
+    parsed = parse_url(db_url)
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:") or database.startswith("file:"):
+        database = sqlite_file(parsed)
+        if database is None:
             return None, "an in-memory results store has no Optuna storage"
         if not os.path.exists(database + JOURNAL_SUFFIX):
             return None, f"no Optuna storage ({os.path.basename(database)}{JOURNAL_SUFFIX}) next to the results store"

@@ -47,16 +47,16 @@ optuna.logging.set_verbosity(logging.WARNING)
 
 def storage_for(url: str) -> optuna.storages.BaseStorage:
     """Optuna storage for a results-store URL (or a journal file path, or a postgresql URL)."""
-    from tuner.store.engine import _parse
+    from tuner.store.engine import parse_url, sqlite_file
 
     text = url.strip()
     if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
         return _journal(text)
-    parsed = _parse(text)
+    parsed = parse_url(text)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:") or database.startswith("file:"):
+        database = sqlite_file(parsed)
+        if database is None:
             raise TunerError("a search needs a results store in a file or on PostgreSQL, not an in-memory SQLite database")
         return _journal(database + JOURNAL_SUFFIX)
     if backend == "postgresql":

@@ -8,10 +8,13 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import TunerError
 from tuner.resources import asset_dir
+
+if TYPE_CHECKING:
+    from tuner.space import Variant
 
 ParamValue = int | bool | str
 
@@ -174,7 +177,7 @@ def _cxx_value(value: ParamValue, dtype: str) -> str:
     raise TypeError(value)
 
 
-def render(variant: "Variant") -> str:  # noqa: F821 - tuner.space imports us
+def render(variant: Variant) -> str:
     """CUDA source for one variant: the template plus one extern "C" entry point.
 
     Every value is checked against the manifest first, so nothing from a

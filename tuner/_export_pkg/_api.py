@@ -8,7 +8,6 @@ graph traces; the op's real implementation is the same eager path.
 """
 # No `from __future__ import annotations`: torch.library reads the op's schema from real annotations.
 
-import math
 from typing import Any, Callable, Optional
 
 import torch

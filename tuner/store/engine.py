@@ -106,9 +106,24 @@ def db_error_message(exc: BaseException, url: URL) -> str:
     return scrub(str(orig if orig is not None else exc), url)
 
 
-def _prepare_sqlite_path(url: URL, create: bool = True) -> URL:
+def parse_url(url: str) -> URL:
+    """A database URL parsed, or a one-line TunerError (the password never shown)."""
+    return _parse(url)
+
+
+def sqlite_file(url: URL) -> Optional[str]:
+    """The file of a file-backed SQLite URL; None for in-memory SQLite and other backends."""
+    if url.get_backend_name() != "sqlite":
+        return None
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return database
+
+
+def _prepare_sqlite_path(url: URL, create: bool = True) -> URL:
+    database = sqlite_file(url)
+    if database is None:
         return url
     path = Path(os.path.expanduser(database))
     if path.is_dir():

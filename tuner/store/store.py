@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping, Optional
