@@ -39,13 +39,11 @@ def fault_templates(monkeypatch):
 
 def real_variant(profile) -> Variant:
     from tuner.feasibility import check
-    from tuner.templates import load_manifest
+    from tuner.space import parse_variant_name
 
-    params = {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4, "KV_SPLIT": 1, "SWIZZLE": "pad", "STAGES": 2,
-              "Q_IN_REGS": True}
-    if "MIN_BLOCKS" in load_manifest("attn_fwd_mma").params:
-        params["MIN_BLOCKS"] = 1
-    variant = Variant("attn_fwd_mma", PROBLEM.head_dim, PROBLEM.dtype, PROBLEM.causal, params)
+    # By name, so parameters added to the template later take their default values.
+    name = f"attn_fwd_mma_d{PROBLEM.head_dim}_{PROBLEM.dtype}_m128n64_w4_q_rows_pad_s2_qreg"
+    variant = parse_variant_name(name + ("_causal" if PROBLEM.causal else ""))
     assert check(variant, PROBLEM, profile), check(variant, PROBLEM, profile).reason
     return variant
 
