@@ -30,3 +30,17 @@ def test_unknown_command_is_one_short_error() -> None:
     result = run_tuner("serch")
     assert result.exit_code == 2
     assert "Traceback" not in result.stderr and "No such command" in result.stderr
+
+
+def test_cli_works_without_the_click_package() -> None:
+    # typer >= 0.2x vendors click and does not install it: a clean environment has no `click`.
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['click'] = None\n"
+            "sys.argv = ['tuner', 'serch']\n"
+            "from tuner.cli import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "No such command" in proc.stderr and "Traceback" not in proc.stderr

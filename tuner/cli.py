@@ -7,7 +7,6 @@ import warnings
 from enum import Enum
 from typing import Annotated, Optional
 
-import click
 import typer
 from rich.console import Console
 
@@ -566,14 +565,20 @@ def replay_eval_command(
         console.print(f"wrote {files.markdown}, {files.csv}, {files.plot}", markup=False, highlight=False, soft_wrap=True)
 
 
-# Recent Typer releases vendor click as typer._click: their usage errors are
-# not click.ClickException, so catch both.
-_CLICK_ERRORS: tuple[type[Exception], ...] = (click.ClickException,)
+# Usage errors (bad option, unknown command) print click's short message. Recent
+# typer releases vendor click as typer._click and no longer depend on click itself.
+_CLICK_ERRORS: tuple[type[Exception], ...] = ()
 try:
     from typer._click.exceptions import ClickException as _TyperClickException
 
     _CLICK_ERRORS += (_TyperClickException,)
-except ImportError:  # typer that uses click itself
+except ImportError:  # a typer that uses click itself
+    pass
+try:
+    from click import ClickException as _ClickException
+
+    _CLICK_ERRORS += (_ClickException,)
+except ImportError:
     pass
 
 
