@@ -172,3 +172,28 @@ def test_jit_from_source_runs(package) -> None:
     kernel(q, k, v, out, None, 1.0 / math.sqrt(p.head_dim))
     torch.cuda.synchronize()
     assert relative_error(out, reference(q, k, v, p.causal)[0]) < TOLERANCE[p.dtype]
+
+
+def test_side_stream_work_is_ordered_with_the_kernel(package) -> None:
+    """Inputs produced on a torch side stream right before the call must be seen by the kernel
+    (PyCUDA launches on the legacy default stream, which torch's streams do not wait for)."""
+    import torch
+
+    mod, manifest = package
+    entry = next(e for e in manifest["entries"] if e["dispatch"] and not e["problem"]["causal"])
+    p = Problem(**entry["problem"])
+    q0, k, v = make_inputs(p, seed=5)
+    ref = reference(q0, k, v, p.causal)[0]
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.no_grad(), torch.cuda.stream(side):
+        slow = torch.randn(4096, 4096, device="cuda")
+        for _ in range(8):
+            slow = slow @ slow / 64.0  # keeps the side stream busy for a while
+        q = torch.empty_like(q0)
+        depends = (slow[0, 0] != slow[0, 0]).to(q0.dtype) * 0  # exactly 0, but only once the matmuls are done
+        q.copy_(q0 + depends)
+        out = mod.attention(q, k, v, causal=p.causal)
+        result = out.float()
+    torch.cuda.synchronize()
+    assert relative_error(result, ref) < TOLERANCE[p.dtype]

@@ -45,9 +45,47 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length()))
         if hit is not None and _fast_ok(q, k, v, hit[0]) and (fallback is None or fallback == "sdpa"):
             out = torch.empty_like(q)
-            hit[1](q, k, v, out, None, scale)
+            _launch_in_order(hit[1], q, k, v, out, scale)
             return out
     return _slow(q, k, v, causal, scale, fallback)
+
+
+# torch.cuda.current_stream() builds a Stream object (~7 us on an H200 host);
+# the raw handle is what the check needs.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream_handle(device: int) -> int:
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(device))
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_DEFAULT_HANDLES: dict[int, int] = {}
+
+
+def _default_stream_handle(device: int) -> int:
+    """torch's default stream on `device` (the legacy stream 0, or per-thread 2 in some builds)."""
+    handle = _DEFAULT_HANDLES.get(device)
+    if handle is None:
+        handle = _DEFAULT_HANDLES[device] = torch.cuda.default_stream(device).cuda_stream
+    return handle
+
+
+def _launch_in_order(launch: Callable[..., None], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, scale: Optional[float]) -> None:
+    """Launch (on the legacy default stream, where PyCUDA launches) ordered after and before
+    the work of torch's current stream: torch's default stream synchronises with it, side
+    streams (created non-blocking) do not, so for those the order is made explicit."""
+    device = q.get_device()
+    if _current_stream_handle(device) == _default_stream_handle(device):  # the common case, checked cheaply
+        launch(q, k, v, out, None, scale)
+        return
+    current = torch.cuda.current_stream(q.device)
+    default = torch.cuda.default_stream(q.device)
+    default.wait_stream(current)  # inputs written on the side stream are visible to the kernel
+    launch(q, k, v, out, None, scale)
+    current.wait_stream(default)  # later work (and frees) on the side stream come after it
 
 
 def _fast_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, device: int) -> bool:
@@ -77,7 +115,7 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
     if q.numel() == 0:
         return torch.empty_like(q)
     out = torch.empty_like(q)
-    launch(q, k, v, out, None, scale)
+    _launch_in_order(launch, q, k, v, out, scale)
     return out
 
 
