@@ -187,6 +187,7 @@ struct AttnConfig {
   static_assert(BN % (16 * KV_SPLIT) == 0, "each warp needs a multiple of 16 keys per tile");
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(STAGES >= 1 && STAGES <= 4, "1-4 cp.async stages");
+  static_assert((NT & (NT - 1)) == 0, "TreeReduce needs a power-of-two number of n8 tiles per warp");
 
   using Layout = TileLayout<D, SWIZZLE>;
   static constexpr int Q_TILE = BM * Layout::ROW_ELEMS;  // elements

@@ -153,8 +153,10 @@ def test_find_trial_for_reuse(store):
     assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name) is None
     store.add_trial(trial(run, params=params, status="pruned", median_us=None))
     assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name) is None  # pruned is not a measurement
-    timeout = store.add_trial(trial(run, params=params, status="timeout", median_us=None))
-    assert store.find_trial(BIG, "attn_fwd_mma", "h1", dict(reversed(params.items())), H100.gpu_name).id == timeout
+    store.add_trial(trial(run, params=params, status="timeout", median_us=None))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name) is None  # may be transient: measure again
+    incorrect = store.add_trial(trial(run, params=params, status="incorrect", median_us=None))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", dict(reversed(params.items())), H100.gpu_name).id == incorrect
     ok = store.add_trial(trial(run, params=params, median_us=55.0))
     store.add_trial(trial(run, params=params, status="launch_error", median_us=None))
     found = store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name)

@@ -132,7 +132,10 @@ def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True
     out = build / f"{entry}.{os.getpid()}.{threading.get_ident()}.cubin"
     cmd = [find_nvcc(), "-cubin", *BASE_OPTIONS, *arch_flags(arch), "-o", str(out), str(src)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        # Own session: a Ctrl-C at the terminal stops the search after the current
+        # trial, and must not kill nvcc mid-compile (that would store a bogus compile_error).
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              start_new_session=True)
         log, ok = proc.stdout + proc.stderr, proc.returncode == 0 and out.exists()
     except subprocess.TimeoutExpired:
         log, ok = f"nvcc timed out after {timeout_s:.0f} s", False
@@ -146,7 +149,7 @@ def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True
     result = CompileResult(True, entry, arch, None, hashlib.sha256(data).hexdigest(), seconds=seconds, log=log, **stats)
     # Write atomically so concurrent compiles of the same key never see half a file.
     for path, payload in ((cubin_path, data), (meta_path, json.dumps({k: v for k, v in asdict(result).items() if k not in ("cubin_path", "cached")}).encode())):
-        tmp_path = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+        tmp_path = path.with_suffix(path.suffix + f".{os.getpid()}.{threading.get_ident()}.tmp")  # threads share a pid
         tmp_path.write_bytes(payload)
         os.replace(tmp_path, path)
     return CompileResult(**{**asdict(result), "cubin_path": cubin_path})

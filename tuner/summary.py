@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tuner.problem import Problem
 from tuner.search_study import ATTR_VARIANT, finished_trials
-from tuner.store import BaselineRow, Store
+from tuner.store import BaselineRow, Store, TrialFilter, TrialRow, TrialStatus
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,29 @@ def best_baseline(store: Store, problem: Problem, run_ids: Iterable[int]) -> Opt
     return min(rows, key=lambda b: b.median_us, default=None)
 
 
+def _stored_row(store: Store, problem: Problem, variant: Optional[str], median_us: Optional[float]) -> Optional[TrialRow]:
+    """The stored ok measurement behind the study's best value (it may come from an earlier run)."""
+    if variant is None or median_us is None:
+        return None
+    shape = (problem.batch, problem.heads, problem.seq_q, problem.seq_k, problem.head_dim)
+    rows = store.query_trials(TrialFilter(shape=shape, dtype=problem.dtype, causal=problem.causal,
+                                          status=TrialStatus.OK))
+    rows = [r for r in rows if r.problem == problem and r.variant_name == variant]
+    return min(rows, key=lambda r: abs((r.median_us or 0.0) - median_us), default=None)
+
+
 def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iterable[int]) -> ProblemSummary:
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     best = min(complete, key=lambda t: (t.value, t.number), default=None)
-    baseline = best_baseline(store, problem, run_ids)
     best_us = best.value if best is not None else None
+    # Compare with the baselines of the run that measured the best trial (same process and
+    # card); a best served from the store was measured, with its baselines, in an earlier run.
+    row = _stored_row(store, problem, best.user_attrs.get(ATTR_VARIANT) if best else None, best_us)
+    if row is not None and row.best_baseline_us is not None:
+        baseline_impl, baseline_us = row.best_baseline_impl, row.best_baseline_us
+    else:
+        fastest = best_baseline(store, problem, run_ids)
+        baseline_impl, baseline_us = (fastest.impl, fastest.median_us) if fastest else (None, None)
     return ProblemSummary(
         problem=problem,
         study=study.study_name,
@@ -58,8 +76,8 @@ def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iter
         best_variant=best.user_attrs.get(ATTR_VARIANT) if best is not None else None,
         best_us=best_us,
         best_tflops=problem.tflops(best_us) if best_us else None,
-        baseline_impl=baseline.impl if baseline else None,
-        baseline_us=baseline.median_us if baseline else None,
+        baseline_impl=baseline_impl,
+        baseline_us=baseline_us,
     )
 
 

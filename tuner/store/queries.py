@@ -154,13 +154,17 @@ def best_select(filt: TrialFilter) -> Select:
 
 
 def find_select(problem: Problem, template: str, template_hash: str, params_key: str, gpu_name: str) -> Select:
-    """A reusable measurement: same problem, variant and GPU, not pruned; ok ones first, then newest."""
+    """A reusable measurement: same problem, variant and GPU; ok ones first, then newest.
+
+    Only deterministic outcomes are reused (ok, incorrect, compile_error): a timeout or
+    launch error may be transient (a busy card, a stuck worker) and is measured again.
+    """
     stmt = trial_select().where(
         Variant.template == template,
         Variant.template_hash == template_hash,
         Variant.params_key == params_key,
         Run.gpu_name == gpu_name,
-        Trial.status != TrialStatus.PRUNED,
+        Trial.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR]),
         *(getattr(ProblemRow, key) == value for key, value in problem_values(problem).items()),
     )
     ok_first = case((Trial.status == TrialStatus.OK, 0), else_=1)
