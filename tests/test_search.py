@@ -286,3 +286,123 @@ def test_time_budget_stops_starting_trials(replay_recording, sqlite_url, monkeyp
     report = run_search(options(rec, sqlite_url, trials=None, time_budget_s=20.0),
                         backend_factory=lambda d, p: CountingBackend(rec))
     assert 0 < report.asked < 20
+
+
+# --- review fixes: compile exceptions, `tuner worker` store, resume seeds, pool sizes, stop while waiting ---
+
+
+def test_a_compile_that_raises_is_a_compile_error_and_the_search_goes_on(replay_recording, sqlite_url, monkeypatch):
+    rec = replay_recording
+
+    def fake_compile(variant, arch):
+        if variant.params["BLOCK_M"] == 32:
+            raise OSError("broken cache entry (test)")
+        return CompileResult(True, variant.name, arch, None, "ab" * 32, 96, 0, 0, 0, 0.5, "ptxas info", False)
+
+    monkeypatch.setattr(search_mod, "compile_variant", fake_compile)
+    backend = CountingBackend(rec, needs_compile=True)
+    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), backend_factory=lambda d, p: backend)
+    assert report.asked == 60
+    errors = [r for r in stored(sqlite_url) if r.status is TrialStatus.COMPILE_ERROR]
+    assert errors and all(r.params["BLOCK_M"] == 32 for r in errors)
+    with open_store(sqlite_url) as store:
+        assert all("OSError: broken cache entry (test)" in store.trial_detail(r.id).compile_log for r in errors)
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    by_number = {t.number: t for t in study.trials}
+    assert all(by_number[r.trial_number].state == TrialState.FAIL for r in errors)
+    assert finished_trials(study) == 60 and not {r.variant_name for r in errors} & set(backend.measured)
+
+
+def test_worker_results_go_to_the_store_of_its_storage(replay_recording, sqlite_url, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+    elsewhere = f"sqlite:///{tmp_path / 'default.db'}"
+    monkeypatch.setattr(search_mod, "default_db_url", lambda: elsewhere)
+    monkeypatch.setenv("TUNER_DB", elsewhere)
+    name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    journal = sqlite_url[len("sqlite:///"):] + ".optuna.journal"
+    for storage in (sqlite_url, journal):
+        report = search_mod.run_join([name], storage, backend="replay", replay_from=rec.url, trials=3,
+                                     console=Console(file=io.StringIO()))
+        with open_store(sqlite_url) as store:  # the worker's run (and its baselines) landed in x.db
+            assert store.baselines_for(report.run_ids[0], store.problem_id(rec.problem))
+    assert not (tmp_path / "default.db").exists()
+
+
+def test_a_seeded_resume_asks_new_points(replay_recording, sqlite_url):
+    rec = replay_recording
+    first = options(rec, sqlite_url, sampler="random", trials=20, warm_start=0)
+    run_search(first, backend_factory=lambda d, p: CountingBackend(rec))
+    report = run_search(replace(first, trials=40, resume=True), backend_factory=lambda d, p: CountingBackend(rec))
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    trials = sorted(study.trials, key=lambda t: t.number)
+    old, new = [t.params for t in trials[:20]], [t.params for t in trials[20:]]
+    assert len(new) == 20 and report.asked == 20
+    # The same seed again would re-ask exactly the first run's points, all served from the store.
+    assert not all(p in old for p in new)
+    assert report.reused < report.asked
+
+
+def test_worker_seeds_differ_per_worker_and_per_resume():
+    from tuner.search_workers import worker_seed
+
+    assert worker_seed(None, 1, 5) is None
+    assert worker_seed(7, 0, 0) == 7  # a fresh study keeps its seed
+    assert len({worker_seed(7, w, n) for w in range(4) for n in (0, 20, 40)}) == 12
+
+
+def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.search_loop import MAX_LOOKAHEAD, lookahead_for
+    from tuner.search_workers import compile_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    assert [compile_threads(n) for n in (1, 4, 64)] == [32, 8, 1]
+    assert lookahead_for(None) == 1
+    with ThreadPoolExecutor(max_workers=3) as small, ThreadPoolExecutor(max_workers=64) as big:
+        assert lookahead_for(small) == 4 and lookahead_for(big) == MAX_LOOKAHEAD
+
+
+def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recording, sqlite_url):
+    import threading
+
+    from tuner.search_loop import Context, ProblemSearch, WorkerJob, _Pending
+    from tuner.search_space import distributions
+    from tuner.search_study import ATTR_INTERRUPTED, load_study, study_info
+    from tuner.space import variant_from_params
+
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=1, warm_start=0), backend_factory=lambda d, p: CountingBackend(rec))
+    name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    study = load_study(storage_for(sqlite_url), name)
+    info, profile = study_info(study), load_profile(rec.profile)
+    dists = distributions(load_manifest(info.template))
+    while True:  # a feasible point, being measured "by another worker" (running, all parameters set)
+        other = study.ask(dists)
+        variant = variant_from_params(info.template, info.problem, other.params)
+        feasibility = check(variant, info.problem, profile)
+        if feasibility.ok:
+            break
+        study.tell(other, state=TrialState.FAIL)
+    study.enqueue_trial(other.params)
+    mine = study.ask(dists)
+    assert mine.params == other.params
+    backend = CountingBackend(rec)
+    stop = threading.Event()
+    stop.set()
+    with open_store(sqlite_url) as store:
+        run_id = store.start_run(RunInfo(gpu_name=rec.gpu_name, profile=rec.profile))
+        ctx = Context(store, backend, run_id, profile, rec.gpu_name, None, stop, lambda event: None)
+        search = ProblemSearch(ctx, study, info, WorkerJob(0, name, 5))
+        search._finish(_Pending(mine, variant, feasibility, wait_for=other.number))
+    frozen = {t.number: t for t in study.get_trials()}[mine.number]
+    assert backend.measured == []  # neither compiled nor measured
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs.get(ATTR_INTERRUPTED)
+    study.tell(other, state=TrialState.FAIL)

@@ -147,3 +147,162 @@ def test_sigint_stops_after_the_current_trial_and_exits_130(replay_recording, sq
     assert all(t.number in stored_numbers or t.user_attrs.get("source") == "store" or t.user_attrs.get("interrupted")
                for t in finished)
     assert finished_trials(study) < 200
+
+
+# --- worker processes: collecting their events, a failing worker, Ctrl-C ---
+
+
+class FakeQueue:
+    """Scripted events; EMPTY in the script makes one get() time out."""
+
+    EMPTY = object()
+
+    def __init__(self, script) -> None:
+        self.script = list(script)
+
+    def get(self, timeout=None):
+        import queue
+
+        if not self.script or self.script[0] is self.EMPTY:
+            if self.script:
+                self.script.pop(0)
+            raise queue.Empty
+        return self.script.pop(0)
+
+    def get_nowait(self):
+        return self.get()
+
+
+class FakeProc:
+    def __init__(self, alive, exitcode: int = 0) -> None:
+        self.alive, self.code = alive, exitcode
+        self.terminated = self.killed = False
+
+    def is_alive(self) -> bool:
+        return self.alive()
+
+    @property
+    def exitcode(self):
+        return None if self.alive() else self.code
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
+    import threading
+
+    from tuner.search_loop import WorkerResult
+    from tuner.search_workers import collect
+
+    done0 = WorkerResult(run_id=1, measured=2)
+    events = FakeQueue([("trial", 0, 1.0), ("error", 1, "boom"), FakeQueue.EMPTY, ("trial", 0, 2.0),
+                        FakeQueue.EMPTY, ("trial", 0, None), ("done", 0, done0)])
+    stop, seen = threading.Event(), []
+
+    def handle(event):
+        if event[2] == 2.0:
+            assert stop.is_set()  # the error stopped the others at once
+        seen.append(event)
+
+    # Worker 0 runs until its last event is read (a child cannot exit before its queue is flushed).
+    workers = [(0, 0, FakeProc(lambda: bool(events.script))), (1, 1, FakeProc(lambda: False, 1))]
+    results, errors = collect(events, workers, handle, stop, poll_s=0)
+    assert errors == ["boom"] and stop.is_set()
+    assert seen == [("trial", 0, 1.0), ("trial", 0, 2.0), ("trial", 0, None)] and not events.script
+    assert results[0] is done0 and results[1].interrupted
+
+
+def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
+    import threading
+
+    from tuner.search_loop import WorkerResult
+    from tuner.search_workers import collect
+
+    late = WorkerResult(run_id=3)
+    # Worker 0 exited normally, its "done" still in the pipe when the first get() timed out.
+    events = FakeQueue([FakeQueue.EMPTY, ("done", 0, late)])
+    stop = threading.Event()
+    workers = [(0, 0, FakeProc(lambda: False, 0)), (1, 5, FakeProc(lambda: False, -9))]
+    results, errors = collect(events, workers, lambda e: None, stop, poll_s=0)
+    assert results[0] is late
+    assert errors == ["worker on device 5 died (exit code -9)"] and results[1].interrupted and stop.is_set()
+
+
+def test_ctrl_c_in_the_parent_stops_then_terminates_then_kills_the_children():
+    import threading
+
+    from tuner.search_workers import EscalateOnSigint
+
+    flag, said = threading.Event(), []
+    running, exited = FakeProc(lambda: True), FakeProc(lambda: False)
+    sigint = EscalateOnSigint(flag, [running, exited], said.append)
+    sigint._handler(signal.SIGINT, None)
+    assert flag.is_set() and not running.terminated and not sigint.aborted
+    assert "stopping after the current trial" in said[0]
+    sigint._handler(signal.SIGINT, None)
+    assert running.terminated and not exited.terminated and sigint.aborted and not running.killed
+    sigint._handler(signal.SIGINT, None)
+    assert running.killed
+
+
+def test_a_worker_process_that_fails_ends_the_search_without_waiting_for_the_others(replay_recording, sqlite_url,
+                                                                                     tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from tuner.errors import TunerError
+    from tuner.search import SearchOptions, run_search
+    from tuner.search_loop import WorkerJob
+    from tuner.search_progress import SearchProgress
+    from tuner.search_workers import WorkerSpec, run_processes
+
+    rec = replay_recording
+    p = rec.problem
+    run_search(SearchOptions(gpu=rec.profile, shapes=(f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",),
+                             dtype=p.dtype, causal=p.causal, backend="replay", replay_from=rec.url,
+                             db_url=sqlite_url, trials=1, seed=3))
+    name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    monkeypatch.setenv(DELAY_ENV, "0.2")  # the good worker alone would take 30 * 0.2 s
+    jobs = (WorkerJob(0, name, 30),)
+    good = WorkerSpec(0, 0, sqlite_url, sqlite_url, "replay", jobs, rec.url, local_workers=2)
+    bad = WorkerSpec(1, 1, sqlite_url, sqlite_url, "replay", jobs, f"sqlite:///{tmp_path / 'missing.db'}",
+                     local_workers=2)
+    started = time.monotonic()
+    with SearchProgress(Console(file=io.StringIO()), enabled=False) as progress:
+        with pytest.raises(TunerError, match="no results store"):
+            run_processes([good, bad], progress, lambda text: None)
+    assert finished_trials(the_study(rec, sqlite_url)) < 1 + 30  # the good worker stopped early
+    assert time.monotonic() - started < 60
+    assert not [t for t in the_study(rec, sqlite_url).trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_ctrl_c_to_the_process_group_lets_every_worker_finish_its_trial(replay_recording, sqlite_url):
+    rec = replay_recording
+    env = {**os.environ, DELAY_ENV: "0.3", "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+    args = search_args(rec, sqlite_url, 200, "--devices", "0,1", "--seed", "8", "--sampler", "random")
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if Path(sqlite_url[len("sqlite:///"):]).exists() and len({r.run_id for r in trials_of(sqlite_url)}) == 2:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: every process of the group gets it
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err.decode()
+    assert "stopping after the current trial" in err.decode() and "search summary" in out.decode()
+    study = the_study(rec, sqlite_url)
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    # No trial in flight was aborted: the children ignore the terminal's SIGINT and finish their trial.
+    assert not [t.number for t in study.trials if t.user_attrs.get("interrupted")]
+    assert finished_trials(study) < 200

@@ -38,7 +38,7 @@ from tuner.search_prepare import (
 )  # fmt: skip
 from tuner.search_progress import SearchProgress
 from tuner.search_space import DEFAULT_SAMPLER, SAMPLERS
-from tuner.search_study import finished_trials, load_study, split_budget, storage_for, study_info
+from tuner.search_study import finished_trials, load_study, results_url_for, split_budget, storage_for, study_info
 from tuner.search_workers import WorkerSpec, run_here, run_processes, run_worker
 from tuner.store import Store, default_db_url, open_store
 from tuner.summary import ProblemSummary, summarize
@@ -175,7 +175,7 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
                 for i, (s, r) in enumerate(zip(studies, remaining))
             )
             specs.append(WorkerSpec(w, device, db_url, db_url, options.backend, jobs, options.replay_from,
-                                    options.force, options.seed))
+                                    options.force, options.seed, local_workers=len(options.devices)))
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
                 progress.add_problem(i, problem, budgets[i], done[i])
@@ -211,8 +211,8 @@ def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = No
     if backend == "gpu":
         require_gpus((device,))
     storage = storage_for(storage_url)
-    if db_url is None:
-        db_url = storage_url if "://" in storage_url and not storage_url.startswith("sqlite") else default_db_url()
+    if db_url is None:  # results go next to the study (never to the default store of this host)
+        db_url = results_url_for(storage_url)
     loaded = [load_study(storage, name) for name in studies]
     infos = [study_info(s) for s in loaded]
     if len({i.profile for i in infos}) > 1:

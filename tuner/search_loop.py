@@ -38,6 +38,7 @@ from tuner.store import Store, TrialRecord, TrialRow, TrialStatus
 from tuner.templates import Manifest, load_manifest
 
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
+MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
 ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
 
 Events = Callable[[tuple], None]
@@ -101,6 +102,17 @@ def abandoned(trial: FrozenTrial) -> bool:
     return False
 
 
+def lookahead_for(pool: Optional[ThreadPoolExecutor]) -> int:
+    """Trials asked ahead: enough to keep the compile pool busy, capped (each asked trial is a
+    pending point the sampler must lie about)."""
+    return min(pool._max_workers + 1, MAX_LOOKAHEAD) if pool is not None else 1
+
+
+def _compile_exception(variant: Variant, arch: str, exc: BaseException) -> CompileResult:
+    """A failed compile carrying the exception as its log (stored as a compile_error trial)."""
+    return CompileResult(False, variant.name, arch, None, "", 0, 0, 0, 0, 0.0, f"{type(exc).__name__}: {exc}")
+
+
 @dataclass
 class _Pending:
     trial: Trial
@@ -125,7 +137,7 @@ class ProblemSearch:
 
     def run(self) -> None:
         pending: deque[_Pending] = deque()
-        lookahead = (self.ctx.compile_pool._max_workers + 1) if self.ctx.compile_pool else 1
+        lookahead = lookahead_for(self.ctx.compile_pool)
         current: Optional[_Pending] = None
         try:
             while not self.ctx.stop.is_set():
@@ -142,10 +154,7 @@ class ProblemSearch:
             self.ctx.interrupt()
         finally:
             for item in ([current] if current else []) + list(pending):
-                if item.compile is not None:
-                    item.compile.cancel()
-                item.trial.set_user_attr(ATTR_INTERRUPTED, True)
-                self.study.tell(item.trial, state=TrialState.FAIL)
+                self._tell_interrupted(item)
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
 
@@ -190,10 +199,16 @@ class ProblemSearch:
         if item.wait_for is not None:
             if self._await_duplicate(item):
                 return
+            if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
+                self._tell_interrupted(item)
+                return
             self._start_compile(item)
         compiled: Optional[CompileResult] = None
         if item.compile is not None:
-            compiled = item.compile.result()
+            try:
+                compiled = item.compile.result()
+            except Exception as exc:  # the compiler itself failed (broken cache entry, OSError, render error)
+                compiled = _compile_exception(item.variant, self.ctx.profile.nvcc_arch, exc)
             if not compiled.ok:
                 self._store(item.trial, item.variant, TrialStatus.COMPILE_ERROR, compiled=compiled,
                             feasibility=item.feasibility, error="compile error (see the compile log)")
@@ -212,6 +227,13 @@ class ProblemSearch:
         assert self.ctx.compile_pool is not None
         item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.compile_variant, item.variant,
                                                     self.ctx.profile.nvcc_arch)
+
+    def _tell_interrupted(self, item: _Pending) -> None:
+        """Told FAIL, marked interrupted: it does not count toward the budget and a resume asks again."""
+        if item.compile is not None:
+            item.compile.cancel()
+        item.trial.set_user_attr(ATTR_INTERRUPTED, True)
+        self.study.tell(item.trial, state=TrialState.FAIL)
 
     # Duplicates --------------------------------------------------------------------------------
 

@@ -64,6 +64,15 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
     raise TunerError(f"no Optuna storage for {backend} databases; use SQLite or PostgreSQL")
 
 
+def results_url_for(storage_url: str) -> str:
+    """The results store that goes with an Optuna storage: the SQLite or PostgreSQL URL itself,
+    or for a bare journal file path, the SQLite file it sits next to."""
+    text = storage_url.strip()
+    if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
+        return f"sqlite:///{text[:-len(JOURNAL_SUFFIX)]}"
+    return text
+
+
 def _journal(path: str) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 

@@ -4,7 +4,10 @@ Runs: each worker records one `runs` row for its device (its card's facts and
 its baselines: a ratio compares numbers of one card and process).
 
 Ctrl-C: the first stops after the current trial (everything measured stays
-stored), a second one aborts.
+stored), a second one aborts. With worker processes only the parent listens
+(the children ignore SIGINT): its first Ctrl-C sets `stop`, its second
+terminates the children, which abort their trials in flight (SIGTERM raises
+KeyboardInterrupt in a child).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
+
+from optuna.trial import TrialState
 
 from tuner.errors import TunerError
 from tuner.evaluation import Backend
@@ -43,6 +48,21 @@ class WorkerSpec:
     replay_from: Optional[str] = None
     force: bool = False
     seed: Optional[int] = None
+    local_workers: int = 1  # workers on this host: they share its CPUs for nvcc
+
+
+RESEED_STRIDE = 1000003  # a resumed study's seed moves by this much per trial it already holds
+
+
+def compile_threads(local_workers: int) -> int:
+    """nvcc threads of one worker: the host's CPUs shared by its workers (N pools of cpu_count oversubscribe)."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_workers))
+
+
+def worker_seed(seed: Optional[int], worker: int, existing: int) -> Optional[int]:
+    """The sampler seed of a worker: distinct per worker, and per resume (a resumed study with the
+    seed it started with would re-ask the points it already has, all served from the store)."""
+    return None if seed is None else seed + worker + RESEED_STRIDE * existing
 
 
 class StopOnSigint:
@@ -86,7 +106,8 @@ def run_worker(spec: WorkerSpec, events: Events, stop: Any,
     compile_pool = None
     try:
         if getattr(backend, "needs_compile", True):
-            compile_pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="nvcc")
+            compile_pool = ThreadPoolExecutor(max_workers=compile_threads(spec.local_workers),
+                                              thread_name_prefix="nvcc")
         with open_store(spec.db_url) as store:
             facts = backend.device_facts()
             run_id = store.start_run(RunInfo.for_this_process(
@@ -115,8 +136,9 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         raise TunerError(f"study {info.name!r} tunes for GPU profile {info.profile}, this worker for {ctx.profile.name}")
     manifest = load_manifest(info.template)
     seed = spec.seed if spec.seed is not None else info.seed
-    seed = None if seed is None else seed + spec.worker  # distinct streams per worker
-    study = load_study(storage, job.study, make_sampler(info.sampler, seed, manifest))
+    trials = load_study(storage, job.study).get_trials(deepcopy=False)
+    existing = sum(1 for t in trials if t.state != TrialState.WAITING)  # enqueued warm-start points don't count
+    study = load_study(storage, job.study, make_sampler(info.sampler, worker_seed(seed, spec.worker, existing), manifest))
     try:
         for b in ctx.backend.baselines(info.problem):
             ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
@@ -140,57 +162,146 @@ def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None],
 # --- several devices: one worker process each ---------------------------------------------------
 
 
+class EscalateOnSigint:
+    """SIGINT in the parent of worker processes: the first sets `flag` (every worker stops after its
+    current trial), a second terminates the children (each aborts its trial in flight), later ones kill them."""
+
+    def __init__(self, flag: Any, procs: Sequence[Any], say: Optional[Callable[[str], None]] = None) -> None:
+        self.flag, self.procs, self.say, self.previous = flag, procs, say, None
+        self.presses = 0
+
+    @property
+    def aborted(self) -> bool:
+        return self.presses > 1
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.presses += 1
+        if self.presses == 1:
+            self.flag.set()
+            if self.say:
+                self.say("stopping after the current trial (Ctrl-C again to abort it)")
+            return
+        if self.say and self.presses == 2:
+            self.say("aborting the trials in flight")
+        for proc in self.procs:
+            if not proc.is_alive():
+                continue
+            if self.presses == 2:
+                proc.terminate()
+            else:
+                proc.kill()
+
+    def __enter__(self) -> "EscalateOnSigint":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def collect(events: Any, workers: Sequence[tuple[int, int, Any]], handle: Events, stop: Any,
+            poll_s: float = 0.2) -> tuple[dict[int, WorkerResult], list[str]]:
+    """Drain `events` until every worker process has exited; returns results and errors by worker.
+
+    `workers`: (worker id, device, process). The first error sets `stop` so the others end after
+    their current trial. Draining goes on until all processes are gone: a child whose queue buffer
+    is not flushed into the pipe cannot exit, so nobody may stop reading while one still runs.
+    """
+    results: dict[int, WorkerResult] = {}
+    errors: list[str] = []
+    finished: set[int] = set()
+
+    def take(event: tuple) -> None:
+        if event[0] == "done":
+            results[event[1]] = event[2]
+            finished.add(event[1])
+        elif event[0] == "error":
+            errors.append(event[2])
+            results.setdefault(event[1], WorkerResult(interrupted=True))
+            finished.add(event[1])
+            stop.set()
+        else:
+            handle(event)
+
+    while True:
+        try:
+            take(events.get(timeout=poll_s))
+            continue
+        except queue_module.Empty:
+            pass
+        # Exited first, queue second: what an exited child put is in the pipe by now.
+        gone = [(w, d, p) for w, d, p in workers if w not in finished and not p.is_alive()]
+        while True:
+            try:
+                take(events.get_nowait())
+            except queue_module.Empty:
+                break
+        for worker, device, proc in gone:
+            if worker not in finished:  # died without a word (killed, segfault)
+                errors.append(f"worker on device {device} died (exit code {proc.exitcode})")
+                results[worker] = WorkerResult(interrupted=True)
+                finished.add(worker)
+                stop.set()
+        if all(not p.is_alive() for _, _, p in workers) and len(finished) == len(workers):
+            return results, errors
+
+
 def run_processes(specs: list[WorkerSpec], progress: SearchProgress, say: Callable[[str], None]) -> list[WorkerResult]:
     """One worker process per device; their events drive the progress bars."""
     ctx = multiprocessing.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_child_main, args=(spec, events, stop), name=f"tuner-worker-{spec.device}")
              for spec in specs]
-    results: dict[int, WorkerResult] = {}
-    errors: list[str] = []
-    with StopOnSigint(stop, say):
+    # Children start with SIGINT ignored (inherited through exec; Python keeps an ignored SIGINT),
+    # so a Ctrl-C during their start-up cannot kill them: only the parent handles it.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
         for proc in procs:
             proc.start()
-        try:
-            while len(results) + len(errors) < len(procs):
-                try:
-                    event = events.get(timeout=0.2)
-                except queue_module.Empty:
-                    dead = [(s, p) for s, p in zip(specs, procs) if not p.is_alive() and p.exitcode != 0
-                            and s.worker not in results]
-                    if dead and events.empty():
-                        spec, proc = dead[0]
-                        errors.append(f"worker on device {spec.device} died (exit code {proc.exitcode})")
-                        results[spec.worker] = WorkerResult(interrupted=True)
-                    continue
-                if event[0] == "done":
-                    results[event[1]] = event[2]
-                elif event[0] == "error":
-                    errors.append(event[2])
-                    results.setdefault(event[1], WorkerResult())
-                else:
-                    progress.handle(event)
-        finally:
-            for proc in procs:
-                proc.join()
-    if errors:
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    sigint = EscalateOnSigint(stop, procs, say)
+    try:
+        with sigint:
+            results, errors = collect(events, [(s.worker, s.device, p) for s, p in zip(specs, procs)],
+                                      progress.handle, stop)
+    finally:
+        for proc in procs:
+            if proc.is_alive():  # only after an exception in the parent: don't leave children behind
+                stop.set()
+                proc.terminate()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    if errors and not sigint.aborted:  # after an abort, terminated children are no error
         raise TunerError(errors[0])
-    return [results[s.worker] for s in specs]
+    return [results.get(s.worker, WorkerResult(interrupted=True)) for s in specs]
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _child_main(spec: WorkerSpec, events: Any, stop: Any) -> None:
     """Entry of a worker process started by run_processes."""
     import traceback
 
-    with StopOnSigint(stop):
-        try:
-            result = run_worker(spec, events.put, stop)
-            events.put(("done", spec.worker, result))
-        except TunerError as exc:
-            events.put(("error", spec.worker, str(exc)))
-        except KeyboardInterrupt:
-            events.put(("done", spec.worker, WorkerResult(interrupted=True)))
-        except BaseException as exc:  # report, then die with the traceback on stderr
-            events.put(("error", spec.worker, f"worker on device {spec.device} failed: {exc!r}"))
-            traceback.print_exc()
-            raise
+    # The terminal's Ctrl-C reaches every process of the group: only the parent acts on it (it sets
+    # `stop`); the parent's escalation (SIGTERM) aborts the trial in flight, as a second Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = run_worker(spec, events.put, stop)
+        events.put(("done", spec.worker, result))
+    except TunerError as exc:
+        events.put(("error", spec.worker, str(exc)))
+    except KeyboardInterrupt:
+        events.put(("done", spec.worker, WorkerResult(interrupted=True)))
+    except BaseException as exc:  # report, then die with the traceback on stderr
+        events.put(("error", spec.worker, f"worker on device {spec.device} failed: {exc!r}"))
+        traceback.print_exc()
+        raise
