@@ -19,7 +19,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Self, Sequence
 
 from optuna.trial import TrialState
 
@@ -65,7 +65,25 @@ def worker_seed(seed: Optional[int], worker: int, existing: int) -> Optional[int
     return None if seed is None else seed + worker + RESEED_STRIDE * existing
 
 
-class StopOnSigint:
+class _SigintHandler:
+    """Installs `_handler` for SIGINT while entered (main thread only), restores the previous one."""
+
+    previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+class StopOnSigint(_SigintHandler):
     """First SIGINT sets `flag` (stop after the current trial); a second raises KeyboardInterrupt."""
 
     def __init__(self, flag: Any, say: Optional[Callable[[str], None]] = None) -> None:
@@ -77,15 +95,6 @@ class StopOnSigint:
         self.flag.set()
         if self.say:
             self.say("stopping after the current trial (Ctrl-C again to abort it)")
-
-    def __enter__(self) -> "StopOnSigint":
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
 
 
 # --- a worker: one device, its studies in turn --------------------------------------------------
@@ -162,7 +171,7 @@ def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None],
 # --- several devices: one worker process each ---------------------------------------------------
 
 
-class EscalateOnSigint:
+class EscalateOnSigint(_SigintHandler):
     """SIGINT in the parent of worker processes: the first sets `flag` (every worker stops after its
     current trial), a second terminates the children (each aborts its trial in flight), later ones kill them."""
 
@@ -190,15 +199,6 @@ class EscalateOnSigint:
                 proc.terminate()
             else:
                 proc.kill()
-
-    def __enter__(self) -> "EscalateOnSigint":
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
 
 
 def collect(events: Any, workers: Sequence[tuple[int, int, Any]], handle: Events, stop: Any,
