@@ -19,7 +19,6 @@
 namespace fc {
 
 enum Swizzle { SWIZZLE_NONE = 0, SWIZZLE_PAD = 1, SWIZZLE_XOR = 2 };
-enum WarpSplit { SPLIT_Q_ROWS = 0 };  // KV_SPLIT > 1 splits keys across warps
 
 // ---------------------------------------------------------------- PTX wrappers
 

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.errors import NoGpuError, TunerError
-from tuner.launcher import (  # noqa: F401 - re-exported
-    AttentionInputError,
-    AttentionKernel,
-    GpuUnavailableError,
-    LaunchShape,
-    bind_torch_context,
-)
-from tuner.launcher import check_attention_tensors as _check
+from tuner.errors import NoGpuError
+from tuner.launcher import AttentionKernel, GpuUnavailableError, LaunchShape, bind_torch_context
+
+__all__ = ["AttentionKernel", "LaunchShape", "cuda_driver"]
 
 
 def cuda_driver(device: int = 0) -> Any:
@@ -25,10 +20,3 @@ def cuda_driver(device: int = 0) -> Any:
         return bind_torch_context(device)
     except GpuUnavailableError as exc:
         raise NoGpuError(str(exc)) from None
-
-
-def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
-    try:
-        _check(q, k, v, out, lse)
-    except AttentionInputError as exc:
-        raise TunerError(str(exc)) from None
