@@ -19,10 +19,11 @@ from tuner import runtime
 from tuner.baselines import available_baselines
 from tuner.bench import time_cuda
 from tuner.compiler import compile_source
-from tuner.feasibility import resources
+
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime import AttentionKernel, LaunchShape
+from tuner.feasibility import launch_shape
+from tuner.runtime import AttentionKernel
 from tuner.space import parse_variant_name
 from tuner.templates import render
 from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
@@ -44,8 +45,7 @@ calls = {}
 for name in args.variants:
     var = parse_variant_name(name)
     res = compile_source(render(var), name, profile.nvcc_arch)
-    r = resources(var)
-    kern = AttentionKernel(res.cubin, name, LaunchShape(var.params["BLOCK_M"], r["threads"], r["smem_bytes"]))
+    kern = AttentionKernel(res.cubin, name, launch_shape(var))
     out = empty_output(q)
     kern(q, k, v, out, None, scale)
     torch.cuda.synchronize()

@@ -25,10 +25,11 @@ from tuner.baselines import available_baselines
 from tuner.bench import time_cuda
 from tuner.compiler import compile_many
 from tuner.expr import evaluate
-from tuner.feasibility import feasible_space, resources
+from tuner.feasibility import feasible_space
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime import AttentionKernel, LaunchShape
+from tuner.feasibility import launch_shape
+from tuner.runtime import AttentionKernel
 from tuner.space import parse_variant_name
 from tuner.templates import render
 from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
@@ -80,8 +81,7 @@ def main() -> None:
             if not res.ok:
                 print(f"  compile error {var.name}", flush=True)
                 continue
-            r = resources(var)
-            kern = AttentionKernel(res.cubin, var.name, LaunchShape(var.params["BLOCK_M"], r["threads"], r["smem_bytes"]))
+            kern = AttentionKernel(res.cubin, var.name, launch_shape(var))
             out = empty_output(q)
             kern(q, k, v, out, None, scale)
             torch.cuda.synchronize()

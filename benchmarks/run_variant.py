@@ -13,10 +13,11 @@ import torch
 
 from tuner import runtime
 from tuner.compiler import compile_source
-from tuner.feasibility import resources
+
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime import AttentionKernel, LaunchShape
+from tuner.feasibility import launch_shape
+from tuner.runtime import AttentionKernel
 from tuner.space import parse_variant_name
 from tuner.templates import render
 from tuner.verify import empty_output, make_inputs
@@ -33,8 +34,7 @@ variant = parse_variant_name(args.variant)
 problem = problem_from_shape(args.shape, dtype=variant.dtype, causal=variant.causal)
 res = compile_source(render(variant), variant.name, profile.nvcc_arch)
 assert res.ok, res.log
-r = resources(variant)
-kernel = AttentionKernel(res.cubin, variant.name, LaunchShape(variant.params["BLOCK_M"], r["threads"], r["smem_bytes"]))
+kernel = AttentionKernel(res.cubin, variant.name, launch_shape(variant))
 q, k, v = make_inputs(problem)
 out = empty_output(q)
 for _ in range(args.runs):

@@ -157,7 +157,7 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
         assert hashlib.sha256(cubin).hexdigest() == meta["cubins"]["sm_90a"]["sha256"]
         src = (pkg / meta["source"]).read_text()
         assert hashlib.sha256(src.encode()).hexdigest() == meta["source_sha256"]
-        assert f"{kname}(ATTN_FWD_PARAMS)" in src and meta["threads"] == 128
+        assert f"{kname}(ATTN_FWD_PARAMS)" in src and meta["launch"]["threads"] == 128
     assert mod.__version__ == m["version"] and mod.MANIFEST["package"] == report.package
 
 

@@ -81,7 +81,8 @@ class RecordingRunner(FakeRunner):
 
     def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
         Path(request["cubin_path"]).with_suffix(".seen").write_text(
-            f'{request["range_prefix"]}|{request["block_m"]}|{request["threads"]}|{request["smem_bytes"]}')
+            f'{request["range_prefix"]}|{request["launch"]["block_m"]}|{request["launch"]["threads"]}|'
+            f'{request["launch"]["smem_bytes"]}|{request["launch"]["tma_swizzle"]}')
         return super().measure(request, progress)
 
 
@@ -99,7 +100,7 @@ def backend(profile):
 
 def measure(backend: GpuBackend, name: str, prefix: str = "run1/trial1"):
     return backend.measure_request({"problem": PROBLEM, "variant_name": name, "cubin_path": "/nonexistent",
-                                    "block_m": 64, "threads": 128, "smem_bytes": 0, "range_prefix": prefix})
+                                    "launch": {"block_m": 64, "threads": 128, "smem_bytes": 0}, "range_prefix": prefix})
 
 
 def test_default_backend_without_gpu_raises_one_line_no_gpu_error(profile, monkeypatch) -> None:
@@ -213,7 +214,7 @@ def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
     res = resources(variant)
     with GpuBackend(profile, runner=RecordingRunner, start_timeout_s=120, range_prefix="run7/trial3") as b:
         assert b.measure(PROBLEM, variant, compiled).status is TrialStatus.OK
-        assert cubin.with_suffix(".seen").read_text() == f"run7/trial3|128|128|{res['smem_bytes']}"
+        assert cubin.with_suffix(".seen").read_text() == f"run7/trial3|128|128|{res['smem_bytes']}|0"
         b.measure(PROBLEM, variant, compiled, range_prefix="run7/trial4")
         assert cubin.with_suffix(".seen").read_text().startswith("run7/trial4|")
         failed = CompileResult(False, variant.name, "sm_90a", None, "", 0, 0, 0, 0, 1.0, "error")

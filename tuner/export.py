@@ -341,7 +341,7 @@ def export(options: ExportOptions) -> ExportReport:
 
 def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
                    built: dict[str, BuiltKernel]) -> ExportReport:
-    from tuner.feasibility import resources
+    from tuner.feasibility import launch_shape, resources
     from tuner.templates import load_manifest
 
     names = [name, "pyproject.toml", "README.md"]
@@ -360,8 +360,7 @@ def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manif
             files += [pkg / src_rel, pkg / cubin_rel]
             manifest["kernels"][kname] = {
                 "entry": kname, "template": k.variant.template, "params": k.variant.stored_params(),
-                "block_m": int(k.variant.params["BLOCK_M"]), "threads": res["threads"],
-                "smem_bytes": res["smem_bytes"],
+                "smem_bytes": res["smem_bytes"], "launch": dataclasses.asdict(launch_shape(k.variant)),
                 "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),
                 "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},

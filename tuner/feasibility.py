@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tuner.errors import TunerError
 from tuner.expr import evaluate
+from tuner.launcher import LaunchShape
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.space import Variant
@@ -45,6 +46,13 @@ def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, i
     for key, formula in manifest.resources.items():
         out[key] = int(evaluate(formula, {**names, **out}))
     return out
+
+
+def launch_shape(variant: Variant) -> LaunchShape:
+    """How the launcher runs this variant: block rows, threads, shared memory, TMA boxes."""
+    res = resources(variant)
+    return LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0),
+                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0))
 
 
 def supports_problem(manifest: Manifest, problem: Problem) -> str:

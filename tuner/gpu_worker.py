@@ -10,8 +10,8 @@ method; the child binds PyCUDA to torch's primary context
     ("facts", {})                           ("phase", name, long)*  then
     ("baselines", {problem, range_prefix})  ("result", data)        success, or a wrong result
     ("measure", {problem, variant_name,     ("error", message)      a bad request; the child lives on
-      cubin_path, block_m, threads,         ("fault", message)      the context is gone: the child exits
-      smem_bytes, range_prefix})
+      cubin_path, launch (LaunchShape     ("fault", message)      the context is gone: the child exits
+      fields), range_prefix})
     ("stop", {})
 
 Every message holds plain picklable data (Problem is a frozen dataclass).
@@ -165,7 +165,7 @@ class CudaRunner:
         progress("prepare", True)
         with annotate(range_name(prefix, name, "prepare")):
             data = self._problem_inputs(problem)
-            shape = LaunchShape(int(request["block_m"]), int(request["threads"]), int(request["smem_bytes"]))
+            shape = LaunchShape(**request["launch"])
             kernel = AttentionKernel(cubin, name, shape, self.options.device)
             q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
             out = empty_output(q)
@@ -483,18 +483,17 @@ class GpuBackend:
 
     def measure(self, problem: Problem, variant: Variant, compiled: CompileResult, *,
                 range_prefix: Optional[str] = None) -> Measurement:
-        from tuner.feasibility import resources
+        from dataclasses import asdict
+
+        from tuner.feasibility import launch_shape
 
         if not compiled.ok or compiled.cubin_path is None:
             raise TunerError(f"{variant.name} has no cubin to measure (compile failed)")
-        res = resources(variant)
         request = {
             "problem": problem,
             "variant_name": compiled.entry,
             "cubin_path": str(compiled.cubin_path),
-            "block_m": int(variant.params["BLOCK_M"]),
-            "threads": int(res["threads"]),
-            "smem_bytes": int(res.get("smem_bytes", 0)),
+            "launch": asdict(launch_shape(variant)),
             "range_prefix": self.range_prefix if range_prefix is None else range_prefix,
         }
         return self.measure_request(request)

@@ -15,6 +15,7 @@ from typing import Any
 
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
+TMA_ARG_FORMAT = "128s" * 3 + ARG_FORMAT  # TMA kernels take tensor maps of q, k, v first
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 _bound: dict[str, Any] = {}
 
@@ -66,6 +67,62 @@ class LaunchShape:
     block_m: int
     threads: int
     smem_bytes: int
+    tma_swizzle: int = 0  # > 0: the kernel reads q, k, v through TMA tensor maps with boxes this many bytes wide
+    tma_kv_rows: int = 0  # rows of a K/V box (a Q box has block_m rows)
+
+
+class TensorMapEncoder:
+    """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors, cached.
+
+    A map encodes the tensor's address, extents and strides as 4-D (D, S, H, B),
+    so BHSD, BSHD and GQA need no copy and rows past S read as zeros. Encoding
+    costs a driver call; the cache keys on everything a map depends on.
+    """
+
+    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
+    _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
+    _L2_PROMOTION_128B = 2
+    _CACHE_LIMIT = 256
+
+    def __init__(self) -> None:
+        import ctypes
+
+        try:
+            self._fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        except (OSError, AttributeError) as exc:
+            raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
+        self._fn.restype = ctypes.c_int
+        self._ctypes = ctypes
+        self._cache: dict[tuple, bytes] = {}
+
+    def encode(self, name: str, t: Any, rows: int, swizzle: int) -> bytes:
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, rows, swizzle)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        ct = self._ctypes
+        b, h, s, d = t.shape
+        esize = t.element_size()
+        dims = [d, s, h, b]
+        strides = [t.stride(2) * esize, t.stride(1) * esize, t.stride(0) * esize]
+        for i in range(3):  # an extent-1 dim may have any stride (even 0); give it a valid one
+            if dims[i + 1] == 1:
+                strides[i] = (strides[i - 1] if i else esize) * dims[i]
+        buf = (ct.c_ubyte * 192)()
+        offset = -ct.addressof(buf) % 64  # CUtensorMap is 64-byte aligned
+        rc = self._fn(ct.c_void_p(ct.addressof(buf) + offset), ct.c_int(self._DTYPES[str(t.dtype)]), ct.c_uint32(4),
+                      ct.c_void_p(t.data_ptr()), (ct.c_uint64 * 4)(*dims), (ct.c_uint64 * 3)(*strides),
+                      (ct.c_uint32 * 4)(swizzle // esize, rows, 1, 1), (ct.c_uint32 * 4)(1, 1, 1, 1),
+                      ct.c_int(0), ct.c_int(self._SWIZZLES[swizzle]), ct.c_int(self._L2_PROMOTION_128B), ct.c_int(0))
+        if rc != 0:
+            raise AttentionInputError(f"{name}: TMA cannot address this tensor (cuTensorMapEncodeTiled error {rc}; "
+                                      f"shape {tuple(t.shape)}, strides {t.stride()}): strides must be positive "
+                                      f"multiples of 16 bytes")
+        encoded = bytes(buf[offset:offset + 128])
+        if len(self._cache) >= self._CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = encoded
+        return encoded
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -97,6 +154,41 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
         raise AttentionInputError(f"lse must be a contiguous float32 tensor of shape {(b, h, sq)}")
 
 
+def _tma_arg_format(cubin: bytes, entry: str) -> str:
+    """TMA_ARG_FORMAT with the padding the compiled kernel expects before its tensor maps.
+
+    PyCUDA passes arguments as one packed buffer, which must match the
+    kernel's parameter offsets; a 64-byte aligned tensor map may be placed
+    after padding (48 bytes on sm_90, where parameters start at constant-bank
+    offset 0x210). The offsets come from the driver (cuFuncGetParamInfo) on a
+    second, short-lived load of the same cubin.
+    """
+    import ctypes as ct
+
+    lib = ct.CDLL("libcuda.so.1")
+    if not hasattr(lib, "cuFuncGetParamInfo"):
+        raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuFuncGetParamInfo is missing)")
+    module, fn = ct.c_void_p(), ct.c_void_p()
+    image = ct.create_string_buffer(cubin, len(cubin))
+    if lib.cuModuleLoadData(ct.byref(module), image) != 0:
+        raise GpuUnavailableError(f"{entry}: the driver cannot load this cubin")
+    try:
+        if lib.cuModuleGetFunction(ct.byref(fn), module, entry.encode()) != 0:
+            raise GpuUnavailableError(f"{entry}: entry point not found in its cubin")
+        offsets = []
+        for index in range(4):  # the three tensor maps and the first pointer after them
+            offset, size = ct.c_size_t(), ct.c_size_t()
+            if lib.cuFuncGetParamInfo(fn, ct.c_size_t(index), ct.byref(offset), ct.byref(size)) != 0:
+                raise GpuUnavailableError(f"{entry}: cuFuncGetParamInfo failed for parameter {index}")
+            offsets.append(offset.value)
+    finally:
+        lib.cuModuleUnload(module)
+    first = offsets[0]
+    if offsets != [first, first + 128, first + 256, first + 384]:
+        raise GpuUnavailableError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
+    return (f"{first}x" if first else "") + TMA_ARG_FORMAT
+
+
 class AttentionKernel:
     """A compiled attention variant, loaded and ready to launch on torch tensors."""
 
@@ -108,7 +200,9 @@ class AttentionKernel:
         self._fn = self._module.get_function(entry)
         if shape.smem_bytes > _DEFAULT_SMEM_LIMIT:
             self._fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem_bytes)
-        self._fn.prepare(ARG_FORMAT)
+        self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
+        self._maps = TensorMapEncoder() if shape.tma_swizzle else None
+        self._fn.prepare(self._format)
         self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
         self._block = (shape.threads, 1, 1)
         # prepared_call's Python wrapper (block-shape setter, an import and
@@ -136,7 +230,11 @@ class AttentionKernel:
         args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
                 qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
                 sq, sk, h // hkv, scale)
+        if self._maps is not None:
+            swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
+            args = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
+                    self._maps.encode("v", v, kv_rows, swz)) + args
         if self._launch_kernel is not None:
-            self._launch_kernel(grid, self._block, self._pack(ARG_FORMAT, *args), self.shape.smem_bytes, None)
+            self._launch_kernel(grid, self._block, self._pack(self._format, *args), self.shape.smem_bytes, None)
         else:
             self._fn.prepared_call(grid, self._block, *args, shared_size=self.shape.smem_bytes)

@@ -180,9 +180,9 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
 
     from tuner import runtime
     from tuner.compiler import compile_source
-    from tuner.feasibility import resources
+    from tuner.feasibility import launch_shape
     from tuner.nvtx_ranges import nvtx_available
-    from tuner.runtime import AttentionKernel, LaunchShape
+    from tuner.runtime import AttentionKernel
     from tuner.space import Variant
     from tuner.templates import render
     from tuner.verify import empty_output, make_inputs
@@ -197,9 +197,7 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     result = compile_source(render(variant), variant.name, arch)
     if not result.ok:
         raise TunerError(f"{variant.name} does not compile for {arch}: {result.log.strip().splitlines()[-1:]}")
-    res = resources(variant)
-    kernel = AttentionKernel(result.cubin, variant.name,
-                             LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0)), device)
+    kernel = AttentionKernel(result.cubin, variant.name, launch_shape(variant), device)
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     kernel(q, k, v, out)

@@ -1,31 +1,43 @@
-"""Run a few mma variants on tail shapes; executed under compute-sanitizer by the gpu tests."""
+"""Run a few variants on tail shapes; executed under compute-sanitizer by the gpu tests.
+
+Usage: python sanitize_case.py [mma|wgmma]   (default mma)
+"""
+
+import sys
 
 import torch
 
 from tuner import runtime
 from tuner.compiler import compile_source
-from tuner.feasibility import resources
+from tuner.feasibility import launch_shape
 from tuner.problem import Problem
-from tuner.runtime import AttentionKernel, LaunchShape
+from tuner.runtime import AttentionKernel
 from tuner.space import parse_variant_name
 from tuner.templates import render
 from tuner.verify import empty_output, make_inputs
 
-CASES = [
-    ("attn_fwd_mma_d64_fp16_m64n64_w4_q_rows_xor_s2_qreg", Problem(1, 2, 17, 33, 64)),
-    ("attn_fwd_mma_d64_fp16_m64n64_w4_kv2_pad_s3_qsmem_causal", Problem(1, 2, 77, 50, 64, causal=True)),
-    ("attn_fwd_mma_d128_bf16_m128n32_w8_kv2_none_s1_qsmem", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
-]
+CASES = {
+    "mma": [
+        ("attn_fwd_mma_d64_fp16_m64n64_w4_q_rows_xor_s2_qreg", Problem(1, 2, 17, 33, 64)),
+        ("attn_fwd_mma_d64_fp16_m64n64_w4_kv2_pad_s3_qsmem_causal", Problem(1, 2, 77, 50, 64, causal=True)),
+        ("attn_fwd_mma_d128_bf16_m128n32_w8_kv2_none_s1_qsmem", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
+    ],
+    "wgmma": [
+        ("attn_fwd_wgmma_d64_fp16_m128n128_s2_sw128_r24_ov_pp", Problem(1, 2, 300, 333, 64)),
+        ("attn_fwd_wgmma_d64_fp16_m192n96_s3_sw64_r32_ov_causal", Problem(1, 2, 77, 250, 64, causal=True)),
+        ("attn_fwd_wgmma_d128_bf16_m64n64_s2_sw32_r24", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
+        ("attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_pp_causal", Problem(1, 2, 260, 200, 128, causal=True)),
+    ],
+}
 
 runtime.cuda_driver(0)
 arch = "sm_%d%d" % torch.cuda.get_device_capability()
 arch = arch + "a" if arch == "sm_90" else arch
-for name, problem in CASES:
+for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     variant = parse_variant_name(name)
     res = compile_source(render(variant), name, arch)
     assert res.ok, res.log
-    r = resources(variant)
-    kernel = AttentionKernel(res.cubin, name, LaunchShape(variant.params["BLOCK_M"], r["threads"], r["smem_bytes"]))
+    kernel = AttentionKernel(res.cubin, name, launch_shape(variant))
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")

@@ -164,7 +164,7 @@ def test_jit_from_source_runs(package) -> None:
     cc = torch.cuda.get_device_capability(0)
     cubin = kernels._jit_cubin((kernels.PACKAGE_DIR / meta["source"]).read_text(), cc)
     kernel = mod._launcher.AttentionKernel(cubin, meta["entry"],
-                                           mod._launcher.LaunchShape(meta["block_m"], meta["threads"], meta["smem_bytes"]))
+                                           mod._launcher.LaunchShape(**meta["launch"]))
     params = meta["params"]
     p = Problem(1, 4, 200, 200, params["head_dim"], dtype=params["dtype"], causal=params["causal"])
     q, k, v = make_inputs(p, seed=5)

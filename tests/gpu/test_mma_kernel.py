@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tuner.compiler import compile_many
-from tuner.feasibility import covering_sample, feasible_space, resources
+from tuner.feasibility import covering_sample, feasible_space
 from tuner.problem import Problem
-from tuner.runtime import AttentionKernel, LaunchShape
+from tuner.feasibility import launch_shape
+from tuner.runtime import AttentionKernel
 from tuner.templates import render
 from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
@@ -49,8 +50,7 @@ def _load(variants, profile) -> list[AttentionKernel]:
     kernels = []
     for v, res in zip(variants, results):
         assert res.ok, f"{v.name} failed to compile:\n{res.log[-2000:]}"
-        r = resources(v)
-        kernels.append(AttentionKernel(res.cubin, v.name, LaunchShape(v.params["BLOCK_M"], r["threads"], r["smem_bytes"])))
+        kernels.append(AttentionKernel(res.cubin, v.name, launch_shape(v)))
     return kernels
 
 

@@ -114,6 +114,6 @@ def load_kernel(kernel: str, device: int) -> AttentionKernel:
             raise IntegrityError(f"{MANIFEST['package']}: {meta['cubins'][arch]['path']} changed after import; refusing it")
     else:
         cubin = _jit_cubin((PACKAGE_DIR / meta["source"]).read_text(), cc)
-    shape = LaunchShape(meta["block_m"], meta["threads"], meta["smem_bytes"])
+    shape = LaunchShape(**meta["launch"])
     _loaded[kernel] = AttentionKernel(cubin, meta["entry"], shape, device)
     return _loaded[kernel]
