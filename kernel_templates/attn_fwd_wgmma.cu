@@ -100,7 +100,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-// Named barriers 1..3 order the consumers' tensor-core work (ping-pong).
+// Named barriers 1..3 order the consumers' tensor-core work (ping-pong);
+// 4..6 synchronise one consumer warpgroup around its epilogue.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -912,24 +913,41 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
     }
   }
 
-  // ---- epilogue: O / l straight from registers, lse per row
-  T* out = reinterpret_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+  // ---- epilogue: O / l staged in this warpgroup's own Q rows (free once its
+  // last Q K^T has completed), then written as whole 16-byte chunks per row.
+  // Chunks are XOR-swizzled by row inside each SWB-byte row, so neither the
+  // 4-byte fragment stores nor the 16-byte reads conflict on banks.
+  constexpr int CPR = C::SWB / 16;  // 16-byte chunks per row of a column block
+  uint8_t* stage = smem_raw + (sQ - raw);
+  auto chunk_offset = [&](int r, int col) {  // r: row within this warpgroup's 64; col: multiple of 8
+    const int cb = col / C::E, chunk = (col % C::E) / 8;
+    return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
+  };
+  named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = row_sum[i];
     l += __shfl_xor_sync(0xffffffff, l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row = row0 + 8 * i;
-    if (row < a.sq) {
-      T* dst = out + row * a.o_ss + (lane % 4) * 2;
+    const int r = warp * 16 + lane / 4 + 8 * i;
 #pragma unroll
-      for (int nb = 0; nb < C::D / 8; ++nb)
-        *reinterpret_cast<uint32_t*>(dst + nb * 8) =
-            pack2<C::BF16>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
-      if (a.lse != nullptr && lane % 4 == 0)
-        a.lse[((long long)b * gridDim.y + h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
-    }
+    for (int nb = 0; nb < C::D / 8; ++nb)
+      *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
+          pack2<C::BF16>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
+    const int row = row0 + 8 * i;
+    if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
+      a.lse[((long long)b * gridDim.y + h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
+  }
+  named_sync(4 + cw, 128);
+  T* out = reinterpret_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+  constexpr int CHUNKS = 64 * C::D / 8;
+#pragma unroll
+  for (int idx = tid % 128; idx < CHUNKS; idx += 128) {
+    const int r = idx / (C::D / 8), col = idx % (C::D / 8) * 8;
+    const int row = m0 + cw * 64 + r;
+    if (row < a.sq)
+      *reinterpret_cast<uint4*>(out + row * a.o_ss + col) = *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
   }
 }
 

@@ -392,7 +392,7 @@ def search_command(
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
-    template: Annotated[str, typer.Option(help="Kernel template.")] = "attn_fwd_mma",
+    template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
     trials: Annotated[Optional[int], typer.Option(help="Trials per problem (default 100; the grid size with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
     sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",

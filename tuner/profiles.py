@@ -66,6 +66,11 @@ class GpuProfile:
         """'sm_90' style name of the compute capability (without the 'a' suffix)."""
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """Kernel templates `tuner search` uses by default, best first (profile key `templates`)."""
+        return tuple(self.extra.get("templates", ("attn_fwd_mma",)))
+
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for 'fp16' or 'bf16'."""
         if dtype == "fp16":
@@ -291,6 +296,10 @@ def profile_from_dict(data: Mapping[str, Any], path: Path | str = "<profile>") -
     if not isinstance(problems, list) or not problems:
         raise check.fail("problems", f"must be a non-empty array of tables ([[problems]]), got {_type_name(problems)}")
     values["default_problems"] = tuple(_parse_problem(check, i, t) for i, t in enumerate(problems))
+
+    templates = data.get("templates", ["attn_fwd_mma"])
+    if not isinstance(templates, list) or not templates or not all(isinstance(t, str) and t for t in templates):
+        raise check.fail("templates", f"must be a non-empty array of template names, got {templates!r}")
 
     known = set(REQUIRED_KEYS)
     values["extra"] = MappingProxyType({k: v for k, v in data.items() if k not in known})

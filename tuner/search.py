@@ -19,6 +19,7 @@ replacing them on this module (tests do) replaces them for the search.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -34,7 +35,7 @@ from tuner.search_backend import (
 )  # fmt: skip
 from tuner.search_loop import ATTR_WORKER, DUPLICATE_WAIT_S, Events, ProblemSearch, WorkerJob, WorkerResult
 from tuner.search_prepare import (
-    DEFAULT_TRIALS, WARM_START, prepare_study, problems_of, study_name_for, warm_start_points,
+    DEFAULT_TRIALS, WARM_START, choose_template, prepare_study, problems_of, study_name_for, warm_start_points,
 )  # fmt: skip
 from tuner.search_progress import SearchProgress
 from tuner.search_space import DEFAULT_SAMPLER, SAMPLERS
@@ -45,12 +46,11 @@ from tuner.summary import ProblemSummary, summarize
 from tuner.templates import load_manifest
 
 __all__ = [
-    "ATTR_WORKER", "BACKENDS", "DEFAULT_TEMPLATE", "DEFAULT_TRIALS", "DUPLICATE_WAIT_S", "WARM_START", "Events",
+    "ATTR_WORKER", "BACKENDS", "DEFAULT_TRIALS", "DUPLICATE_WAIT_S", "WARM_START", "Events",
     "ProblemSearch", "SearchOptions", "SearchReport", "WorkerJob", "WorkerResult", "WorkerSpec", "compile_variant",
     "make_backend", "problems_of", "run_join", "run_search", "run_worker", "warm_start_points",
 ]  # fmt: skip
 
-DEFAULT_TEMPLATE = "attn_fwd_mma"
 _now = time.time  # wall clock of deadlines (tests replace it)
 _prepare_study = prepare_study  # the name tests call
 
@@ -63,7 +63,7 @@ class SearchOptions:
     dtype: str = "fp16"
     causal: bool = False
     layout: str = "bhsd"
-    template: str = DEFAULT_TEMPLATE
+    template: Optional[str] = None  # None: the profile's first template that suits every problem
     trials: Optional[int] = None
     time_budget_s: Optional[float] = None
     sampler: str = DEFAULT_SAMPLER
@@ -151,6 +151,7 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
     console = console or Console(stderr=True)
     _validate(options)
     profile = _resolve(options)
+    options = dataclasses.replace(options, template=choose_template(options, profile))
     manifest = load_manifest(options.template)
     say = _printer(console)
     problems = problems_of(options, profile, manifest, say)

@@ -30,6 +30,29 @@ DEFAULT_TRIALS = 100
 WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
 
 
+def choose_template(options: SearchOptions, profile: GpuProfile) -> str:
+    """--template, else the first of the profile's templates (best first) that suits every requested problem
+    (and, replaying, that the recording holds); when none suits them all, the last (most general) one,
+    which then names the problems it skips."""
+    from tuner.store import open_store
+    from tuner.templates import load_manifest
+
+    if options.template:
+        return options.template
+    candidates = list(profile.templates)
+    if options.backend == "replay" and options.replay_from:
+        with open_store(options.replay_from, create=False) as source:
+            recorded = [t for t in candidates if source.query_trials(TrialFilter(gpu=profile.name, template=t, limit=1))]
+        candidates = recorded or candidates
+    wanted = ([problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
+                                  layout=options.layout) for s in options.shapes]
+              if options.shapes else list(profile.default_problems))
+    for name in candidates:
+        if all(not supports_problem(load_manifest(name), p) for p in wanted):
+            return name
+    return candidates[-1]
+
+
 def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
                 say: Callable[[str], None]) -> list[Problem]:
     """--shape problems (each must suit the template), or the profile's defaults that do."""
