@@ -638,6 +638,7 @@ struct HopperConfig {
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int KV_BYTES = BN * D * 2;  // one K or one V tile
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + 256;
+  static_assert((1 + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
   static_assert(SWB == 32 || SWB == 64 || SWB == 128, "swizzle is 32, 64 or 128 bytes");
@@ -761,7 +762,9 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const uint32_t bar_q = bars;
   auto k_full = [&](int s) { return bars + 8 * (1 + s); };
   auto v_full = [&](int s) { return bars + 8 * (1 + C::STAGES + s); };
-  auto empty = [&](int s) { return bars + 8 * (1 + 2 * C::STAGES + s); };
+  // K and V slots are freed separately: K as soon as Q K^T has read it.
+  auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * C::STAGES + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * C::STAGES + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -779,7 +782,8 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(empty(s), 4 * C::CONSUMERS);  // lane 0 of every consumer warp
+      mbar_init(k_empty(s), 4 * C::CONSUMERS);  // lane 0 of every consumer warp
+      mbar_init(v_empty(s), 4 * C::CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -798,11 +802,12 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % C::STAGES;
         const uint32_t phase = (j / C::STAGES) & 1;
-        mbar_wait(empty(s), phase ^ 1);  // a fresh barrier counts as released
+        mbar_wait(k_empty(s), phase ^ 1);  // a fresh barrier counts as released
         mbar_expect_tx(k_full(s), C::KV_BYTES);
 #pragma unroll
         for (int cb = 0; cb < C::CB; ++cb)
           tma_load(sK + s * C::KV_BYTES + cb * C::BN * C::SWB, &tk, k_full(s), cb * C::E, j * C::BN, hk, b);
+        mbar_wait(v_empty(s), phase ^ 1);
         mbar_expect_tx(v_full(s), C::KV_BYTES);
 #pragma unroll
         for (int cb = 0; cb < C::CB; ++cb)
@@ -832,15 +837,20 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
     const int kv0 = j * C::BN;
     return kv0 + C::BN > a.sk || (C::CAUSAL && kv0 + C::BN - 1 > m0 + cw * 64 + a.sk - a.sq);
   };
-  auto release_stage = [&](int j) {
-    if (lane == 0) mbar_arrive(empty(j % C::STAGES));
+  auto release_k = [&](int j) {
+    if (lane == 0) mbar_arrive(k_empty(j % C::STAGES));
+  };
+  auto release_v = [&](int j) {
+    if (lane == 0) mbar_arrive(v_empty(j % C::STAGES));
   };
 
   mbar_wait(bar_q, 0);
   turns.start(n_tiles > 0);
   if constexpr (C::OVERLAP) {
-    // Tile j's softmax runs while the tensor cores do Q K_{j+1}^T... and
-    // P_j V_j: two wgmma groups in flight, S of the next tile waited first.
+    // Tile j's softmax runs while the tensor cores do P_{j-1} V_{j-1}: Q K_j^T
+    // and that product are issued back to back, S_j is waited for first. O is
+    // rescaled (for tile j-1's new row max) while Q K_j^T runs, just before
+    // P_{j-1} V_{j-1} is issued, as in FlashAttention-3.
     if (n_tiles > 0) {
       mbar_wait(k_full(0), 0);
       turns.acquire();
@@ -850,40 +860,44 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       turns.release(false);
       wgmma_wait<0>();
       fence_regs<C::BN / 2>(s);
+      release_k(0);
       if (needs_mask(0)) mask_tile<C>(s, 0, row0, lane, a);
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
       pack_p<C>(p, s);
       for (int j = 1; j < n_tiles; ++j) {
         const int sj = j % C::STAGES, sp = (j - 1) % C::STAGES;
         mbar_wait(k_full(sj), (j / C::STAGES) & 1);
-        mbar_wait(v_full(sp), ((j - 1) / C::STAGES) & 1);
         turns.acquire();
         wgmma_fence();
         issue_qk<C>(s, q_base, sK + sj * C::KV_BYTES);
         wgmma_commit();
+        rescale_o<C>(o, corr);
+        mbar_wait(v_full(sp), ((j - 1) / C::STAGES) & 1);
+        wgmma_fence();  // o was just written by the rescale
         issue_pv<C>(o, p, sV + sp * C::KV_BYTES);
         wgmma_commit();
         turns.release(false);
         wgmma_wait<1>();
         fence_regs<C::BN / 2>(s);
+        release_k(j);
         if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
         softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
         wgmma_wait<0>();
         fence_regs<C::D / 2>(o);
-        release_stage(j - 1);
-        rescale_o<C>(o, corr);
+        release_v(j - 1);
         pack_p<C>(p, s);
       }
       const int sl = (n_tiles - 1) % C::STAGES;
       mbar_wait(v_full(sl), ((n_tiles - 1) / C::STAGES) & 1);
       turns.acquire();
+      rescale_o<C>(o, corr);
       wgmma_fence();
       issue_pv<C>(o, p, sV + sl * C::KV_BYTES);
       wgmma_commit();
       turns.release(true);
       wgmma_wait<0>();
       fence_regs<C::D / 2>(o);
-      release_stage(n_tiles - 1);
+      release_v(n_tiles - 1);
     }
   } else {
     for (int j = 0; j < n_tiles; ++j) {
@@ -897,6 +911,7 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       turns.release(false);
       wgmma_wait<0>();
       fence_regs<C::BN / 2>(s);
+      release_k(j);
       if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
       rescale_o<C>(o, corr);
@@ -909,7 +924,7 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       turns.release(j == n_tiles - 1);
       wgmma_wait<0>();
       fence_regs<C::D / 2>(o);
-      release_stage(j);
+      release_v(j);
     }
   }
 
