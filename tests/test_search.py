@@ -22,7 +22,7 @@ from tuner.profiles import load_profile
 from tuner.replay import ReplayBackend
 from tuner.search import SearchOptions, run_search, warm_start_points
 from tuner.search_space import grid_size, study_name
-from tuner.search_study import ATTR_BUDGET, ATTR_SOURCE, finished_trials, storage_for
+from tuner.search_study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
 from tuner.store import RunInfo, TrialFilter, TrialRecord, TrialStatus, open_store
 from tuner.templates import load_manifest
 
@@ -84,7 +84,10 @@ def test_replay_search_end_to_end_via_the_cli(replay_recording, sqlite_url):
     assert finished_trials(study) == 40
     rows = stored(sqlite_url, study=name)
     reused = sum(1 for t in study.trials if t.user_attrs.get(ATTR_SOURCE) == "store")
-    assert len(rows) + reused == 40  # every trial stored once, except the ones served from the store
+    infeasible = sum(1 for t in study.trials if t.user_attrs.get(ATTR_INFEASIBLE))
+    assert infeasible > 0  # the recorded space has infeasible points: they are stored but not budgeted
+    assert len(study.trials) == 40 + infeasible
+    assert len(rows) + reused == 40 + infeasible  # every trial stored once, except the ones served from the store
     assert {r.trial_number for r in rows} <= {t.number for t in study.trials}
     assert TrialStatus.OK in {r.status for r in rows} and TrialStatus.PRUNED in {r.status for r in rows}
     assert all(r.error for r in rows if r.status is TrialStatus.PRUNED)
@@ -251,7 +254,7 @@ def test_failed_and_pruned_trials_are_told_to_optuna(replay_recording, sqlite_ur
                               storage=storage_for(sqlite_url))
     states = Counter(t.state for t in study.trials)
     assert states[TrialState.FAIL] >= 1 and states[TrialState.COMPLETE] == 0
-    assert sum(states.values()) == 20
+    assert finished_trials(study) == 20  # failures count; infeasible points (pruned, free) do not
     assert {r.status for r in stored(sqlite_url)} <= {TrialStatus.LAUNCH_ERROR, TrialStatus.PRUNED}
 
 
@@ -341,7 +344,7 @@ def test_a_seeded_resume_asks_new_points(replay_recording, sqlite_url):
     report = run_search(replace(first, trials=40, resume=True), backend_factory=lambda d, p: CountingBackend(rec))
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
                               storage=storage_for(sqlite_url))
-    trials = sorted(study.trials, key=lambda t: t.number)
+    trials = [t for t in sorted(study.trials, key=lambda t: t.number) if counts_toward_budget(t)]
     old, new = [t.params for t in trials[:20]], [t.params for t in trials[20:]]
     assert len(new) == 20 and report.asked == 20
     # The same seed again would re-ask exactly the first run's points, all served from the store.

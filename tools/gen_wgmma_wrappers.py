@@ -15,7 +15,7 @@ from pathlib import Path
 TEMPLATE = Path(__file__).resolve().parent.parent / "kernel_templates" / "attn_fwd_wgmma.cu"
 BEGIN = "// ---- BEGIN GENERATED wgmma wrappers (tools/gen_wgmma_wrappers.py; do not edit)\n"
 END = "// ---- END GENERATED wgmma wrappers\n"
-WIDTHS = (64, 96, 128, 144, 160, 176, 192)
+WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192)
 TYPES = (("false", "f16"), ("true", "bf16"))
 
 

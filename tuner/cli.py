@@ -374,7 +374,8 @@ def _print_search_report(report: object) -> None:
 
     console.print(summary_table(report.summaries))  # type: ignore[attr-defined]
     console.print(
-        f"measured {report.measured} trials, reused {report.reused} from the store; "  # type: ignore[attr-defined]
+        f"measured {report.measured} trials, reused {report.reused} from the store, "  # type: ignore[attr-defined]
+        f"skipped {report.infeasible} infeasible points; "  # type: ignore[attr-defined]
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}",  # type: ignore[attr-defined]
         markup=False, highlight=False, soft_wrap=True,
     )

@@ -28,12 +28,15 @@ from datetime import datetime
 from typing import Callable, Optional, Sequence
 
 from tuner.errors import TunerError
+from tuner.feasibility import check
 from tuner.markdown import run_caption
 from tuner.markdown import table as markdown_table
 from tuner.problem import Problem, parse_shape
+from tuner.profiles import load_profile
 from tuner.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
 from tuner.search_space import SAMPLERS
-from tuner.store import TrialFilter, TrialStatus, open_store
+from tuner.space import Variant
+from tuner.store import TrialFilter, TrialRow, TrialStatus, open_store
 
 DEFAULT_SAMPLERS = ("tpe", "gp", "cmaes", "random")
 DEFAULT_SEEDS = 5
@@ -215,17 +218,30 @@ def replay_once(recording: Recording, sampler: str, seed: int, trials: int) -> S
         with open_store(db_url, create=False) as store:
             rows = store.query_trials(TrialFilter(study=report.studies[0]))
     # Repeats of a measured variant are told from the store and leave no row: they carry the best forward.
+    # Infeasible points cost nothing and are not budgeted trials: the curve skips them.
     by_number: dict[int, float] = {}
+    infeasible: set[int] = set()
     for row in rows:
-        if row.status is TrialStatus.OK and row.median_us is not None and row.trial_number is not None:
+        if row.trial_number is None:
+            continue
+        if row.status is TrialStatus.OK and row.median_us is not None:
             by_number[row.trial_number] = min(row.median_us, by_number.get(row.trial_number, math.inf))
+        elif row.status is TrialStatus.PRUNED and not _feasible(row, recording):
+            infeasible.add(row.trial_number)
     best: Optional[float] = None
     curve: list[Optional[float]] = []
-    for number in range(report.asked):
+    for number in range(report.asked + report.infeasible):
+        if number in infeasible:
+            continue
         if number in by_number and (best is None or by_number[number] < best):
             best = by_number[number]
         curve.append(best)
     return SeedRun(sampler, seed, tuple(curve), time.perf_counter() - start)
+
+
+def _feasible(row: TrialRow, recording: Recording) -> bool:
+    variant = Variant.from_stored(row.template, row.params)
+    return bool(check(variant, row.problem, load_profile(recording.profile)))
 
 
 def _replay_job(args: tuple[Recording, str, int, int]) -> SeedRun:

@@ -87,7 +87,8 @@ class SearchReport:
     interrupted: bool
     measured: int
     reused: int
-    asked: int
+    asked: int  # feasible points (the --trials budget)
+    infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
 
 
 def _hooks() -> Hooks:
@@ -139,6 +140,7 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         measured=sum(r.measured for r in results),
         reused=sum(r.reused for r in results),
         asked=sum(r.asked for r in results),
+        infeasible=sum(r.infeasible for r in results),
     )
 
 

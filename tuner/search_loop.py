@@ -1,7 +1,8 @@
 """The ask/tell loop of one study on one worker (ProblemSearch).
 
 Per asked point:
-- infeasible      -> stored as `pruned` with the reason, told PRUNED, never compiled;
+- infeasible      -> stored as `pruned` with the reason, told PRUNED, never compiled,
+                     and not counted against --trials (it costs nothing);
 - already measured (same problem, template hash, parameters, GPU) in the store
                   -> told the stored result, not measured again, no new row;
 - measured by another worker right now -> waits for it, then the same;
@@ -31,7 +32,7 @@ from tuner.profiles import GpuProfile
 from tuner.search_backend import Hooks
 from tuner.search_space import distributions
 from tuner.search_study import (
-    ATTR_INTERRUPTED, ATTR_REASON, ATTR_SOURCE, ATTR_STATUS, ATTR_STORE_ID, ATTR_VARIANT, StudyInfo,
+    ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_SOURCE, ATTR_STATUS, ATTR_STORE_ID, ATTR_VARIANT, StudyInfo,
 )  # fmt: skip
 from tuner.space import Variant, variant_from_params
 from tuner.store import Store, TrialRecord, TrialRow, TrialStatus
@@ -39,6 +40,7 @@ from tuner.templates import Manifest, load_manifest
 
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
+MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
 ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
 
 Events = Callable[[tuple], None]
@@ -61,7 +63,8 @@ class WorkerResult:
     run_id: Optional[int] = None
     measured: int = 0  # trials the backend measured
     reused: int = 0  # trials served from the store
-    asked: int = 0
+    asked: int = 0  # feasible points asked (the --trials budget counts these)
+    infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
     interrupted: bool = False
 
 
@@ -131,6 +134,7 @@ class ProblemSearch:
         self.manifest: Manifest = load_manifest(info.template)
         self.distributions = distributions(self.manifest)
         self.asked = 0
+        self.infeasible_streak = 0  # infeasible points asked since the last feasible one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
 
     # The loop ----------------------------------------------------------------------------------
@@ -163,6 +167,8 @@ class ProblemSearch:
             return False
         if self.job.trials is not None and self.asked >= self.job.trials:
             return False
+        if self.infeasible_streak >= MAX_INFEASIBLE_STREAK:  # the sampler finds nothing feasible any more
+            return False
         if self.job.deadline is not None and self.ctx.hooks.now() >= self.job.deadline:
             return False
         sampler = self.study.sampler
@@ -174,16 +180,21 @@ class ProblemSearch:
         """Ask one point; settle it at once when it needs no GPU, else start its compile."""
         trial = self.study.ask(self.distributions)
         trial.set_user_attr(ATTR_WORKER, _WORKER_ID)
-        self.asked += 1
-        self.ctx.result.asked += 1
         variant = variant_from_params(self.info.template, self.problem, trial.params)
         trial.set_user_attr(ATTR_VARIANT, variant.name)
         feasibility = check(variant, self.problem, self.ctx.profile)
         if not feasibility.ok:
+            # Stored and told (the sampler learns the region), but free: it does not use up --trials.
+            self.infeasible_streak += 1
+            self.ctx.result.infeasible += 1
+            trial.set_user_attr(ATTR_INFEASIBLE, True)
             self._store(trial, variant, TrialStatus.PRUNED, error=feasibility.reason,
                         smem_bytes=feasibility.smem_bytes or None)
             self._tell_pruned(trial, feasibility.reason)
             return None
+        self.infeasible_streak = 0
+        self.asked += 1
+        self.ctx.result.asked += 1
         # Running trials first, the store second: a trial is stored before it is told,
         # so a duplicate that finished in between is found in the store.
         item = _Pending(trial, variant, feasibility, wait_for=self._running_duplicate(trial))

@@ -41,6 +41,7 @@ ATTR_SOURCE = "source"  # measured | store (served from the results store) | pru
 ATTR_STORE_ID = "store_trial_id"
 ATTR_REASON = "reason"
 ATTR_INTERRUPTED = "interrupted"  # told FAIL because the search stopped before measuring it
+ATTR_INFEASIBLE = "infeasible"  # pruned before compiling (feasibility rules): free, so not a budgeted trial
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -169,8 +170,10 @@ def study_info(study: optuna.Study) -> StudyInfo:
 
 
 def counts_toward_budget(trial: FrozenTrial) -> bool:
-    """Finished trials count; one abandoned by an interrupted search does not."""
-    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+    """Finished trials count; one abandoned by an interrupted search, or pruned as infeasible, does not."""
+    if trial.state == TrialState.PRUNED:
+        return not trial.user_attrs.get(ATTR_INFEASIBLE)
+    if trial.state == TrialState.COMPLETE:
         return True
     return trial.state == TrialState.FAIL and not trial.user_attrs.get(ATTR_INTERRUPTED)
 
