@@ -72,17 +72,17 @@ class LaunchShape:
 
 
 class TensorMapEncoder:
-    """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors, cached.
+    """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors.
 
     A map encodes the tensor's address, extents and strides as 4-D (D, S, H, B),
     so BHSD, BSHD and GQA need no copy and rows past S read as zeros. Encoding
-    costs a driver call; the cache keys on everything a map depends on.
+    is a driver call: AttentionKernel caches the maps of each call's inputs.
     """
 
     _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
     _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
     _L2_PROMOTION_128B = 2
-    _CACHE_LIMIT = 256
+    CACHE_LIMIT = 256  # cached input triples per kernel
 
     def __init__(self) -> None:
         import ctypes
@@ -93,13 +93,8 @@ class TensorMapEncoder:
             raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
         self._fn.restype = ctypes.c_int
         self._ctypes = ctypes
-        self._cache: dict[tuple, bytes] = {}
 
     def encode(self, name: str, t: Any, rows: int, swizzle: int) -> bytes:
-        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, rows, swizzle)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
         ct = self._ctypes
         b, h, s, d = t.shape
         esize = t.element_size()
@@ -118,11 +113,7 @@ class TensorMapEncoder:
             raise AttentionInputError(f"{name}: TMA cannot address this tensor (cuTensorMapEncodeTiled error {rc}; "
                                       f"shape {tuple(t.shape)}, strides {t.stride()}): strides must be positive "
                                       f"multiples of 16 bytes")
-        encoded = bytes(buf[offset:offset + 128])
-        if len(self._cache) >= self._CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = encoded
-        return encoded
+        return bytes(buf[offset:offset + 128])
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -202,6 +193,7 @@ class AttentionKernel:
             self._fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem_bytes)
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
+        self._map_cache: dict[tuple, tuple[bytes, bytes, bytes]] = {}
         self._fn.prepare(self._format)
         self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
         self._block = (shape.threads, 1, 1)
@@ -231,9 +223,17 @@ class AttentionKernel:
                 qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
                 sq, sk, h // hkv, scale)
         if self._maps is not None:
-            swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-            args = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
-                    self._maps.encode("v", v, kv_rows, swz)) + args
+            # One lookup per call (a map depends only on these); encoding is a driver call each.
+            key = (args[0], args[1], args[2], q.shape, qs, ks, vs, hkv, sk, q.dtype)
+            maps = self._map_cache.get(key)
+            if maps is None:
+                swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
+                maps = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
+                        self._maps.encode("v", v, kv_rows, swz))
+                if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
+                    self._map_cache.clear()
+                self._map_cache[key] = maps
+            args = maps + args
         if self._launch_kernel is not None:
             self._launch_kernel(grid, self._block, self._pack(self._format, *args), self.shape.smem_bytes, None)
         else:

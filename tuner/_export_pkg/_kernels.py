@@ -88,7 +88,9 @@ def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
 
     # The source already declares its entry point extern "C"; the options are the tuner's, recorded at export.
     options = list(MANIFEST["nvcc_options"])
-    return nvcc_compile(source, options=options, arch=f"sm_{cc[0]}{cc[1]}", no_extern_c=True)
+    # sm_90+ kernels may use arch-specific instructions (wgmma, setmaxnreg): build for e.g. sm_90a.
+    arch = f"sm_{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
+    return nvcc_compile(source, options=options, arch=arch, no_extern_c=True)
 
 
 def load_kernel(kernel: str, device: int) -> AttentionKernel:
