@@ -40,6 +40,7 @@ struct AttnArgs {
   long long o_sb, o_sh, o_ss;
   int sq, sk, h_per_kv;
   float scale;  // softmax scale (natural units)
+  int heads, batch;
 };
 
 constexpr float NEG_INF = -__builtin_huge_valf();
@@ -717,7 +718,7 @@ struct IsBf16<__nv_bfloat16> {
 };
 
 template <class T_, int D_, int BM_, int BN_, int STAGES_, int SWB_, bool OVERLAP_, bool PINGPONG_,
-          int PRODUCER_REGS_, bool CAUSAL_>
+          int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_>
 struct HopperConfig {
   using T = T_;
   static constexpr bool BF16 = IsBf16<T>::value;
@@ -725,7 +726,7 @@ struct HopperConfig {
   static constexpr int SWB = SWB_;        // swizzle width in bytes: 32, 64 or 128
   static constexpr int E = SWB / 2;       // elements per swizzled row = TMA box width
   static constexpr int CB = D / E;        // column blocks per tile
-  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, CAUSAL = CAUSAL_;
+  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, PERSISTENT = PERSISTENT_, CAUSAL = CAUSAL_;
   static constexpr int CONSUMERS = BM / 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int MIN_BLOCKS = 1;
@@ -744,7 +745,7 @@ struct HopperConfig {
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int KV_BYTES = BN * D * 2;  // one K or one V tile
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + 256;
-  static_assert((1 + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
+  static_assert((2 + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
   static_assert(SWB == 32 || SWB == 64 || SWB == 128, "swizzle is 32, 64 or 128 bytes");
@@ -865,30 +866,52 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const uint32_t sK = sQ + C::Q_BYTES;
   const uint32_t sV = sK + C::STAGES * C::KV_BYTES;
   const uint32_t bars = sV + C::STAGES * C::KV_BYTES;
-  const uint32_t bar_q = bars;
-  auto k_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto v_full = [&](int s) { return bars + 8 * (1 + C::STAGES + s); };
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 8 * (2 + s); };
+  auto v_full = [&](int s) { return bars + 8 * (2 + C::STAGES + s); };
   // K and V slots are freed separately: K as soon as Q K^T has read it.
-  auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * C::STAGES + s); };
-  auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * C::STAGES + s); };
+  auto k_empty = [&](int s) { return bars + 8 * (2 + 2 * C::STAGES + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * C::STAGES + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  // Heaviest (causal) query tiles first: they are the last blocks in x.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int hk = h / a.h_per_kv;
-  const int m0 = m_block * C::BM;
-  int kv_end = a.sk;
-  if constexpr (C::CAUSAL) kv_end = min(a.sk, max(0, m0 + C::BM + a.sk - a.sq));
-  const int n_tiles = (kv_end + C::BN - 1) / C::BN;
+  // Work items are (query tile, head, batch). One per CTA, or, persistent,
+  // a grid of about one CTA per SM striding over all of them (the next
+  // tile's K/V loads then overlap this tile's epilogue). Heaviest (causal)
+  // query tiles first.
+  const int m_blocks = (a.sq + C::BM - 1) / C::BM;
+  const int n_work = C::PERSISTENT ? m_blocks * a.heads * a.batch : 1;
+  const int work0 = C::PERSISTENT ? blockIdx.x : 0;
+  const int work_step = C::PERSISTENT ? gridDim.x : 1;
+  struct Work {
+    int m0, h, b, n_tiles;
+  };
+  auto work_item = [&](int w) {
+    Work it;
+    int m_block;
+    if constexpr (C::PERSISTENT) {
+      m_block = m_blocks - 1 - w % m_blocks;
+      it.h = (w / m_blocks) % a.heads;
+      it.b = w / m_blocks / a.heads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;
+      it.h = blockIdx.y;
+      it.b = blockIdx.z;
+    }
+    it.m0 = m_block * C::BM;
+    int kv_end = a.sk;
+    if constexpr (C::CAUSAL) kv_end = min(a.sk, max(0, it.m0 + C::BM + a.sk - a.sq));
+    it.n_tiles = (kv_end + C::BN - 1) / C::BN;
+    return it;
+  };
 
   if (tid == 0) {
-    mbar_init(bar_q, 1);
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 4 * C::CONSUMERS);  // lane 0 of every consumer warp, after its epilogue
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 4 * C::CONSUMERS);  // lane 0 of every consumer warp
+      mbar_init(k_empty(s), 4 * C::CONSUMERS);
       mbar_init(v_empty(s), 4 * C::CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -902,12 +925,11 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       tma_prefetch_map(&tq);
       tma_prefetch_map(&tk);
       tma_prefetch_map(&tv);
-      mbar_expect_tx(bar_q, C::Q_BYTES);
-#pragma unroll
-      for (int cb = 0; cb < C::CB; ++cb) tma_load(sQ + cb * C::BM * C::SWB, &tq, bar_q, cb * C::E, m0, h, b);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % C::STAGES;
-        const uint32_t phase = (j / C::STAGES) & 1;
+      int ring = 0;  // K/V tiles loaded so far: slot ring % STAGES, phase (ring / STAGES) & 1
+      auto load_kv = [&](int j, int hk, int b) {
+        const int s = ring % C::STAGES;
+        const uint32_t phase = (ring / C::STAGES) & 1;
+        ++ring;
         mbar_wait(k_empty(s), phase ^ 1);  // a fresh barrier counts as released
         mbar_expect_tx(k_full(s), C::KV_BYTES);
 #pragma unroll
@@ -918,6 +940,21 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
 #pragma unroll
         for (int cb = 0; cb < C::CB; ++cb)
           tma_load(sV + s * C::KV_BYTES + cb * C::BN * C::SWB, &tv, v_full(s), cb * C::E, j * C::BN, hk, b);
+      };
+      int round = 0;
+      for (int w = work0; w < n_work; w += work_step, ++round) {
+        const Work it = work_item(w);
+        const int hk = it.h / a.h_per_kv;
+        // After the first item, K/V tile 0 goes first: it needs only a free ring
+        // slot, while Q waits for the previous item's epilogue to leave sQ.
+        const int early = (round > 0 && it.n_tiles > 0) ? 1 : 0;
+        if (early) load_kv(0, hk, it.b);
+        mbar_wait(q_empty, (round & 1) ^ 1);
+        mbar_expect_tx(q_full, C::Q_BYTES);
+#pragma unroll
+        for (int cb = 0; cb < C::CB; ++cb)
+          tma_load(sQ + cb * C::BM * C::SWB, &tq, q_full, cb * C::E, it.m0, it.h, it.b);
+        for (int j = early; j < it.n_tiles; ++j) load_kv(j, hk, it.b);
       }
     }
     return;
@@ -927,148 +964,161 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
   const float scale_log2 = a.scale * 1.4426950408889634f;
   const uint32_t q_base = sQ + cw * 64 * C::SWB;
   const Turns<C> turns{cw};
+  // The work item holding this CTA's last ping-pong turn (-1: none has any key).
+  int last_busy = -1;
+  for (int w = work0; w < n_work; w += work_step)
+    if (work_item(w).n_tiles > 0) last_busy = w;
+  turns.start(last_busy >= 0);
 
-  float o[C::D / 2];
+  int ring = 0, round = 0;
+  for (int w = work0; w < n_work; w += work_step, ++round) {
+    const Work it = work_item(w);
+    const int m0 = it.m0, n_tiles = it.n_tiles;
+    const bool last_work = w == last_busy;
+    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+
+    float o[C::D / 2];
 #pragma unroll
-  for (int e = 0; e < C::D / 2; ++e) o[e] = 0.f;
-  float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
-  float s[C::BN / 2];
-  uint32_t p[C::BN / 16][4];
+    for (int e = 0; e < C::D / 2; ++e) o[e] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
+    float s[C::BN / 2];
+    uint32_t p[C::BN / 16][4];
 
-  auto needs_mask = [&](int j) {
-    const int kv0 = j * C::BN;
-    return kv0 + C::BN > a.sk || (C::CAUSAL && kv0 + C::BN - 1 > m0 + cw * 64 + a.sk - a.sq);
-  };
-  auto release_k = [&](int j) {
-    if (lane == 0) mbar_arrive(k_empty(j % C::STAGES));
-  };
-  auto release_v = [&](int j) {
-    if (lane == 0) mbar_arrive(v_empty(j % C::STAGES));
-  };
+    auto needs_mask = [&](int j) {
+      const int kv0 = j * C::BN;
+      return kv0 + C::BN > a.sk || (C::CAUSAL && kv0 + C::BN - 1 > m0 + cw * 64 + a.sk - a.sq);
+    };
+    // Slot and phase of this work item's K/V tile j in the ring.
+    auto slot = [&](int j) { return (ring + j) % C::STAGES; };
+    auto phase = [&](int j) { return static_cast<uint32_t>(((ring + j) / C::STAGES) & 1); };
+    auto release_k = [&](int j) {
+      if (lane == 0) mbar_arrive(k_empty(slot(j)));
+    };
+    auto release_v = [&](int j) {
+      if (lane == 0) mbar_arrive(v_empty(slot(j)));
+    };
 
-  mbar_wait(bar_q, 0);
-  turns.start(n_tiles > 0);
-  if constexpr (C::OVERLAP) {
-    // Tile j's softmax runs while the tensor cores do P_{j-1} V_{j-1}: Q K_j^T
-    // and that product are issued back to back, S_j is waited for first. O is
-    // rescaled (for tile j-1's new row max) while Q K_j^T runs, just before
-    // P_{j-1} V_{j-1} is issued, as in FlashAttention-3.
-    if (n_tiles > 0) {
-      mbar_wait(k_full(0), 0);
-      turns.acquire();
-      wgmma_fence();
-      issue_qk<C>(s, q_base, sK);
-      wgmma_commit();
-      turns.release(false);
-      wgmma_wait<0>();
-      fence_regs<C::BN / 2>(s);
-      release_k(0);
-      if (needs_mask(0)) mask_tile<C>(s, 0, row0, lane, a);
-      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
-      pack_p<C>(p, s);
-      for (int j = 1; j < n_tiles; ++j) {
-        const int sj = j % C::STAGES, sp = (j - 1) % C::STAGES;
-        mbar_wait(k_full(sj), (j / C::STAGES) & 1);
+    mbar_wait(q_full, round & 1);
+    if constexpr (C::OVERLAP) {
+      // Tile j's softmax runs while the tensor cores do P_{j-1} V_{j-1}: Q K_j^T
+      // and that product are issued back to back, S_j is waited for first. O is
+      // rescaled (for tile j-1's new row max) while Q K_j^T runs, just before
+      // P_{j-1} V_{j-1} is issued, as in FlashAttention-3.
+      if (n_tiles > 0) {
+        mbar_wait(k_full(slot(0)), phase(0));
         turns.acquire();
         wgmma_fence();
-        issue_qk<C>(s, q_base, sK + sj * C::KV_BYTES);
-        wgmma_commit();
-        rescale_o<C>(o, corr);
-        mbar_wait(v_full(sp), ((j - 1) / C::STAGES) & 1);
-        wgmma_fence();  // o was just written by the rescale
-        issue_pv<C>(o, p, sV + sp * C::KV_BYTES);
+        issue_qk<C>(s, q_base, sK + slot(0) * C::KV_BYTES);
         wgmma_commit();
         turns.release(false);
-        wgmma_wait<1>();
+        wgmma_wait<0>();
+        fence_regs<C::BN / 2>(s);
+        release_k(0);
+        if (needs_mask(0)) mask_tile<C>(s, 0, row0, lane, a);
+        softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
+        pack_p<C>(p, s);
+        for (int j = 1; j < n_tiles; ++j) {
+          mbar_wait(k_full(slot(j)), phase(j));
+          turns.acquire();
+          wgmma_fence();
+          issue_qk<C>(s, q_base, sK + slot(j) * C::KV_BYTES);
+          wgmma_commit();
+          rescale_o<C>(o, corr);
+          mbar_wait(v_full(slot(j - 1)), phase(j - 1));
+          wgmma_fence();  // o was just written by the rescale
+          issue_pv<C>(o, p, sV + slot(j - 1) * C::KV_BYTES);
+          wgmma_commit();
+          turns.release(false);
+          wgmma_wait<1>();
+          fence_regs<C::BN / 2>(s);
+          release_k(j);
+          if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
+          softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
+          wgmma_wait<0>();
+          fence_regs<C::D / 2>(o);
+          release_v(j - 1);
+          pack_p<C>(p, s);
+        }
+        mbar_wait(v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
+        turns.acquire();
+        rescale_o<C>(o, corr);
+        wgmma_fence();
+        issue_pv<C>(o, p, sV + slot(n_tiles - 1) * C::KV_BYTES);
+        wgmma_commit();
+        turns.release(last_work);
+        wgmma_wait<0>();
+        fence_regs<C::D / 2>(o);
+        release_v(n_tiles - 1);
+      }
+    } else {
+      for (int j = 0; j < n_tiles; ++j) {
+        mbar_wait(k_full(slot(j)), phase(j));
+        turns.acquire();
+        wgmma_fence();
+        issue_qk<C>(s, q_base, sK + slot(j) * C::KV_BYTES);
+        wgmma_commit();
+        turns.release(false);
+        wgmma_wait<0>();
         fence_regs<C::BN / 2>(s);
         release_k(j);
         if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
         softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
+        rescale_o<C>(o, corr);
+        pack_p<C>(p, s);
+        mbar_wait(v_full(slot(j)), phase(j));
+        turns.acquire();
+        wgmma_fence();
+        issue_pv<C>(o, p, sV + slot(j) * C::KV_BYTES);
+        wgmma_commit();
+        turns.release(last_work && j == n_tiles - 1);
         wgmma_wait<0>();
         fence_regs<C::D / 2>(o);
-        release_v(j - 1);
-        pack_p<C>(p, s);
+        release_v(j);
       }
-      const int sl = (n_tiles - 1) % C::STAGES;
-      mbar_wait(v_full(sl), ((n_tiles - 1) / C::STAGES) & 1);
-      turns.acquire();
-      rescale_o<C>(o, corr);
-      wgmma_fence();
-      issue_pv<C>(o, p, sV + sl * C::KV_BYTES);
-      wgmma_commit();
-      turns.release(true);
-      wgmma_wait<0>();
-      fence_regs<C::D / 2>(o);
-      release_v(n_tiles - 1);
     }
-  } else {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int sj = j % C::STAGES;
-      const uint32_t phase = (j / C::STAGES) & 1;
-      mbar_wait(k_full(sj), phase);
-      turns.acquire();
-      wgmma_fence();
-      issue_qk<C>(s, q_base, sK + sj * C::KV_BYTES);
-      wgmma_commit();
-      turns.release(false);
-      wgmma_wait<0>();
-      fence_regs<C::BN / 2>(s);
-      release_k(j);
-      if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
-      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
-      rescale_o<C>(o, corr);
-      pack_p<C>(p, s);
-      mbar_wait(v_full(sj), phase);
-      turns.acquire();
-      wgmma_fence();
-      issue_pv<C>(o, p, sV + sj * C::KV_BYTES);
-      wgmma_commit();
-      turns.release(j == n_tiles - 1);
-      wgmma_wait<0>();
-      fence_regs<C::D / 2>(o);
-      release_v(j);
-    }
-  }
+    ring += n_tiles;
 
-  // ---- epilogue: O / l staged in this warpgroup's own Q rows (free once its
-  // last Q K^T has completed), then written as whole 16-byte chunks per row.
-  // Chunks are XOR-swizzled by row inside each SWB-byte row, so neither the
-  // 4-byte fragment stores nor the 16-byte reads conflict on banks.
-  constexpr int CPR = C::SWB / 16;  // 16-byte chunks per row of a column block
-  uint8_t* stage = smem_raw + (sQ - raw);
-  auto chunk_offset = [&](int r, int col) {  // r: row within this warpgroup's 64; col: multiple of 8
-    const int cb = col / C::E, chunk = (col % C::E) / 8;
-    return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
-  };
-  named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
+    // ---- epilogue: O / l staged in this warpgroup's own Q rows (free once its
+    // last Q K^T has completed), then written as whole 16-byte chunks per row.
+    // Chunks are XOR-swizzled by row inside each SWB-byte row, so neither the
+    // 4-byte fragment stores nor the 16-byte reads conflict on banks.
+    constexpr int CPR = C::SWB / 16;  // 16-byte chunks per row of a column block
+    uint8_t* stage = smem_raw + (sQ - raw);
+    auto chunk_offset = [&](int r, int col) {  // r: row within this warpgroup's 64; col: multiple of 8
+      const int cb = col / C::E, chunk = (col % C::E) / 8;
+      return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
+    };
+    named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = row_sum[i];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int r = warp * 16 + lane / 4 + 8 * i;
+    for (int i = 0; i < 2; ++i) {
+      float l = row_sum[i];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = warp * 16 + lane / 4 + 8 * i;
 #pragma unroll
-    for (int nb = 0; nb < C::D / 8; ++nb)
-      *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
-          pack2<C::BF16>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
-    const int row = row0 + 8 * i;
-    if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
-      a.lse[((long long)b * gridDim.y + h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
-  }
-  named_sync(4 + cw, 128);
-  T* out = reinterpret_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-  constexpr int CHUNKS = 64 * C::D / 8;
+      for (int nb = 0; nb < C::D / 8; ++nb)
+        *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
+            pack2<C::BF16>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
+      const int row = row0 + 8 * i;
+      if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
+        a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
+    }
+    named_sync(4 + cw, 128);
+    T* out = reinterpret_cast<T*>(a.o) + it.b * a.o_sb + it.h * a.o_sh;
+    constexpr int CHUNKS = 64 * C::D / 8;
 #pragma unroll
-  for (int idx = tid % 128; idx < CHUNKS; idx += 128) {
-    const int r = idx / (C::D / 8), col = idx % (C::D / 8) * 8;
-    const int row = m0 + cw * 64 + r;
-    if (row < a.sq)
-      *reinterpret_cast<uint4*>(out + row * a.o_ss + col) = *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
+    for (int idx = tid % 128; idx < CHUNKS; idx += 128) {
+      const int r = idx / (C::D / 8), col = idx % (C::D / 8) * 8;
+      const int row = m0 + cw * 64 + r;
+      if (row < a.sq)
+        *reinterpret_cast<uint4*>(out + row * a.o_ss + col) =
+            *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
+    }
+    if (lane == 0) mbar_arrive(q_empty);  // this warp has read its staged rows: sQ may be reloaded
   }
 }
 
@@ -1086,8 +1136,8 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       const __grid_constant__ fc::TmaDesc tmap_v, const void *q, const void *k, const void *v, void *o,        \
       float *lse, long long q_sb, long long q_sh, long long q_ss, long long k_sb, long long k_sh,              \
       long long k_ss, long long v_sb, long long v_sh, long long v_ss, long long o_sb, long long o_sh,          \
-      long long o_ss, int sq, int sk, int h_per_kv, float scale
+      long long o_ss, int sq, int sk, int h_per_kv, float scale, int heads, int batch
 
 #define ATTN_FWD_BODY(CFG)                                                     \
-  fc::AttnArgs args{o, lse, o_sb, o_sh, o_ss, sq, sk, h_per_kv, scale};        \
+  fc::AttnArgs args{o, lse, o_sb, o_sh, o_ss, sq, sk, h_per_kv, scale, heads, batch}; \
   fc::attn_fwd_wgmma<CFG>(tmap_q, tmap_k, tmap_v, args);

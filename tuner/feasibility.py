@@ -52,7 +52,7 @@ def launch_shape(variant: Variant) -> LaunchShape:
     """How the launcher runs this variant: block rows, threads, shared memory, TMA boxes."""
     res = resources(variant)
     return LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0),
-                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0))
+                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), bool(res.get("persistent", 0)))
 
 
 def supports_problem(manifest: Manifest, problem: Problem) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
-TMA_ARG_FORMAT = "128s" * 3 + ARG_FORMAT  # TMA kernels take tensor maps of q, k, v first
+TMA_ARG_FORMAT = "128s" * 3 + ARG_FORMAT + "ii"  # TMA kernels: tensor maps of q, k, v first; heads, batch last
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 _bound: dict[str, Any] = {}
 
@@ -69,6 +69,7 @@ class LaunchShape:
     smem_bytes: int
     tma_swizzle: int = 0  # > 0: the kernel reads q, k, v through TMA tensor maps with boxes this many bytes wide
     tma_kv_rows: int = 0  # rows of a K/V box (a Q box has block_m rows)
+    persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
 
 
 class TensorMapEncoder:
@@ -197,6 +198,7 @@ class AttentionKernel:
         self._fn.prepare(self._format)
         self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
         self._block = (shape.threads, 1, 1)
+        self._sm_count = drv.Device(device).get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         # prepared_call's Python wrapper (block-shape setter, an import and
         # kwargs handling per call) costs a few microseconds; where PyCUDA has
         # the underlying launcher, pack the prepared format and call it directly.
@@ -219,6 +221,8 @@ class AttentionKernel:
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
         grid = ((sq + self.shape.block_m - 1) // self.shape.block_m, h, b)
+        if self.shape.persistent:
+            grid = (min(grid[0] * h * b, self._sm_count), 1, 1)
         args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
                 qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
                 sq, sk, h // hkv, scale)
@@ -233,7 +237,7 @@ class AttentionKernel:
                 if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
                     self._map_cache.clear()
                 self._map_cache[key] = maps
-            args = maps + args
+            args = maps + args + (h, b)
         if self._launch_kernel is not None:
             self._launch_kernel(grid, self._block, self._pack(self._format, *args), self.shape.smem_bytes, None)
         else:

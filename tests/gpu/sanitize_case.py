@@ -27,6 +27,7 @@ CASES = {
         ("attn_fwd_wgmma_d64_fp16_m192n96_s3_sw64_r32_ov_causal", Problem(1, 2, 77, 250, 64, causal=True)),
         ("attn_fwd_wgmma_d128_bf16_m64n64_s2_sw32_r24", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
         ("attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_pp_causal", Problem(1, 2, 260, 200, 128, causal=True)),
+        ("attn_fwd_wgmma_d64_fp16_m128n64_s3_sw64_r24_ov_pp_p_causal", Problem(2, 3, 700, 300, 64, causal=True)),
     ],
 }
 
