@@ -228,17 +228,19 @@ class AttentionKernel:
                 sq, sk, h // hkv, scale)
         if self._maps is not None:
             # One lookup per call (a map depends only on these); encoding is a driver call each.
-            key = (args[0], args[1], args[2], q.shape, qs, ks, vs, hkv, sk, q.dtype)
-            maps = self._map_cache.get(key)
-            if maps is None:
-                swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-                maps = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
-                        self._maps.encode("v", v, kv_rows, swz))
-                if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
-                    self._map_cache.clear()
-                self._map_cache[key] = maps
-            args = maps + args + (h, b)
+            key = (args[0], args[1], args[2], qs, ks, vs, b, h, sq, d, hkv, sk, q.dtype)
+            maps = self._map_cache.get(key) or self._encode_maps(key, q, k, v)
+            args = (*maps, *args, h, b)
         if self._launch_kernel is not None:
             self._launch_kernel(grid, self._block, self._pack(self._format, *args), self.shape.smem_bytes, None)
         else:
             self._fn.prepared_call(grid, self._block, *args, shared_size=self.shape.smem_bytes)
+
+    def _encode_maps(self, key: tuple, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes]:
+        swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
+        maps = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
+                self._maps.encode("v", v, kv_rows, swz))
+        if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
+            self._map_cache.clear()
+        self._map_cache[key] = maps
+        return maps

@@ -97,17 +97,21 @@ def test_host_overhead_per_call(package) -> None:
 
     mod, _ = package
     q, k, v = make_inputs(Problem(1, 1, 16, 16, 64), seed=3)
-    n = 5000
+    n, batches = 2000, 5
+    means = []
     with torch.no_grad():
         for _ in range(500):
             mod.attention(q, k, v)
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(n):
-            mod.attention(q, k, v)
-        per_call = (time.perf_counter() - start) / n * 1e6
+        for _ in range(batches):  # the median batch: one busy moment of a shared host does not decide
+            start = time.perf_counter()
+            for _ in range(n):
+                mod.attention(q, k, v)
+            means.append((time.perf_counter() - start) / n * 1e6)
         torch.cuda.synchronize()
-    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + prepared launch), n={n}")
+    per_call = sorted(means)[batches // 2]
+    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + launch; "
+          f"batches {', '.join(f'{m:.2f}' for m in means)})")
     assert per_call <= HOST_OVERHEAD_US, f"{per_call:.1f} us per call > {HOST_OVERHEAD_US} us"
 
 
