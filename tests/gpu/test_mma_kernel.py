@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import random
 import shutil
 import subprocess
 import sys
@@ -11,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.compiler import compile_many
-from tuner.feasibility import covering_sample, feasible_space
+from tests.gpu.reference_checks import assert_variants_match_reference, sample_variants
 from tuner.problem import Problem
-from tuner.feasibility import launch_shape
-from tuner.runtime import AttentionKernel
-from tuner.templates import render
-from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 pytestmark = pytest.mark.gpu
 TEMPLATE = "attn_fwd_mma"
@@ -38,43 +31,9 @@ PROBLEMS = [
 ]
 
 
-def _variants(problem: Problem, profile) -> list:
-    chosen = covering_sample(TEMPLATE, problem, profile, seed=problem.seq_q)
-    pool = [v for v in feasible_space(TEMPLATE, problem, profile) if v not in chosen]
-    chosen += random.Random(problem.seq_k).sample(pool, min(3, len(pool)))
-    return chosen
-
-
-def _load(variants, profile) -> list[AttentionKernel]:
-    results = compile_many([(render(v), v.name, profile.nvcc_arch) for v in variants])
-    kernels = []
-    for v, res in zip(variants, results):
-        assert res.ok, f"{v.name} failed to compile:\n{res.log[-2000:]}"
-        kernels.append(AttentionKernel(res.cubin, v.name, launch_shape(v)))
-    return kernels
-
-
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
 def test_variants_match_fp32_reference(problem: Problem, gpu_profile) -> None:
-    import torch
-
-    variants = _variants(problem, gpu_profile)
-    kernels = _load(variants, gpu_profile)
-    scale = 1.0 / math.sqrt(problem.head_dim)
-    for variant, kernel in zip(variants, kernels):
-        q, k, v = make_inputs(problem)  # fresh inputs for every variant
-        ref, ref_lse = reference(q, k, v, problem.causal, scale)
-        out = empty_output(q)
-        lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
-        kernel(q, k, v, out, lse, scale)
-        torch.cuda.synchronize()
-        assert out.stride() == q.stride()
-        err = relative_error(out, ref)
-        assert err < TOLERANCE[problem.dtype], f"{variant.name} on {problem.label}: rel error {err:.2e}"
-        assert not torch.isnan(lse).any(), f"{variant.name}: lse not fully written"
-        finite = torch.isfinite(ref_lse)
-        assert torch.equal(finite, torch.isfinite(lse)), f"{variant.name}: -inf rows differ"
-        torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+    assert_variants_match_reference(sample_variants(TEMPLATE, problem, gpu_profile), problem, gpu_profile)
 
 
 def test_compute_sanitizer_memcheck_clean(gpu_profile, tmp_path: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import random
 import shutil
 import subprocess
 import sys
@@ -11,12 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.compiler import compile_many
-from tuner.feasibility import covering_sample, feasible_space, launch_shape
+from tests.gpu.reference_checks import assert_variants_match_reference, sample_variants
 from tuner.problem import Problem
-from tuner.runtime import AttentionKernel
-from tuner.templates import render
-from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 pytestmark = pytest.mark.gpu
 TEMPLATE = "attn_fwd_wgmma"
@@ -42,35 +36,9 @@ def hopper(gpu_profile):
     return gpu_profile
 
 
-def _variants(problem: Problem, profile) -> list:
-    chosen = covering_sample(TEMPLATE, problem, profile, seed=problem.seq_q)
-    pool = [v for v in feasible_space(TEMPLATE, problem, profile) if v not in chosen]
-    chosen += random.Random(problem.seq_k).sample(pool, min(3, len(pool)))
-    return chosen
-
-
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
 def test_variants_match_fp32_reference(problem: Problem, hopper) -> None:
-    import torch
-
-    variants = _variants(problem, hopper)
-    results = compile_many([(render(v), v.name, hopper.nvcc_arch) for v in variants])
-    scale = 1.0 / math.sqrt(problem.head_dim)
-    for variant, res in zip(variants, results):
-        assert res.ok, f"{variant.name} failed to compile:\n{res.log[-2000:]}"
-        kernel = AttentionKernel(res.cubin, variant.name, launch_shape(variant))
-        q, k, v = make_inputs(problem)  # fresh inputs for every variant
-        ref, ref_lse = reference(q, k, v, problem.causal, scale)
-        out = empty_output(q)
-        lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
-        kernel(q, k, v, out, lse, scale)
-        torch.cuda.synchronize()
-        err = relative_error(out, ref)
-        assert err < TOLERANCE[problem.dtype], f"{variant.name} on {problem.label}: rel error {err:.2e}"
-        assert not torch.isnan(lse).any(), f"{variant.name}: lse not fully written"
-        finite = torch.isfinite(ref_lse)
-        assert torch.equal(finite, torch.isfinite(lse)), f"{variant.name}: -inf rows differ"
-        torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+    assert_variants_match_reference(sample_variants(TEMPLATE, problem, hopper), problem, hopper)
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])

@@ -1,0 +1,44 @@
+"""What every template's GPU correctness test does: pick variants, build them, compare with fp32."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from tuner.compiler import compile_many
+from tuner.feasibility import covering_sample, feasible_space, launch_shape
+from tuner.problem import Problem
+from tuner.runtime import AttentionKernel
+from tuner.templates import render
+from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+
+
+def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:
+    """A covering sample (every value of every parameter) plus `extra` random feasible variants."""
+    chosen = covering_sample(template, problem, profile, seed=problem.seq_q)
+    pool = [v for v in feasible_space(template, problem, profile) if v not in chosen]
+    return chosen + random.Random(problem.seq_k).sample(pool, min(extra, len(pool)))
+
+
+def assert_variants_match_reference(variants: list, problem: Problem, profile) -> None:
+    """Each variant, on fresh inputs, writes every output element and lse within tolerance of fp32."""
+    import torch
+
+    results = compile_many([(render(v), v.name, profile.nvcc_arch) for v in variants])
+    scale = 1.0 / math.sqrt(problem.head_dim)
+    for variant, res in zip(variants, results):
+        assert res.ok, f"{variant.name} failed to compile:\n{res.log[-2000:]}"
+        kernel = AttentionKernel(res.cubin, variant.name, launch_shape(variant))
+        q, k, v = make_inputs(problem)
+        ref, ref_lse = reference(q, k, v, problem.causal, scale)
+        out = empty_output(q)  # NaN-poisoned
+        lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
+        kernel(q, k, v, out, lse, scale)
+        torch.cuda.synchronize()
+        assert out.stride() == q.stride()
+        err = relative_error(out, ref)
+        assert err < TOLERANCE[problem.dtype], f"{variant.name} on {problem.label}: rel error {err:.2e}"
+        assert not torch.isnan(lse).any(), f"{variant.name}: lse not fully written"
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(finite, torch.isfinite(lse)), f"{variant.name}: -inf rows differ"
+        torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
