@@ -407,5 +407,5 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
         search._finish(_Pending(mine, variant, feasibility, wait_for=other.number))
     frozen = {t.number: t for t in study.get_trials()}[mine.number]
     assert backend.measured == []  # neither compiled nor measured
-    assert frozen.state == TrialState.FAIL and frozen.user_attrs.get(ATTR_INTERRUPTED)
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs.get(ATTR_INTERRUPTED) == "waiting for a duplicate"
     study.tell(other, state=TrialState.FAIL)

@@ -303,6 +303,9 @@ def test_ctrl_c_to_the_process_group_lets_every_worker_finish_its_trial(replay_r
     assert "stopping after the current trial" in err.decode() and "search summary" in out.decode()
     study = the_study(rec, sqlite_url)
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    # No trial in flight was aborted: the children ignore the terminal's SIGINT and finish their trial.
-    assert not [t.number for t in study.trials if t.user_attrs.get("interrupted")]
+    # No trial in flight was aborted: the children ignore the terminal's SIGINT and finish the trial they
+    # measure. (A point asked while the other worker measured the same one, still waiting when the stop
+    # came, is told interrupted without being measured: that is not an abort.)
+    stages = {t.number: t.user_attrs["interrupted"] for t in study.trials if t.user_attrs.get("interrupted")}
+    assert "measuring" not in stages.values(), stages
     assert finished_trials(study) < 200

@@ -157,8 +157,10 @@ class ProblemSearch:
         except KeyboardInterrupt:
             self.ctx.interrupt()
         finally:
-            for item in ([current] if current else []) + list(pending):
-                self._tell_interrupted(item)
+            if current is not None:
+                self._tell_interrupted(current, "measuring")
+            for item in pending:
+                self._tell_interrupted(item, "asked ahead")
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
 
@@ -211,7 +213,7 @@ class ProblemSearch:
             if self._await_duplicate(item):
                 return
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
-                self._tell_interrupted(item)
+                self._tell_interrupted(item, "waiting for a duplicate")
                 return
             self._start_compile(item)
         compiled: Optional[CompileResult] = None
@@ -239,11 +241,12 @@ class ProblemSearch:
         item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.compile_variant, item.variant,
                                                     self.ctx.profile.nvcc_arch)
 
-    def _tell_interrupted(self, item: _Pending) -> None:
-        """Told FAIL, marked interrupted: it does not count toward the budget and a resume asks again."""
+    def _tell_interrupted(self, item: _Pending, stage: str) -> None:
+        """Told FAIL, marked interrupted (with the stage it was at: asked ahead, waiting for a duplicate,
+        measuring): it does not count toward the budget and a resume asks again."""
         if item.compile is not None:
             item.compile.cancel()
-        item.trial.set_user_attr(ATTR_INTERRUPTED, True)
+        item.trial.set_user_attr(ATTR_INTERRUPTED, stage)
         self.study.tell(item.trial, state=TrialState.FAIL)
 
     # Duplicates --------------------------------------------------------------------------------

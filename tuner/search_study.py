@@ -40,7 +40,7 @@ ATTR_STATUS = "status"
 ATTR_SOURCE = "source"  # measured | store (served from the results store) | pruned
 ATTR_STORE_ID = "store_trial_id"
 ATTR_REASON = "reason"
-ATTR_INTERRUPTED = "interrupted"  # told FAIL because the search stopped before measuring it
+ATTR_INTERRUPTED = "interrupted"  # told FAIL because the search stopped: the stage it was at
 ATTR_INFEASIBLE = "infeasible"  # pruned before compiling (feasibility rules): free, so not a budgeted trial
 
 optuna.logging.set_verbosity(logging.WARNING)
