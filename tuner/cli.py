@@ -99,7 +99,7 @@ def space_command(
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA); default: same as heads.")] = None,
-    template: Annotated[str, typer.Option(help="Kernel template name.")] = "attn_fwd_mma",
+    template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
     output_format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
 ) -> None:
@@ -108,7 +108,7 @@ def space_command(
 
     from rich.table import Table
 
-    from tuner.feasibility import space_report
+    from tuner.feasibility import default_template, space_report
     from tuner.problem import problem_from_shape
     from tuner.profiles import load_profile, resolve_profile
 
@@ -116,6 +116,7 @@ def space_command(
     # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
     profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
     problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv)
+    template = template or default_template(profile, [problem])
     rows = [(v, f) for v, f in space_report(template, problem, profile) if f.ok or show_all]
     if fmt == "json":
         typer.echo(json.dumps([{**v.to_dict(), "feasible": f.ok, "reason": f.reason or None,

@@ -55,6 +55,16 @@ def launch_shape(variant: Variant) -> LaunchShape:
                        res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), bool(res.get("persistent", 0)))
 
 
+def default_template(profile: GpuProfile, problems: list[Problem], candidates: list[str] | None = None) -> str:
+    """The first of the profile's templates (best first; or of `candidates`) that suits every problem;
+    when none suits them all, the last (most general) one."""
+    names = candidates or list(profile.templates)
+    for name in names:
+        if all(not supports_problem(load_manifest(name), p) for p in problems):
+            return name
+    return names[-1]
+
+
 def supports_problem(manifest: Manifest, problem: Problem) -> str:
     """Empty string when the template can take the problem, else why not."""
     feats = manifest.features

@@ -34,8 +34,8 @@ def choose_template(options: SearchOptions, profile: GpuProfile) -> str:
     """--template, else the first of the profile's templates (best first) that suits every requested problem
     (and, replaying, that the recording holds); when none suits them all, the last (most general) one,
     which then names the problems it skips."""
+    from tuner.feasibility import default_template
     from tuner.store import open_store
-    from tuner.templates import load_manifest
 
     if options.template:
         return options.template
@@ -47,10 +47,7 @@ def choose_template(options: SearchOptions, profile: GpuProfile) -> str:
     wanted = ([problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
                                   layout=options.layout) for s in options.shapes]
               if options.shapes else list(profile.default_problems))
-    for name in candidates:
-        if all(not supports_problem(load_manifest(name), p) for p in wanted):
-            return name
-    return candidates[-1]
+    return default_template(profile, wanted, candidates)
 
 
 def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
