@@ -1,6 +1,8 @@
 // FlashAttention-3-style fused attention forward pass for Hopper (sm_90a).
 //
-// One CTA computes BM = 64 * CONSUMERS query rows of one (batch, head):
+// A CTA computes BM = 64 * CONSUMERS query rows of one (batch, head) at a
+// time: one such work item per CTA, or (PERSISTENT) about one CTA per SM
+// striding over all of them:
 //   * warpgroup 0 is the producer: after giving registers back (setmaxnreg),
 //     one thread loads the Q tile once and streams K and V tiles with TMA
 //     (cp.async.bulk.tensor) into a STAGES-deep shared-memory ring; every
@@ -12,8 +14,9 @@
 //     read MN-major straight from the TMA tile: no transpose pass).
 // Tunables: tile sizes, ring depth, the TMA/wgmma swizzle width, softmax
 // overlapped with the next Q K^T inside a warpgroup (OVERLAP), ping-pong
-// ordering of the consumers' tensor-core work (PINGPONG), and how registers
-// are split between producer and consumers (PRODUCER_REGS).
+// ordering of the consumers' tensor-core work (PINGPONG), how registers are
+// split between producer and consumers (PRODUCER_REGS), and the persistent
+// grid (PERSISTENT).
 //
 // Problem: Q [B, H, Sq, D], K/V [B, Hkv, Sk, D], O like Q, all given by
 // element strides (the head dim is contiguous); the host encodes one 4-D TMA
@@ -1118,7 +1121,12 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
         *reinterpret_cast<uint4*>(out + row * a.o_ss + col) =
             *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
     }
-    if (lane == 0) mbar_arrive(q_empty);  // this warp has read its staged rows: sQ may be reloaded
+    // This warp has read its staged rows: sQ may be reloaded. The next Q is
+    // written by TMA (the async proxy) over bytes these threads accessed
+    // through the generic proxy, so fence, and gather the lanes, first.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0) mbar_arrive(q_empty);
   }
 }
 

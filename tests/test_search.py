@@ -409,3 +409,18 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
     assert backend.measured == []  # neither compiled nor measured
     assert frozen.state == TrialState.FAIL and frozen.user_attrs.get(ATTR_INTERRUPTED) == "waiting for a duplicate"
     study.tell(other, state=TrialState.FAIL)
+
+
+def test_resume_without_template_continues_the_existing_studys_template(replay_recording, sqlite_url):
+    # h200's first template is attn_fwd_wgmma; a study made with attn_fwd_mma must still be found by --resume.
+    from tuner.search_prepare import choose_template
+
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=5, template="attn_fwd_mma"), backend_factory=lambda d, p: CountingBackend(rec))
+    profile = load_profile(rec.profile)
+    fresh = SearchOptions(gpu=rec.profile, shapes=(shape_arg(rec.problem),), dtype=rec.problem.dtype, db_url=sqlite_url)
+    storage = storage_for(sqlite_url)
+    assert choose_template(fresh, profile, storage) == "attn_fwd_wgmma"
+    assert choose_template(replace(fresh, resume=True), profile, storage) == "attn_fwd_mma"
+    named = study_name(rec.profile, "attn_fwd_mma", rec.problem)
+    assert choose_template(replace(fresh, resume=True, study=named), profile, storage) == "attn_fwd_mma"

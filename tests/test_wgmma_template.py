@@ -132,3 +132,18 @@ def test_tuned_shapes_do_not_spill(name: str, tmp_path: Path, monkeypatch: pytes
     res = compile_source(render(variant), name, "sm_90a")
     assert res.ok, res.log[-2000:]
     assert res.spill_bytes == 0 and res.stack_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
+
+
+def test_a_newer_card_is_not_offered_the_sm90a_only_template(tmp_path: Path) -> None:
+    from tuner.profiles import load_profile_file
+
+    text = (ROOT / "profiles" / "h100.toml").read_text()
+    text = text.replace('name = "h100"', 'name = "future"').replace("compute_capability = [9, 0]", "compute_capability = [10, 0]")
+    text = text.replace('nvcc_arch = "sm_90a"', 'nvcc_arch = "sm_100a"')
+    path = tmp_path / "future.toml"
+    path.write_text(text)
+    profile = load_profile_file(path)
+    assert profile.compute_capability == (10, 0)
+    problem = Problem(1, 2, 256, 256, 64)
+    variant = next(iter(enumerate_space(TEMPLATE, problem)))
+    assert "built for sm_90a, not sm_100a" in check(variant, problem, profile).reason

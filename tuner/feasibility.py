@@ -93,6 +93,8 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
         cc = ".".join(map(str, manifest.min_compute_capability))
         return Feasibility(False, f"{manifest.name} needs compute capability {cc}+, {profile.name} has "
                                   f"{profile.compute_capability[0]}.{profile.compute_capability[1]}")
+    if profile.nvcc_arch not in manifest.archs:
+        return Feasibility(False, f"{manifest.name} is built for {', '.join(manifest.archs)}, not {profile.nvcc_arch}")
     names = expression_names(variant)
     for constraint in manifest.constraints:
         if not evaluate(constraint.rule, names):

@@ -112,8 +112,8 @@ class TensorMapEncoder:
                       ct.c_int(0), ct.c_int(self._SWIZZLES[swizzle]), ct.c_int(self._L2_PROMOTION_128B), ct.c_int(0))
         if rc != 0:
             raise AttentionInputError(f"{name}: TMA cannot address this tensor (cuTensorMapEncodeTiled error {rc}; "
-                                      f"shape {tuple(t.shape)}, strides {t.stride()}): strides must be positive "
-                                      f"multiples of 16 bytes")
+                                      f"extents (D, S, H, B) {tuple(dims)}, byte strides {tuple(strides)}): strides "
+                                      f"must be positive multiples of 16 bytes")
         return bytes(buf[offset:offset + 128])
 
 
@@ -218,6 +218,14 @@ class AttentionKernel:
         """The launch alone (inputs already validated): the lowest host overhead path."""
         b, h, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
+        if not b * h * sq:
+            return  # nothing to compute (a zero grid would not launch)
+        if not sk and self._maps is not None:
+            # No keys: TMA cannot map an empty tensor; the result is defined without the kernel.
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
+            return
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
         grid = ((sq + self.shape.block_m - 1) // self.shape.block_m, h, b)

@@ -153,12 +153,12 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
     console = console or Console(stderr=True)
     _validate(options)
     profile = _resolve(options)
-    options = dataclasses.replace(options, template=choose_template(options, profile))
+    db_url = options.db_url or default_db_url()
+    storage = storage_for(db_url)
+    options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
     problems = problems_of(options, profile, manifest, say)
-    db_url = options.db_url or default_db_url()
-    storage = storage_for(db_url)
     with open_store(db_url) as store:
         studies, budgets = [], []
         for problem in problems:

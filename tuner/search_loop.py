@@ -123,6 +123,7 @@ class _Pending:
     feasibility: Feasibility
     compile: Optional[Future] = None
     wait_for: Optional[int] = None  # number of another worker's running trial of the same variant
+    stage: str = "asked ahead"  # where it is, for a trial the search stops before it is told
 
 
 class ProblemSearch:
@@ -157,10 +158,8 @@ class ProblemSearch:
         except KeyboardInterrupt:
             self.ctx.interrupt()
         finally:
-            if current is not None:
-                self._tell_interrupted(current, "measuring")
-            for item in pending:
-                self._tell_interrupted(item, "asked ahead")
+            for item in ([current] if current else []) + list(pending):
+                self._tell_interrupted(item)
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
 
@@ -210,14 +209,16 @@ class ProblemSearch:
 
     def _finish(self, item: _Pending) -> None:
         if item.wait_for is not None:
+            item.stage = "waiting for a duplicate"
             if self._await_duplicate(item):
                 return
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
-                self._tell_interrupted(item, "waiting for a duplicate")
+                self._tell_interrupted(item)
                 return
             self._start_compile(item)
         compiled: Optional[CompileResult] = None
         if item.compile is not None:
+            item.stage = "compiling"
             try:
                 compiled = item.compile.result()
             except Exception as exc:  # the compiler itself failed (broken cache entry, OSError, render error)
@@ -229,6 +230,7 @@ class ProblemSearch:
                 return
         # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
         prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
+        item.stage = "measuring"
         measurement = self.ctx.backend.measure(self.problem, item.variant, compiled, range_prefix=prefix)
         self.ctx.result.measured += 1
         self._store_measurement(item, compiled, measurement)
@@ -241,12 +243,12 @@ class ProblemSearch:
         item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.compile_variant, item.variant,
                                                     self.ctx.profile.nvcc_arch)
 
-    def _tell_interrupted(self, item: _Pending, stage: str) -> None:
-        """Told FAIL, marked interrupted (with the stage it was at: asked ahead, waiting for a duplicate,
+    def _tell_interrupted(self, item: _Pending) -> None:
+        """Told FAIL, marked interrupted (with its stage: asked ahead, waiting for a duplicate, compiling,
         measuring): it does not count toward the budget and a resume asks again."""
         if item.compile is not None:
             item.compile.cancel()
-        item.trial.set_user_attr(ATTR_INTERRUPTED, stage)
+        item.trial.set_user_attr(ATTR_INTERRUPTED, item.stage)
         self.study.tell(item.trial, state=TrialState.FAIL)
 
     # Duplicates --------------------------------------------------------------------------------

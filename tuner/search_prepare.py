@@ -30,23 +30,31 @@ DEFAULT_TRIALS = 100
 WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
 
 
-def choose_template(options: SearchOptions, profile: GpuProfile) -> str:
-    """--template, else the first of the profile's templates (best first) that suits every requested problem
-    (and, replaying, that the recording holds); when none suits them all, the last (most general) one,
-    which then names the problems it skips."""
+def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = None) -> str:
+    """--template; else, resuming, the template of the study being resumed; else the first of the
+    profile's templates (best first) that suits every requested problem (and, replaying, that the
+    recording holds); when none suits them all, the last (most general) one, which then names the
+    problems it skips."""
     from tuner.feasibility import default_template
     from tuner.store import open_store
 
     if options.template:
         return options.template
+    wanted = ([problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
+                                  layout=options.layout) for s in options.shapes]
+              if options.shapes else list(profile.default_problems))
+    if options.resume and storage is not None and wanted:
+        several = len(wanted) > 1
+        names = ([study_name_for(options, profile, wanted[0], several)] if options.study else
+                 [study_name(profile.name, t, wanted[0]) for t in profile.templates])
+        for name in names:
+            if study_exists(storage, name):
+                return study_info(load_study(storage, name)).template
     candidates = list(profile.templates)
     if options.backend == "replay" and options.replay_from:
         with open_store(options.replay_from, create=False) as source:
             recorded = [t for t in candidates if source.query_trials(TrialFilter(gpu=profile.name, template=t, limit=1))]
         candidates = recorded or candidates
-    wanted = ([problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
-                                  layout=options.layout) for s in options.shapes]
-              if options.shapes else list(profile.default_problems))
     return default_template(profile, wanted, candidates)
 
 

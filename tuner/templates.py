@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 ParamValue = int | bool | str
 
 _CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16"}
+# Resources the launcher and feasibility act on, and the template constant
+# each must equal: a drift would hang a TMA copy or launch the wrong grid.
+_LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("persistent", "PERSISTENT"),
+                    ("consumer_regs", "CONSUMER_REGS"))
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -211,6 +215,8 @@ def render(variant: Variant) -> str:
         # use: make the compiler prove they agree with the template.
         + f'static_assert(TunerCfg::SMEM_BYTES == {res["smem_bytes"]}, "manifest smem_bytes disagrees with the template");\n'
         + f'static_assert(TunerCfg::THREADS == {res["threads"]}, "manifest threads disagrees with the template");\n'
+        + "".join(f'static_assert(TunerCfg::{const} == {res[key]}, "manifest {key} disagrees with the template");\n'
+                  for key, const in _LAUNCH_CONTRACT if key in res)
         + f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
         + "  ATTN_FWD_BODY(TunerCfg)\n}\n"
     )
