@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import replace
@@ -21,7 +22,7 @@ from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.replay import ReplayBackend
 from tuner.search import SearchOptions, run_search, warm_start_points
-from tuner.search_space import grid_size, study_name
+from tuner.search_space import study_name
 from tuner.search_study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
 from tuner.store import RunInfo, TrialFilter, TrialRecord, TrialStatus, open_store
 from tuner.templates import load_manifest
@@ -231,14 +232,20 @@ def test_every_sampler_runs_the_loop(replay_recording, sqlite_url, sampler):
     assert backend.measured  # some asked point was feasible and measured
 
 
-def test_grid_budget_defaults_to_the_grid_size(replay_recording, sqlite_url):
+def test_grid_budget_defaults_to_the_feasible_points(replay_recording, sqlite_url):
+    # Infeasible points are not budgeted trials, so the grid's budget is its feasible part.
+    from tuner.feasibility import feasible_space
+
     rec = replay_recording
     opts = options(rec, sqlite_url, sampler="grid", trials=None)
     manifest = load_manifest("attn_fwd_mma")
+    profile = load_profile(rec.profile)
     with open_store(sqlite_url) as store:
-        study, budget = search_mod._prepare_study(opts, storage_for(sqlite_url), store, load_profile(rec.profile),
+        study, budget = search_mod._prepare_study(opts, storage_for(sqlite_url), store, profile,
                                                   manifest, rec.problem, "grid-study")
-    assert budget == grid_size(manifest) == study.user_attrs[ATTR_BUDGET]
+    feasible = len(feasible_space("attn_fwd_mma", rec.problem, profile))
+    product = math.prod(len(spec.values) for spec in manifest.params.values())
+    assert 0 < budget == feasible == study.user_attrs[ATTR_BUDGET] < product
 
 
 def test_failed_and_pruned_trials_are_told_to_optuna(replay_recording, sqlite_url):

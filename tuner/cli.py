@@ -395,7 +395,7 @@ def search_command(
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
-    trials: Annotated[Optional[int], typer.Option(help="Trials per problem (default 100; the grid size with --sampler grid).")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
     sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,

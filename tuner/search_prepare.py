@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import optuna
 
 from tuner.errors import TunerError
-from tuner.feasibility import supports_problem
+from tuner.feasibility import feasible_space, supports_problem
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import GpuProfile
-from tuner.search_space import grid_size, make_sampler, problem_key, study_name
+from tuner.search_space import make_sampler, problem_key, study_name
 from tuner.search_study import (
     ATTR_BUDGET, ATTR_PROBLEM, ATTR_PROFILE, ATTR_SAMPLER, ATTR_SEED, ATTR_TEMPLATE, load_study, problem_attr,
     study_exists, study_info,
@@ -137,7 +137,8 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
         budget = options.trials
         if budget is None and options.sampler == "grid":
-            budget = grid_size(manifest)
+            # Every feasible point once: only feasible points are budgeted trials.
+            budget = len(feasible_space(manifest.name, problem, profile))
         if budget is None and options.time_budget_s is None:
             budget = DEFAULT_TRIALS
         for key, value in ((ATTR_PROBLEM, problem_attr(problem)), (ATTR_TEMPLATE, options.template),

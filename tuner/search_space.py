@@ -30,13 +30,6 @@ def grid_space(manifest: Manifest) -> dict[str, list[Any]]:
     return {name: list(spec.values) for name, spec in manifest.params.items()}
 
 
-def grid_size(manifest: Manifest) -> int:
-    size = 1
-    for spec in manifest.params.values():
-        size *= len(spec.values)
-    return size
-
-
 def problem_key(problem: Problem) -> str:
     """Deterministic, filename-safe text of a problem, e.g. B16H16S2048S2048D64-fp16."""
     gqa = f"Hkv{problem.heads_kv}" if problem.heads_kv != problem.heads else ""
