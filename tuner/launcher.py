@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 
@@ -72,6 +73,17 @@ class LaunchShape:
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
 
 
+@lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    """The CUDA driver library, opened once, for the TMA entry points PyCUDA does not wrap."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise GpuUnavailableError(f"cannot open the CUDA driver library libcuda.so.1: {exc}") from None
+
+
 class TensorMapEncoder:
     """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors.
 
@@ -89,8 +101,8 @@ class TensorMapEncoder:
         import ctypes
 
         try:
-            self._fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-        except (OSError, AttributeError) as exc:
+            self._fn = _libcuda().cuTensorMapEncodeTiled
+        except AttributeError as exc:
             raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
         self._fn.restype = ctypes.c_int
         self._ctypes = ctypes
@@ -157,7 +169,7 @@ def _tma_arg_format(cubin: bytes, entry: str) -> str:
     """
     import ctypes as ct
 
-    lib = ct.CDLL("libcuda.so.1")
+    lib = _libcuda()
     if not hasattr(lib, "cuFuncGetParamInfo"):
         raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuFuncGetParamInfo is missing)")
     module, fn = ct.c_void_p(), ct.c_void_p()

@@ -36,7 +36,7 @@ from tuner.profiles import load_profile
 from tuner.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
 from tuner.search_space import SAMPLERS
 from tuner.space import Variant
-from tuner.store import TrialFilter, TrialRow, TrialStatus, open_store
+from tuner.store import TrialFilter, TrialStatus, open_store
 
 DEFAULT_SAMPLERS = ("tpe", "gp", "cmaes", "random")
 DEFAULT_SEEDS = 5
@@ -221,12 +221,14 @@ def replay_once(recording: Recording, sampler: str, seed: int, trials: int) -> S
     # Infeasible points cost nothing and are not budgeted trials: the curve skips them.
     by_number: dict[int, float] = {}
     infeasible: set[int] = set()
+    profile = load_profile(recording.profile)
     for row in rows:
         if row.trial_number is None:
             continue
         if row.status is TrialStatus.OK and row.median_us is not None:
             by_number[row.trial_number] = min(row.median_us, by_number.get(row.trial_number, math.inf))
-        elif row.status is TrialStatus.PRUNED and not _feasible(row, recording):
+        elif row.status is TrialStatus.PRUNED and not check(Variant.from_stored(row.template, row.params),
+                                                             row.problem, profile):
             infeasible.add(row.trial_number)
     best: Optional[float] = None
     curve: list[Optional[float]] = []
@@ -237,11 +239,6 @@ def replay_once(recording: Recording, sampler: str, seed: int, trials: int) -> S
             best = by_number[number]
         curve.append(best)
     return SeedRun(sampler, seed, tuple(curve), time.perf_counter() - start)
-
-
-def _feasible(row: TrialRow, recording: Recording) -> bool:
-    variant = Variant.from_stored(row.template, row.params)
-    return bool(check(variant, row.problem, load_profile(recording.profile)))
 
 
 def _replay_job(args: tuple[Recording, str, int, int]) -> SeedRun:
