@@ -341,7 +341,7 @@ def export(options: ExportOptions) -> ExportReport:
 
 def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
                    built: dict[str, BuiltKernel]) -> ExportReport:
-    from tuner.feasibility import launch_shape, resources
+    from tuner.feasibility import launch_shape
     from tuner.templates import load_manifest
 
     names = [name, "pyproject.toml", "README.md"]
@@ -353,14 +353,13 @@ def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manif
         (pkg / "kernels").mkdir(parents=True)
         files = []
         for kname, k in sorted(built.items()):
-            res = resources(k.variant)
             src_rel, cubin_rel = f"kernels/{kname}.cu", f"kernels/{kname}.{arch}.cubin"
             (pkg / src_rel).write_text(k.source)
             (pkg / cubin_rel).write_bytes(k.cubin)
             files += [pkg / src_rel, pkg / cubin_rel]
             manifest["kernels"][kname] = {
                 "entry": kname, "template": k.variant.template, "params": k.variant.stored_params(),
-                "smem_bytes": res["smem_bytes"], "launch": dataclasses.asdict(launch_shape(k.variant)),
+                "launch": dataclasses.asdict(launch_shape(k.variant)),
                 "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),
                 "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},

@@ -69,7 +69,7 @@ class GpuProfile:
     @property
     def templates(self) -> tuple[str, ...]:
         """Kernel templates `tuner search` uses by default, best first (profile key `templates`)."""
-        return tuple(self.extra.get("templates", ("attn_fwd_mma",)))
+        return tuple(self.extra.get("templates", DEFAULT_TEMPLATES))
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for 'fp16' or 'bf16'."""
@@ -176,6 +176,7 @@ _PROBLEM_REQUIRED = {
 }
 _PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str}
 
+DEFAULT_TEMPLATES = ("attn_fwd_mma",)  # for a profile that names no `templates`: runs on any sm_80+ card
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ARCH_RE = re.compile(r"^sm_(\d+)(a?)$")
 
@@ -297,7 +298,7 @@ def profile_from_dict(data: Mapping[str, Any], path: Path | str = "<profile>") -
         raise check.fail("problems", f"must be a non-empty array of tables ([[problems]]), got {_type_name(problems)}")
     values["default_problems"] = tuple(_parse_problem(check, i, t) for i, t in enumerate(problems))
 
-    templates = data.get("templates", ["attn_fwd_mma"])
+    templates = data.get("templates", list(DEFAULT_TEMPLATES))
     if not isinstance(templates, list) or not templates or not all(isinstance(t, str) and t for t in templates):
         raise check.fail("templates", f"must be a non-empty array of template names, got {templates!r}")
 

@@ -30,6 +30,12 @@ DEFAULT_TRIALS = 100
 WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
 
 
+def shape_problems(options: SearchOptions) -> list[Problem]:
+    """The problems named by --shape (with --dtype, --causal, --hkv and --layout)."""
+    return [problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
+                               layout=options.layout) for s in options.shapes]
+
+
 def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = None) -> str:
     """--template; else, resuming, the template of the study being resumed; else the first of the
     profile's templates (best first) that suits every requested problem (and, replaying, that the
@@ -40,9 +46,7 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
 
     if options.template:
         return options.template
-    wanted = ([problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
-                                  layout=options.layout) for s in options.shapes]
-              if options.shapes else list(profile.default_problems))
+    wanted = shape_problems(options) if options.shapes else list(profile.default_problems)
     if options.resume and storage is not None and wanted:
         several = len(wanted) > 1
         names = ([study_name_for(options, profile, wanted[0], several)] if options.study else
@@ -62,8 +66,7 @@ def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
                 say: Callable[[str], None]) -> list[Problem]:
     """--shape problems (each must suit the template), or the profile's defaults that do."""
     if options.shapes:
-        problems = [problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
-                                       layout=options.layout) for s in options.shapes]
+        problems = shape_problems(options)
         for p in problems:
             why = supports_problem(manifest, p)
             if why:

@@ -106,8 +106,9 @@ def load_kernel(kernel: str, device: int) -> AttentionKernel:
     if cc < need:
         raise RuntimeError(f"{kernel} needs compute capability {need[0]}.{need[1]}+, cuda:{device} has {cc[0]}.{cc[1]}")
     limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
-    if limit and meta["smem_bytes"] > limit:
-        raise RuntimeError(f"{kernel} needs {meta['smem_bytes']} B shared memory per block; cuda:{device} allows {limit} B")
+    smem = meta["launch"]["smem_bytes"]
+    if limit and smem > limit:
+        raise RuntimeError(f"{kernel} needs {smem} B shared memory per block; cuda:{device} allows {limit} B")
     arch = cubin_arch_for(meta["cubins"], cc)
     if arch:
         path = PACKAGE_DIR / meta["cubins"][arch]["path"]
