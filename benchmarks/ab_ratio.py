@@ -74,6 +74,14 @@ def interleaved(problem: Problem, variants: list[str], rounds: int) -> list[Row]
     return rows
 
 
+def print_rows(rows: list[Row]) -> None:
+    for row in rows:
+        line = f"  {row.name:62s} median {row.median_us:8.1f} us ({row.tflops:6.1f} TFLOP/s)"
+        for b, (med, lo, hi) in row.ratios.items():
+            line += f"  x{med:.3f} {b} ({lo:.3f}-{hi:.3f})"
+        print(line, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variants", nargs="+")
@@ -84,11 +92,7 @@ def main() -> None:
     first = parse_variant_name(args.variants[0])
     problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal)
     print(f"{torch.cuda.get_device_name(0)} {problem.label}, {args.rounds} interleaved rounds")
-    for row in interleaved(problem, args.variants, args.rounds):
-        line = f"  {row.name:62s} median {row.median_us:8.1f} us ({row.tflops:6.1f} TFLOP/s)"
-        for b, (med, lo, hi) in row.ratios.items():
-            line += f"  x{med:.3f} {b} ({lo:.3f}-{hi:.3f})"
-        print(line, flush=True)
+    print_rows(interleaved(problem, args.variants, args.rounds))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Every variant is verified against the fp32 reference before it is timed.
 Phase 1 times each candidate once (L2 flushed, median of reps); phase 2
-re-times the top K and the SDPA backends in interleaved rounds and prints
-the median per-round ratio (single timings drift by a few % between runs).
+re-times the top K and the SDPA backends in interleaved rounds
+(ab_ratio.interleaved) and prints the median per-round ratio (single
+timings drift by a few % between runs).
 
     python benchmarks/bench_template.py --template attn_fwd_wgmma --shape 16,16,2048,64 \
         --sample 40 --top 3 --rounds 5 [--causal] [--dtype bf16] [--variant NAME ...]
@@ -14,13 +15,12 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import statistics
 import time
 
 import torch
+from ab_ratio import interleaved, print_rows
 
 from tuner import runtime
-from tuner.baselines import available_baselines
 from tuner.bench import time_cuda
 from tuner.compiler import compile_many
 from tuner.feasibility import feasible_space, launch_shape
@@ -78,20 +78,5 @@ screened.sort(key=lambda row: row[0])
 for us, name, _, regs, spill in screened[: max(10, args.top)]:
     print(f"  {name:64s} {us:8.1f} us {problem.tflops(us):6.1f} TFLOP/s regs {regs} spill {spill}")
 
-baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale) if b.name != "sdpa_efficient"}
-calls = {name: call for _, name, call, _, _ in screened[: args.top]}
-times: dict[str, list[float]] = {n: [] for n in [*baselines, *calls]}
-for _ in range(args.rounds):
-    for name, b in baselines.items():
-        times[name].append(b.time(l2_bytes=profile.l2_bytes, rep_ms=60).median_us)
-    for name, call in calls.items():
-        times[name].append(time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=60).median_us)
 print(f"interleaved, {args.rounds} rounds:")
-for name, ts in times.items():
-    med = statistics.median(ts)
-    line = f"  {name:64s} {med:8.1f} us {problem.tflops(med):6.1f} TFLOP/s"
-    if name in calls:
-        for b in baselines:
-            ratios = [bt / t for bt, t in zip(times[b], ts)]
-            line += f"  x{statistics.median(ratios):.3f} {b}"
-    print(line, flush=True)
+print_rows(interleaved(problem, [name for _, name, _, _, _ in screened[: args.top]], args.rounds))
