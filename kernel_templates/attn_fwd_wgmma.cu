@@ -4,10 +4,10 @@
 // time: one such work item per CTA, or (PERSISTENT) about one CTA per SM
 // striding over all of them:
 //   * warpgroup 0 is the producer: after giving registers back (setmaxnreg),
-//     one thread loads the Q tile once and streams K and V tiles with TMA
-//     (cp.async.bulk.tensor) into a STAGES-deep shared-memory ring; every
-//     copy completes on an mbarrier (full), and consumers free a slot with
-//     another (empty).
+//     one thread streams K and V tiles with TMA (cp.async.bulk.tensor) into
+//     a STAGES-deep shared-memory ring, and another loads each consumer's Q
+//     rows once per work item; every copy completes on an mbarrier (full),
+//     and consumers free a slot or their Q rows with another (empty).
 //   * warpgroups 1..CONSUMERS are consumers, each owning 64 query rows:
 //     S = Q K^T with wgmma (both operands in shared memory, K-major), online
 //     softmax in registers (exp2), O += P V with wgmma (P from registers, V
@@ -136,6 +136,15 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
   constexpr uint64_t mode = SWB == 128 ? 1 : (SWB == 64 ? 2 : 3);
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32) | (mode << 62);
+}
+
+// The same descriptor `bytes` further on: only the start address field (low
+// word, 16-byte units) moves, and shared memory ends below 256 KB, so the
+// field never carries. One uniform add per wgmma instead of rebuilding the
+// descriptor from the address (mask, shift, or: the issue slots matter).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -745,10 +754,11 @@ struct HopperConfig {
   static constexpr int CONSUMER_REGS = !SPLIT_REGS ? 240 : (CONSUMER_REGS_RAW > 240 ? 240 : CONSUMER_REGS_RAW);
   static_assert(!SPLIT_REGS || 128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * LAUNCH_REGS,
                 "register split exceeds the CTA's register pool");
+  static constexpr int Q_ROWS = 64;  // rows of a Q box: each consumer's rows load (and free) on their own
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int KV_BYTES = BN * D * 2;  // one K or one V tile
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + 256;
-  static_assert((2 + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
+  static_assert((2 * CONSUMERS + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
   static_assert(SWB == 32 || SWB == 64 || SWB == 128, "swizzle is 32, 64 or 128 bytes");
@@ -762,11 +772,12 @@ struct HopperConfig {
 // S = Q K^T for one warpgroup: 64 x BN, D/16 wgmma steps along the head dim.
 template <class C>
 __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_base) {
+  const uint64_t qd = make_desc<C::SWB>(q_base, 16, 8 * C::SWB), kd = make_desc<C::SWB>(k_base, 16, 8 * C::SWB);
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
     const uint32_t cb = kk * 16 / C::E, off = (kk * 16) % C::E * 2;  // column block, bytes into its row
-    const uint64_t da = make_desc<C::SWB>(q_base + cb * C::BM * C::SWB + off, 16, 8 * C::SWB);
-    const uint64_t db = make_desc<C::SWB>(k_base + cb * C::BN * C::SWB + off, 16, 8 * C::SWB);
+    const uint64_t da = desc_advance(qd, cb * C::BM * C::SWB + off);
+    const uint64_t db = desc_advance(kd, cb * C::BN * C::SWB + off);
     Wgmma<C::BN>::template ss<C::BF16, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
 }
@@ -775,9 +786,10 @@ __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_b
 // i.e. MN-major for this product (the transpose flag of the instruction).
 template <class C>
 __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base) {
+  const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
 #pragma unroll
   for (int kk = 0; kk < C::BN / 16; ++kk) {
-    const uint64_t dv = make_desc<C::SWB>(v_base + kk * 16 * C::SWB, C::BN * C::SWB, 8 * C::SWB);
+    const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
     Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, 1);
   }
 }
@@ -869,34 +881,52 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const uint32_t sK = sQ + C::Q_BYTES;
   const uint32_t sV = sK + C::STAGES * C::KV_BYTES;
   const uint32_t bars = sV + C::STAGES * C::KV_BYTES;
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  auto k_full = [&](int s) { return bars + 8 * (2 + s); };
-  auto v_full = [&](int s) { return bars + 8 * (2 + C::STAGES + s); };
+  // Each consumer's Q rows have their own full/empty pair, so one consumer
+  // can start its next work item while another is still finishing.
+  auto q_full = [&](int c) { return bars + 8 * c; };
+  auto q_empty = [&](int c) { return bars + 8 * (C::CONSUMERS + c); };
+  constexpr int KV_BAR0 = 2 * C::CONSUMERS;
+  auto k_full = [&](int s) { return bars + 8 * (KV_BAR0 + s); };
+  auto v_full = [&](int s) { return bars + 8 * (KV_BAR0 + C::STAGES + s); };
   // K and V slots are freed separately: K as soon as Q K^T has read it.
-  auto k_empty = [&](int s) { return bars + 8 * (2 + 2 * C::STAGES + s); };
-  auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * C::STAGES + s); };
+  auto k_empty = [&](int s) { return bars + 8 * (KV_BAR0 + 2 * C::STAGES + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (KV_BAR0 + 3 * C::STAGES + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  // Work items are (query tile, head, batch). One per CTA, or, persistent,
-  // a grid of about one CTA per SM striding over all of them (the next
-  // tile's K/V loads then overlap this tile's epilogue). Heaviest (causal)
-  // query tiles first.
+  // Work items are (query tile, head, batch): one per CTA (heaviest causal
+  // tiles first), or, persistent, about one CTA per SM going through its
+  // share of them, so that one item's epilogue overlaps the next one's K/V
+  // loads and the other consumers' work. Persistent CTAs take units of consecutive items of
+  // one head, strided across the grid: concurrent CTAs share heads (K/V stay
+  // in L2). A causal unit pairs query tile q with tile m_blocks - 1 - q:
+  // every unit costs about the same, so static striding stays balanced.
   const int m_blocks = (a.sq + C::BM - 1) / C::BM;
-  const int n_work = C::PERSISTENT ? m_blocks * a.heads * a.batch : 1;
-  const int work0 = C::PERSISTENT ? blockIdx.x : 0;
-  const int work_step = C::PERSISTENT ? gridDim.x : 1;
+  const int unit_items = C::PERSISTENT && C::CAUSAL ? 2 : 1;
+  const int units_per_head = C::PERSISTENT && C::CAUSAL ? (m_blocks + 1) / 2 : m_blocks;
+  const int n_units = C::PERSISTENT ? units_per_head * a.heads * a.batch : 1;
   struct Work {
     int m0, h, b, n_tiles;
+    bool skip;  // the empty second half of a causal unit (the middle tile has no partner)
   };
-  auto work_item = [&](int w) {
-    Work it;
+  // The r-th work item of this CTA; false once it has none left.
+  auto work_at = [&](int r, Work& it) {
     int m_block;
+    it.skip = false;
     if constexpr (C::PERSISTENT) {
-      m_block = m_blocks - 1 - w % m_blocks;
-      it.h = (w / m_blocks) % a.heads;
-      it.b = w / m_blocks / a.heads;
+      const int unit = blockIdx.x + r / unit_items * gridDim.x;
+      if (unit >= n_units) return false;
+      const int hb = unit / units_per_head, q = unit % units_per_head;
+      it.h = hb % a.heads;
+      it.b = hb / a.heads;
+      if constexpr (C::CAUSAL) {
+        m_block = r % 2 == 0 ? m_blocks - 1 - q : q;
+        it.skip = r % 2 == 1 && q == m_blocks - 1 - q;
+      } else {
+        m_block = q;
+      }
     } else {
+      if (r > 0) return false;
       m_block = gridDim.x - 1 - blockIdx.x;
       it.h = blockIdx.y;
       it.b = blockIdx.z;
@@ -905,12 +935,14 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
     int kv_end = a.sk;
     if constexpr (C::CAUSAL) kv_end = min(a.sk, max(0, it.m0 + C::BM + a.sk - a.sq));
     it.n_tiles = (kv_end + C::BN - 1) / C::BN;
-    return it;
+    return true;
   };
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 4 * C::CONSUMERS);  // lane 0 of every consumer warp, after its epilogue
+    for (int c = 0; c < C::CONSUMERS; ++c) {
+      mbar_init(q_full(c), 1);
+      mbar_init(q_empty(c), 4);  // lane 0 of each warp of consumer c, after its epilogue
+    }
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
@@ -924,40 +956,47 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   if (wg == 0) {
     // ---- producer
     if constexpr (C::SPLIT_REGS) setmaxnreg_dec<C::PRODUCER_REGS>();
+    // Two loader threads, so that neither waits behind the other: one streams
+    // K/V tiles into the ring, the other loads each consumer's Q rows as soon
+    // as that consumer has written out its previous item (the epilogue stages
+    // O in those rows).
     if (tid == 0) {
-      tma_prefetch_map(&tq);
       tma_prefetch_map(&tk);
       tma_prefetch_map(&tv);
       int ring = 0;  // K/V tiles loaded so far: slot ring % STAGES, phase (ring / STAGES) & 1
-      auto load_kv = [&](int j, int hk, int b) {
-        const int s = ring % C::STAGES;
-        const uint32_t phase = (ring / C::STAGES) & 1;
-        ++ring;
-        mbar_wait(k_empty(s), phase ^ 1);  // a fresh barrier counts as released
-        mbar_expect_tx(k_full(s), C::KV_BYTES);
-#pragma unroll
-        for (int cb = 0; cb < C::CB; ++cb)
-          tma_load(sK + s * C::KV_BYTES + cb * C::BN * C::SWB, &tk, k_full(s), cb * C::E, j * C::BN, hk, b);
-        mbar_wait(v_empty(s), phase ^ 1);
-        mbar_expect_tx(v_full(s), C::KV_BYTES);
-#pragma unroll
-        for (int cb = 0; cb < C::CB; ++cb)
-          tma_load(sV + s * C::KV_BYTES + cb * C::BN * C::SWB, &tv, v_full(s), cb * C::E, j * C::BN, hk, b);
-      };
-      int round = 0;
-      for (int w = work0; w < n_work; w += work_step, ++round) {
-        const Work it = work_item(w);
+      Work it;
+      for (int r = 0; work_at(r, it); ++r) {
+        if (it.skip) continue;
         const int hk = it.h / a.h_per_kv;
-        // After the first item, K/V tile 0 goes first: it needs only a free ring
-        // slot, while Q waits for the previous item's epilogue to leave sQ.
-        const int early = (round > 0 && it.n_tiles > 0) ? 1 : 0;
-        if (early) load_kv(0, hk, it.b);
-        mbar_wait(q_empty, (round & 1) ^ 1);
-        mbar_expect_tx(q_full, C::Q_BYTES);
+        for (int j = 0; j < it.n_tiles; ++j, ++ring) {
+          const int s = ring % C::STAGES;
+          const uint32_t phase = (ring / C::STAGES) & 1;
+          mbar_wait(k_empty(s), phase ^ 1);  // a fresh barrier counts as released
+          mbar_expect_tx(k_full(s), C::KV_BYTES);
 #pragma unroll
-        for (int cb = 0; cb < C::CB; ++cb)
-          tma_load(sQ + cb * C::BM * C::SWB, &tq, q_full, cb * C::E, it.m0, it.h, it.b);
-        for (int j = early; j < it.n_tiles; ++j) load_kv(j, hk, it.b);
+          for (int cb = 0; cb < C::CB; ++cb)
+            tma_load(sK + s * C::KV_BYTES + cb * C::BN * C::SWB, &tk, k_full(s), cb * C::E, j * C::BN, hk, it.b);
+          mbar_wait(v_empty(s), phase ^ 1);
+          mbar_expect_tx(v_full(s), C::KV_BYTES);
+#pragma unroll
+          for (int cb = 0; cb < C::CB; ++cb)
+            tma_load(sV + s * C::KV_BYTES + cb * C::BN * C::SWB, &tv, v_full(s), cb * C::E, j * C::BN, hk, it.b);
+        }
+      }
+    } else if (tid == 32) {
+      tma_prefetch_map(&tq);
+      Work it;
+      for (int r = 0, round = 0; work_at(r, it); ++r) {
+        if (it.skip) continue;
+        for (int c = 0; c < C::CONSUMERS; ++c) {
+          mbar_wait(q_empty(c), (round & 1) ^ 1);
+          mbar_expect_tx(q_full(c), C::Q_BYTES / C::CONSUMERS);
+#pragma unroll
+          for (int cb = 0; cb < C::CB; ++cb)
+            tma_load(sQ + cb * C::BM * C::SWB + c * C::Q_ROWS * C::SWB, &tq, q_full(c), cb * C::E,
+                     it.m0 + c * C::Q_ROWS, it.h, it.b);
+        }
+        ++round;
       }
     }
     return;
@@ -972,15 +1011,19 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const Turns<C> turns{cw};
   // The work item holding this CTA's last ping-pong turn (-1: none has any key).
   int last_busy = -1;
-  for (int w = work0; w < n_work; w += work_step)
-    if (work_item(w).n_tiles > 0) last_busy = w;
+  {
+    Work it;
+    for (int r = 0; work_at(r, it); ++r)
+      if (!it.skip && it.n_tiles > 0) last_busy = r;
+  }
   turns.start(last_busy >= 0);
 
-  int ring = 0, round = 0;
-  for (int w = work0; w < n_work; w += work_step, ++round) {
-    const Work it = work_item(w);
+  int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
+  Work it;
+  for (int r = 0; work_at(r, it); ++r) {
+    if (it.skip) continue;
     const int m0 = it.m0, n_tiles = it.n_tiles;
-    const bool last_work = w == last_busy;
+    const bool last_work = r == last_busy;
     const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
 
     float o[C::D / 2];
@@ -1004,7 +1047,7 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       if (lane == 0) mbar_arrive(v_empty(slot(j)));
     };
 
-    mbar_wait(q_full, round & 1);
+    mbar_wait(q_full(cw), round & 1);
     if constexpr (C::OVERLAP) {
       // Tile j's softmax runs while the tensor cores do P_{j-1} V_{j-1}: Q K_j^T
       // and that product are issued back to back, S_j is waited for first. O is
@@ -1083,6 +1126,7 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
       }
     }
     ring += n_tiles;
+    ++round;
 
     // ---- epilogue: O / l staged in this warpgroup's own Q rows (free once its
     // last Q K^T has completed), then written as whole 16-byte chunks per row.
@@ -1126,7 +1170,7 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
     // through the generic proxy, so fence, and gather the lanes, first.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncwarp();
-    if (lane == 0) mbar_arrive(q_empty);
+    if (lane == 0) mbar_arrive(q_empty(cw));
   }
 }
 

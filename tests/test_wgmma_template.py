@@ -75,8 +75,8 @@ def test_feasible_variants_respect_the_register_split_and_smem(head_dim: int, ca
         assert variant.params["PRODUCER_REGS"] == 24
     assert res["smem_bytes"] <= profile.smem_per_block_optin
     shape = launch_shape(variant)
-    assert (shape.tma_swizzle, shape.tma_kv_rows, shape.block_m) == (
-        variant.params["SWIZZLE"], variant.params["BLOCK_N"], variant.params["BLOCK_M"])
+    assert (shape.tma_swizzle, shape.tma_kv_rows, shape.tma_q_rows, shape.block_m) == (
+        variant.params["SWIZZLE"], variant.params["BLOCK_N"], 64, variant.params["BLOCK_M"])
     assert head_dim % (variant.params["SWIZZLE"] // 2) == 0
 
 

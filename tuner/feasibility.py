@@ -52,7 +52,8 @@ def launch_shape(variant: Variant) -> LaunchShape:
     """How the launcher runs this variant: block rows, threads, shared memory, TMA boxes."""
     res = resources(variant)
     return LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0),
-                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), bool(res.get("persistent", 0)))
+                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), res.get("tma_q_rows", 0),
+                       bool(res.get("persistent", 0)))
 
 
 def default_template(profile: GpuProfile, problems: list[Problem], candidates: list[str] | None = None) -> str:

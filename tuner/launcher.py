@@ -69,7 +69,8 @@ class LaunchShape:
     threads: int
     smem_bytes: int
     tma_swizzle: int = 0  # > 0: the kernel reads q, k, v through TMA tensor maps with boxes this many bytes wide
-    tma_kv_rows: int = 0  # rows of a K/V box (a Q box has block_m rows)
+    tma_kv_rows: int = 0  # rows of a K/V box
+    tma_q_rows: int = 0  # rows of a Q box (0: block_m)
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
 
 
@@ -258,7 +259,7 @@ class AttentionKernel:
 
     def _encode_maps(self, key: tuple, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes]:
         swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-        maps = (self._maps.encode("q", q, self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
+        maps = (self._maps.encode("q", q, self.shape.tma_q_rows or self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
                 self._maps.encode("v", v, kv_rows, swz))
         if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
             self._map_cache.clear()

@@ -21,8 +21,8 @@ ParamValue = int | bool | str
 _CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16"}
 # Resources the launcher and feasibility act on, and the template constant
 # each must equal: a drift would hang a TMA copy or launch the wrong grid.
-_LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("persistent", "PERSISTENT"),
-                    ("consumer_regs", "CONSUMER_REGS"))
+_LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("tma_q_rows", "Q_ROWS"),
+                    ("persistent", "PERSISTENT"), ("consumer_regs", "CONSUMER_REGS"))
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
