@@ -16,7 +16,9 @@ from typing import Any
 
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
-TMA_ARG_FORMAT = "128s" * 3 + ARG_FORMAT + "ii"  # TMA kernels: tensor maps of q, k, v first; heads, batch last
+# TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
+# address (the map's first 8 bytes) and the other 120 bytes; heads, batch last.
+TMA_ARG_FORMAT = "Q120s" * 3 + ARG_FORMAT + "ii"
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 _bound: dict[str, Any] = {}
 
@@ -90,13 +92,15 @@ class TensorMapEncoder:
 
     A map encodes the tensor's address, extents and strides as 4-D (D, S, H, B),
     so BHSD, BSHD and GQA need no copy and rows past S read as zeros. Encoding
-    is a driver call: AttentionKernel caches the maps of each call's inputs.
+    is a driver call (about 9 us from Python, three per launch); the address
+    is the map's first 8 bytes, so AttentionKernel keeps one map per layout
+    and writes each call's addresses into it (`address_free`).
     """
 
     _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
     _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
     _L2_PROMOTION_128B = 2
-    CACHE_LIMIT = 256  # cached input triples per kernel
+    CACHE_LIMIT = 256  # cached input layouts per kernel
 
     def __init__(self) -> None:
         import ctypes
@@ -108,7 +112,8 @@ class TensorMapEncoder:
         self._fn.restype = ctypes.c_int
         self._ctypes = ctypes
 
-    def encode(self, name: str, t: Any, rows: int, swizzle: int) -> bytes:
+    def encode(self, name: str, t: Any, rows: int, swizzle: int, address: int | None = None) -> bytes:
+        """The map of tensor t (at `address` instead of t's own, if given)."""
         ct = self._ctypes
         b, h, s, d = t.shape
         esize = t.element_size()
@@ -120,7 +125,7 @@ class TensorMapEncoder:
         buf = (ct.c_ubyte * 192)()
         offset = -ct.addressof(buf) % 64  # CUtensorMap is 64-byte aligned
         rc = self._fn(ct.c_void_p(ct.addressof(buf) + offset), ct.c_int(self._DTYPES[str(t.dtype)]), ct.c_uint32(4),
-                      ct.c_void_p(t.data_ptr()), (ct.c_uint64 * 4)(*dims), (ct.c_uint64 * 3)(*strides),
+                      ct.c_void_p(t.data_ptr() if address is None else address), (ct.c_uint64 * 4)(*dims), (ct.c_uint64 * 3)(*strides),
                       (ct.c_uint32 * 4)(swizzle // esize, rows, 1, 1), (ct.c_uint32 * 4)(1, 1, 1, 1),
                       ct.c_int(0), ct.c_int(self._SWIZZLES[swizzle]), ct.c_int(self._L2_PROMOTION_128B), ct.c_int(0))
         if rc != 0:
@@ -128,6 +133,16 @@ class TensorMapEncoder:
                                       f"extents (D, S, H, B) {tuple(dims)}, byte strides {tuple(strides)}): strides "
                                       f"must be positive multiples of 16 bytes")
         return bytes(buf[offset:offset + 128])
+
+    def address_free(self, name: str, t: Any, rows: int, swizzle: int) -> bytes | None:
+        """t's map without its address (the last 120 bytes), valid for t's layout at any address;
+        None where this driver's maps do not hold the address, alone, in their first 8 bytes."""
+        here = t.data_ptr()
+        maps = [self.encode(name, t, rows, swizzle, address) for address in (here, here + 4096)]
+        for address, m in zip((here, here + 4096), maps):
+            if int.from_bytes(m[:8], "little") != address:
+                return None
+        return maps[0][8:] if maps[0][8:] == maps[1][8:] else None
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -207,7 +222,9 @@ class AttentionKernel:
             self._fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem_bytes)
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
-        self._map_cache: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+        # Per input layout: the address-free maps of q, k, v, or None (encode every call).
+        self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
+        self._fits: dict[tuple, tuple[bool, Any]] = {}  # per input layout: (passes the checks, TMA maps)
         self._fn.prepare(self._format)
         self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
         self._block = (shape.threads, 1, 1)
@@ -228,40 +245,99 @@ class AttentionKernel:
         self.launch_unchecked(q, k, v, out, lse, scale)
 
     def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None) -> None:
-        """The launch alone (inputs already validated): the lowest host overhead path."""
-        b, h, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
+        """The launch alone (inputs already validated)."""
+        self._launch(q, k, v, out, lse, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
+                     q.data_ptr(), k.data_ptr(), v.data_ptr())
+
+    def launch_if_fit(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None) -> bool:
+        """Launch if q, k, v have a layout that passed check_attention_tensors before (remembered
+        per layout: shapes, strides, dtypes, devices) and 16-byte aligned data; otherwise launch
+        nothing and return False (the caller then validates fully, for the precise error).
+
+        out must be torch.empty_like(q); lse is not taken here. The cheapest checked launch:
+        each tensor attribute is read once (each read is a call into torch, a fraction of a
+        microsecond that adds up at small problem sizes).
+        """
+        qshape, kshape, vshape = q.shape, k.shape, v.shape
+        qs, ks, vs = q.stride(), k.stride(), v.stride()
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) & 15 or lse is not None:
+            return False
+        layout = (qshape, kshape, vshape, qs, ks, vs, q.dtype, k.dtype, v.dtype,
+                  q.get_device(), k.get_device(), v.get_device())
+        fit = self._fits.get(layout)
+        if fit is None:
+            fit = self._remember_fit(layout, q, k, v)
+        if fit[0]:
+            self._launch(q, k, v, out, None, scale, qshape, kshape, qs, ks, vs, qp, kp, vp, fit[1])
+        return fit[0]
+
+    def _remember_fit(self, layout: tuple, q: Any, k: Any, v: Any) -> tuple[bool, Any]:
+        """(does the layout pass check_attention_tensors, its address-free TMA maps or None)."""
+        try:
+            check_attention_tensors(q, k, v, q)
+            fits = q.get_device() == k.get_device() == v.get_device() and k.shape[2] > 0
+        except AttentionInputError:
+            fits = False
+        fit = (fits, self._maps_for(q, k, v) if fits and self._maps is not None else None)
+        if len(self._fits) >= TensorMapEncoder.CACHE_LIMIT:
+            self._fits.clear()
+        self._fits[layout] = fit
+        return fit
+
+    def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
+                qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False) -> None:
+        b, h, sq, d = qshape
+        hkv, sk = kshape[1], kshape[2]
         if not b * h * sq:
             return  # nothing to compute (a zero grid would not launch)
-        if not sk and self._maps is not None:
+        maps = self._maps
+        if not sk and maps is not None:
             # No keys: TMA cannot map an empty tensor; the result is defined without the kernel.
             out.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
             return
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-        qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
-        grid = ((sq + self.shape.block_m - 1) // self.shape.block_m, h, b)
-        if self.shape.persistent:
+        os_ = out.stride()
+        shape = self.shape
+        grid = ((sq + shape.block_m - 1) // shape.block_m, h, b)
+        if shape.persistent:
             grid = (min(grid[0] * h * b, self._sm_count), 1, 1)
-        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
-                qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-                sq, sk, h // hkv, scale)
-        if self._maps is not None:
-            # One lookup per call (a map depends only on these); encoding is a driver call each.
-            key = (args[0], args[1], args[2], qs, ks, vs, b, h, sq, d, hkv, sk, q.dtype)
-            maps = self._map_cache.get(key) or self._encode_maps(key, q, k, v)
-            args = (*maps, *args, h, b)
-        if self._launch_kernel is not None:
-            self._launch_kernel(grid, self._block, self._pack(self._format, *args), self.shape.smem_bytes, None)
+        lp = lse.data_ptr() if lse is not None else 0
+        if maps is not None:
+            # A map depends on the layout (looked up here, unless given) and the address (written per call).
+            if tails is False:
+                key = (qs, ks, vs, qshape, kshape, q.dtype)
+                tails = self._map_cache.get(key, False)
+                if tails is False:
+                    tails = self._map_cache[key] = self._maps_for(q, k, v)
+            if tails is None:  # a driver whose maps are not address + rest: full maps per call
+                mq, mk, mv = self._encode_maps(q, k, v)
+                args = (int.from_bytes(mq[:8], "little"), mq[8:], int.from_bytes(mk[:8], "little"), mk[8:],
+                        int.from_bytes(mv[:8], "little"), mv[8:])
+            else:
+                args = (qp, tails[0], kp, tails[1], vp, tails[2])
+            args += (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale, h, b)
         else:
-            self._fn.prepared_call(grid, self._block, *args, shared_size=self.shape.smem_bytes)
+            args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                    vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
+        if self._launch_kernel is not None:
+            self._launch_kernel(grid, self._block, self._pack(self._format, *args), shape.smem_bytes, None)
+        else:
+            self._fn.prepared_call(grid, self._block, *args, shared_size=shape.smem_bytes)
 
-    def _encode_maps(self, key: tuple, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes]:
+    def _encode_maps(self, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes]:
         swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-        maps = (self._maps.encode("q", q, self.shape.tma_q_rows or self.shape.block_m, swz), self._maps.encode("k", k, kv_rows, swz),
-                self._maps.encode("v", v, kv_rows, swz))
+        return (self._maps.encode("q", q, self.shape.tma_q_rows or self.shape.block_m, swz),
+                self._maps.encode("k", k, kv_rows, swz), self._maps.encode("v", v, kv_rows, swz))
+
+    def _maps_for(self, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes] | None:
+        """The address-free maps of q, k, v's layout (None: this driver needs full maps per call)."""
         if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
             self._map_cache.clear()
-        self._map_cache[key] = maps
-        return maps
+        swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
+        tails = (self._maps.address_free("q", q, self.shape.tma_q_rows or self.shape.block_m, swz),
+                 self._maps.address_free("k", k, kv_rows, swz), self._maps.address_free("v", v, kv_rows, swz))
+        return None if None in tails else tails

@@ -93,25 +93,38 @@ def test_runs_within_5_percent_of_the_search(package) -> None:
 
 
 def test_host_overhead_per_call(package) -> None:
+    """Dispatch, checks, output allocation and launch cost at most HOST_OVERHEAD_US of host time per
+    call, with new input tensors every call (as in a model: no per-address caching may hide costs).
+
+    Batches are short (200 calls after a synchronize): the launch queue never fills, so the wall
+    time is the host's, even where one tiny kernel takes longer on the GPU than its launch on the host.
+    """
     import torch
 
     mod, _ = package
-    q, k, v = make_inputs(Problem(1, 1, 16, 16, 64), seed=3)
-    n, batches = 2000, 5
+    pool = [make_inputs(Problem(1, 1, 16, 16, 64), seed=s) for s in range(16)]
+    n, batches = 200, 25
     means = []
     with torch.no_grad():
-        for _ in range(500):
-            mod.attention(q, k, v)
-        torch.cuda.synchronize()
-        for _ in range(batches):  # the median batch: one busy moment of a shared host does not decide
+        for i in range(500):
+            mod.attention(*pool[i % 16])
+        for _ in range(batches):
+            torch.cuda.synchronize()
             start = time.perf_counter()
-            for _ in range(n):
-                mod.attention(q, k, v)
+            for i in range(n):
+                mod.attention(*pool[i % 16])
             means.append((time.perf_counter() - start) / n * 1e6)
         torch.cuda.synchronize()
-    per_call = sorted(means)[batches // 2]
-    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + launch; "
-          f"batches {', '.join(f'{m:.2f}' for m in means)})")
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for i in range(n):
+            mod.attention(*pool[i % 16])
+        end.record()
+        torch.cuda.synchronize()
+    per_call = sorted(means)[batches // 2]  # the median batch: one busy moment of a shared host does not decide
+    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + launch, new inputs "
+          f"each call; batches {min(means):.2f}-{max(means):.2f}); back to back on the GPU "
+          f"{begin.elapsed_time(end) * 1e3 / n:.2f} us per call")
     assert per_call <= HOST_OVERHEAD_US, f"{per_call:.1f} us per call > {HOST_OVERHEAD_US} us"
 
 

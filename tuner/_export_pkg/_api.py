@@ -2,7 +2,8 @@
 
 Copied verbatim into every package written by `tuner export`.
 Eager calls take the fast path: one dict lookup on a cheap tuple, a few
-attribute checks and PyCUDA's prepared launch. Under torch.compile the call
+attribute checks (the layout's are remembered by the kernel) and PyCUDA's
+packed launch. Under torch.compile the call
 goes through the registered custom op (with a fake implementation), so the
 graph traces; the op's real implementation is the same eager path.
 """
@@ -20,8 +21,8 @@ PACKAGE: str = _kernels.MANIFEST["package"]
 TABLE = DispatchTable(_kernels.MANIFEST["entries"])
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FALLBACKS = (None, "sdpa")
-# (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, launch function)
-_cache: dict[tuple, tuple[int, Callable[..., None]]] = {}
+# (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
+_cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -43,10 +44,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     qs, ks = q.shape, k.shape
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
         hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length()))
-        if hit is not None and _fast_ok(q, k, v, hit[0]) and (fallback is None or fallback == "sdpa"):
+        if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
+                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             out = torch.empty_like(q)
-            _launch_in_order(hit[1], q, k, v, out, scale)
-            return out
+            if _launch_in_order(hit[1], q, k, v, out, scale):  # the kernel checks the rest (layout cached)
+                return out
     return _slow(q, k, v, causal, scale, fallback)
 
 
@@ -72,35 +74,21 @@ def _default_stream_handle(device: int) -> int:
     return handle
 
 
-def _launch_in_order(launch: Callable[..., None], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, scale: Optional[float]) -> None:
+def _launch_in_order(launch: Callable[..., Optional[bool]], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, scale: Optional[float]) -> Optional[bool]:
     """Launch (on the legacy default stream, where PyCUDA launches) ordered after and before
     the work of torch's current stream: torch's default stream synchronises with it, side
-    streams (created non-blocking) do not, so for those the order is made explicit."""
+    streams (created non-blocking) do not, so for those the order is made explicit.
+    Returns what `launch` returns."""
     device = q.get_device()
     if _current_stream_handle(device) == _default_stream_handle(device):  # the common case, checked cheaply
-        launch(q, k, v, out, None, scale)
-        return
+        return launch(q, k, v, out, None, scale)
     current = torch.cuda.current_stream(q.device)
     default = torch.cuda.default_stream(q.device)
     default.wait_stream(current)  # inputs written on the side stream are visible to the kernel
-    launch(q, k, v, out, None, scale)
+    launched = launch(q, k, v, out, None, scale)
     current.wait_stream(default)  # later work (and frees) on the side stream come after it
-
-
-def _fast_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, device: int) -> bool:
-    """The checks every launch needs, as cheap as they come; any miss takes the slow path (precise error)."""
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
-    kshape = k.shape
-    return (
-        q.get_device() == device and k.get_device() == device and v.get_device() == device
-        and k.dtype == q.dtype and v.dtype == q.dtype and len(vs) == 4
-        and kshape == v.shape and kshape[0] == q.shape[0] and kshape[3] == q.shape[3] and not q.shape[1] % kshape[1]
-        and qs[3] == 1 and ks[3] == 1 and vs[3] == 1
-        and not (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) & 7
-        and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    )
+    return launched
 
 
 def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str]) -> torch.Tensor:
@@ -142,7 +130,8 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
         raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
                                   f"got tensors on cuda:{device}")
     kernel = _kernels.load_kernel(choice.entry["kernel"], device)
-    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket)] = (device, kernel.launch_unchecked)
+    # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
+    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket)] = (device, kernel.launch_if_fit)
     return kernel.launch_unchecked
 
 
