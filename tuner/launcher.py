@@ -209,6 +209,14 @@ def _tma_arg_format(cubin: bytes, entry: str) -> str:
     return (f"{first}x" if first else "") + TMA_ARG_FORMAT
 
 
+def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
+    """cache[key] = value, emptying the cache first once it holds CACHE_LIMIT entries; returns value."""
+    if len(cache) >= TensorMapEncoder.CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 class AttentionKernel:
     """A compiled attention variant, loaded and ready to launch on torch tensors."""
 
@@ -279,11 +287,8 @@ class AttentionKernel:
             fits = q.get_device() == k.get_device() == v.get_device() and k.shape[2] > 0
         except AttentionInputError:
             fits = False
-        fit = (fits, self._maps_for(q, k, v) if fits and self._maps is not None else None)
-        if len(self._fits) >= TensorMapEncoder.CACHE_LIMIT:
-            self._fits.clear()
-        self._fits[layout] = fit
-        return fit
+        maps = self._maps_for(q, k, v) if fits and self._maps is not None else None
+        return _bounded_put(self._fits, layout, (fits, maps))
 
     def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
                 qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False) -> None:
@@ -311,7 +316,7 @@ class AttentionKernel:
                 key = (qs, ks, vs, qshape, kshape, q.dtype)
                 tails = self._map_cache.get(key, False)
                 if tails is False:
-                    tails = self._map_cache[key] = self._maps_for(q, k, v)
+                    tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v))
             if tails is None:  # a driver whose maps are not address + rest: full maps per call
                 mq, mk, mv = self._encode_maps(q, k, v)
                 args = (int.from_bytes(mq[:8], "little"), mq[8:], int.from_bytes(mk[:8], "little"), mk[8:],
@@ -328,16 +333,17 @@ class AttentionKernel:
         else:
             self._fn.prepared_call(grid, self._block, *args, shared_size=shape.smem_bytes)
 
-    def _encode_maps(self, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes]:
-        swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-        return (self._maps.encode("q", q, self.shape.tma_q_rows or self.shape.block_m, swz),
-                self._maps.encode("k", k, kv_rows, swz), self._maps.encode("v", v, kv_rows, swz))
+    def _map_inputs(self, q: Any, k: Any, v: Any) -> tuple[tuple[str, Any, int], ...]:
+        """(name, tensor, box rows) of each input read through a tensor map."""
+        kv_rows = self.shape.tma_kv_rows
+        return ("q", q, self.shape.tma_q_rows or self.shape.block_m), ("k", k, kv_rows), ("v", v, kv_rows)
 
-    def _maps_for(self, q: Any, k: Any, v: Any) -> tuple[bytes, bytes, bytes] | None:
+    def _encode_maps(self, q: Any, k: Any, v: Any) -> tuple[bytes, ...]:
+        swz = self.shape.tma_swizzle
+        return tuple(self._maps.encode(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v))
+
+    def _maps_for(self, q: Any, k: Any, v: Any) -> tuple[bytes, ...] | None:
         """The address-free maps of q, k, v's layout (None: this driver needs full maps per call)."""
-        if len(self._map_cache) >= TensorMapEncoder.CACHE_LIMIT:
-            self._map_cache.clear()
-        swz, kv_rows = self.shape.tma_swizzle, self.shape.tma_kv_rows
-        tails = (self._maps.address_free("q", q, self.shape.tma_q_rows or self.shape.block_m, swz),
-                 self._maps.address_free("k", k, kv_rows, swz), self._maps.address_free("v", v, kv_rows, swz))
+        swz = self.shape.tma_swizzle
+        tails = tuple(self._maps.address_free(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v))
         return None if None in tails else tails
