@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from tuner.compiler import compile_many
 from tuner.feasibility import covering_sample, feasible_space, launch_shape
@@ -42,3 +48,13 @@ def assert_variants_match_reference(variants: list, problem: Problem, profile) -
         finite = torch.isfinite(ref_lse)
         assert torch.equal(finite, torch.isfinite(lse)), f"{variant.name}: -inf rows differ"
         torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+
+
+def run_sanitizer(tool: str, *case: str) -> subprocess.CompletedProcess:
+    """compute-sanitizer --tool `tool` over sanitize_case.py `case` (the test skips without the sanitizer)."""
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer not on PATH")
+    script = Path(__file__).with_name("sanitize_case.py")
+    return subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script), *case],
+                          capture_output=True, text=True, timeout=600)

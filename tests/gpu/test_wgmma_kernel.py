@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.gpu.reference_checks import assert_variants_match_reference, sample_variants
+from tests.gpu.reference_checks import assert_variants_match_reference, run_sanitizer, sample_variants
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -42,12 +37,7 @@ def test_variants_match_fp32_reference(problem: Problem, hopper) -> None:
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_clean(tool: str, hopper, tmp_path: Path) -> None:
-    sanitizer = shutil.which("compute-sanitizer")
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer not on PATH")
-    script = Path(__file__).with_name("sanitize_case.py")
-    proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script), "wgmma"],
-                          capture_output=True, text=True, timeout=600)
+def test_compute_sanitizer_clean(tool: str, hopper) -> None:
+    proc = run_sanitizer(tool, "wgmma")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout
