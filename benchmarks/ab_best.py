@@ -17,7 +17,7 @@ import argparse
 import torch
 from ab_ratio import interleaved
 
-from tuner import runtime
+from tuner.runtime import driver as runtime
 from tuner.store import TrialFilter, TrialStatus, open_store
 
 ap = argparse.ArgumentParser()

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner import runtime
-from tuner.baselines import available_baselines
-from tuner.bench import time_cuda
-from tuner.compiler import compile_source
-from tuner.feasibility import launch_shape
+from tuner.runtime import driver as runtime
+from tuner.runtime.baselines import available_baselines
+from tuner.runtime.timing import time_cuda
+from tuner.kernels.compiler import compile_source
+from tuner.kernels.feasibility import launch_shape
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime import AttentionKernel
-from tuner.space import parse_variant_name
-from tuner.templates import render
-from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.driver import AttentionKernel
+from tuner.kernels.variant import parse_variant_name
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
 @dataclass

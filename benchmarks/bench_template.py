@@ -20,16 +20,16 @@ import time
 import torch
 from ab_ratio import interleaved, print_rows
 
-from tuner import runtime
-from tuner.bench import time_cuda
-from tuner.compiler import compile_many
-from tuner.feasibility import feasible_space, launch_shape
+from tuner.runtime import driver as runtime
+from tuner.runtime.timing import time_cuda
+from tuner.kernels.compiler import compile_many
+from tuner.kernels.feasibility import feasible_space, launch_shape
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime import AttentionKernel
-from tuner.space import parse_variant_name
-from tuner.templates import render
-from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.driver import AttentionKernel
+from tuner.kernels.variant import parse_variant_name
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--template", default="attn_fwd_wgmma")

@@ -11,16 +11,16 @@ import argparse
 import nvtx
 import torch
 
-from tuner import runtime
-from tuner.compiler import compile_source
+from tuner.runtime import driver as runtime
+from tuner.kernels.compiler import compile_source
 
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.feasibility import launch_shape
-from tuner.runtime import AttentionKernel
-from tuner.space import parse_variant_name
-from tuner.templates import render
-from tuner.verify import empty_output, make_inputs
+from tuner.kernels.feasibility import launch_shape
+from tuner.runtime.driver import AttentionKernel
+from tuner.kernels.variant import parse_variant_name
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import empty_output, make_inputs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("variant")

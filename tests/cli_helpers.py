@@ -1,4 +1,4 @@
-"""Run the `tuner` CLI in-process with the semantics of its console script (tuner.cli.main)."""
+"""Run the `tuner` CLI in-process with the semantics of its console script (tuner.cli.app.main)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ class CliResult:
 
 
 def run_tuner(*args: str, env: dict[str, str | None] | None = None) -> CliResult:
-    """Call tuner.cli.main() with argv = ["tuner", *args], capturing stdout, stderr and the exit code."""
-    from tuner import cli
+    """Call tuner.cli.app.main() with argv = ["tuner", *args], capturing stdout, stderr and the exit code."""
+    from tuner.cli import app as cli
 
     runner = CliRunner()
     saved_argv = sys.argv

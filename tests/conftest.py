@@ -131,7 +131,7 @@ def replay_recording(tmp_path_factory) -> Recording:
         shutil.copy(REPLAY_RECORDING, copy)
         url, synthetic = f"sqlite:///{copy}", False
     else:
-        from tuner.replay_fixture import write_synthetic_recording
+        from tuner.backends.synthetic import write_synthetic_recording
 
         url, synthetic = f"sqlite:///{tmp_path_factory.mktemp('recording') / 'synthetic.db'}", True
         write_synthetic_recording(url, [Problem(1, 8, 512, 512, 64)], profile="h100")

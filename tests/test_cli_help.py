@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tuner.cli import app
+from tuner.cli.app import app
 
 COMMANDS = sorted({c.name for c in app.registered_commands} | {g.name for g in app.registered_groups})
 
@@ -39,7 +39,7 @@ def test_cli_works_without_the_click_package() -> None:
 
     code = ("import sys; sys.modules['click'] = None\n"
             "sys.argv = ['tuner', 'serch']\n"
-            "from tuner.cli import main\n"
+            "from tuner.cli.app import main\n"
             "main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -214,15 +214,15 @@ def test_password_is_never_printed(args):
 def test_password_hidden_in_help():
     import importlib
 
-    import tuner.cli
+    import tuner.cli.app
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNER_DB", PG_WITH_PASSWORD)
-        importlib.reload(tuner.cli)
+        importlib.reload(tuner.cli.app)
         try:
             result = run_tuner("results", "--help")
         finally:
             mp.delenv("TUNER_DB")
-            importlib.reload(tuner.cli)
+            importlib.reload(tuner.cli.app)
     assert "tuner:***@127.0.0.1:1" in result.stdout.replace("\n", "")
     assert SECRET not in result.stdout

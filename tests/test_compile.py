@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.compiler import compile_many, compile_source, parse_ptxas
-from tuner.feasibility import covering_sample
+from tuner.kernels.compiler import compile_many, compile_source, parse_ptxas
+from tuner.kernels.feasibility import covering_sample
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.templates import render
+from tuner.kernels.manifest import render
 
 pytestmark = [
     pytest.mark.nvcc,
@@ -91,7 +91,7 @@ def test_ptxas_report_parsing() -> None:
 def test_winning_shapes_keep_everything_in_registers(name: str) -> None:
     # A register array indexed at run time lands in local memory (stack frame)
     # and cost 4x on an H200 once; the tuned shapes must compile without it.
-    from tuner.space import parse_variant_name
+    from tuner.kernels.variant import parse_variant_name
 
     variant = parse_variant_name(name)
     res = compile_source(render(variant), name, "sm_90a")

@@ -18,10 +18,10 @@ import pytest
 
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
-from tuner.export import ExportOptions, export
+from tuner.export.package import ExportOptions, export
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store import BaselineRecord, RunInfo, TrialRecord, TrialStatus, open_store
 
 # --- a results store whose ok trials carry the sha256 of real local cubins ------------------
@@ -56,8 +56,8 @@ def variant(problem: Problem, params: dict) -> Variant:
 
 
 def compiled_sha(v: Variant) -> str:
-    from tuner.compiler import compile_source
-    from tuner.templates import render
+    from tuner.kernels.compiler import compile_source
+    from tuner.kernels.manifest import render
 
     res = compile_source(render(v), v.name, load_profile(PROFILE).nvcc_arch)
     assert res.ok, res.log[-2000:]
@@ -66,7 +66,7 @@ def compiled_sha(v: Variant) -> str:
 
 def write_export_store(url: str) -> ExportStore:
     """Trials as `tuner search` would store them (real cubin sha256s; made-up timings)."""
-    from tuner.templates import load_manifest
+    from tuner.kernels.manifest import load_manifest
 
     thash = load_manifest(TEMPLATE).source_hash
     plan = [("big", BIG, "big", 40.0), ("slow", BIG, "slow", 55.0), ("small", SMALL, "small", 9.0),
@@ -134,7 +134,7 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
         assert (pkg / rel).is_file(), rel
     assert (report.out / "pyproject.toml").is_file() and (report.out / "README.md").is_file()
     # One launcher for the tuner and every export: a verbatim copy.
-    assert (pkg / "_launcher.py").read_bytes() == (ROOT / "tuner" / "launcher.py").read_bytes()
+    assert (pkg / "_launcher.py").read_bytes() == (ROOT / "tuner" / "runtime" / "launcher.py").read_bytes()
     m = json.loads((pkg / "manifest.json").read_text())
     assert m["package"] == report.package and m["tuner_version"] and m["nvcc_version"]
     assert m["gpu"]["profile"] == "h100" and m["gpu"]["arch"] == "sm_90a" and m["gpu"]["gpu_names"] == ["NVIDIA H100 80GB HBM3"]
@@ -204,7 +204,7 @@ def test_cpu_tensors_get_a_clear_error(exported) -> None:
 def test_sdpa_fallback_runs_on_cpu(exported, case) -> None:
     import torch
 
-    from tuner.verify import reference
+    from tuner.runtime.verify import reference
 
     _, mod = exported
     causal = case.pop("causal", False)
@@ -502,7 +502,7 @@ def test_force_replaces_an_earlier_export(export_store, tmp_path) -> None:
 def test_failed_export_keeps_the_earlier_one(export_store, tmp_path, monkeypatch) -> None:
     import errno
 
-    import tuner.export as export_mod
+    import tuner.export.package as export_mod
 
     name = _unique("keep")
     out = tmp_path / "proj"
@@ -557,7 +557,7 @@ def test_unwritable_out_is_a_one_line_error(export_store, tmp_path) -> None:
 
 
 def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> None:
-    from tuner.compiler import BASE_OPTIONS
+    from tuner.kernels.compiler import BASE_OPTIONS
 
     report, mod = exported
     options = json.loads((report.out / report.package / "manifest.json").read_text())["nvcc_options"]
@@ -577,7 +577,7 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> Non
 
 
 def _synthetic_header_inputs():
-    from tuner.export import BuiltKernel
+    from tuner.export.package import BuiltKernel
 
     kernels = {"fp16": variant(BIG, PARAMS["big"]), "bf16": variant(GQA_CAUSAL, PARAMS["gqa"])}
     built = {v.name: BuiltKernel(v, f"using TunerCfg = fc::AttnConfig<half, {i}>;\n", b"", False)
@@ -598,8 +598,8 @@ def _synthetic_header_inputs():
 @pytest.mark.parametrize("source", ["synthetic", "store"])
 def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -> None:
     """The header's nearest_bucket, compiled into a host program, picks what _dispatch.choose picks."""
-    from tuner._export_pkg._dispatch import DispatchTable, Key
-    from tuner.export_header import render_header
+    from tuner.export.shipped._dispatch import DispatchTable, Key
+    from tuner.export.header import render_header
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:

@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.expr import evaluate
-from tuner.feasibility import check, covering_sample, resources, space_report
+from tuner.kernels.expr import evaluate
+from tuner.kernels.feasibility import check, covering_sample, resources, space_report
 from tuner.problem import Problem
 from tuner.profiles import list_profiles, load_profile
-from tuner.space import Variant
-from tuner.templates import load_manifest
+from tuner.kernels.variant import Variant
+from tuner.kernels.manifest import load_manifest
 
 TEMPLATE = "attn_fwd_mma"
 MANIFEST = load_manifest(TEMPLATE)

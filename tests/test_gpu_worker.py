@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from tuner.compiler import CompileResult
+from tuner.kernels.compiler import CompileResult
 from tuner.errors import NoGpuError, TunerError
-from tuner.gpu_worker import GpuBackend, RequestError, RunnerOptions
+from tuner.backends.gpu import GpuBackend, RequestError, RunnerOptions
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.space import parse_variant_name
+from tuner.kernels.variant import parse_variant_name
 from tuner.store.records import TrialStatus
 
 PROBLEM = Problem(1, 2, 128, 128, 64)
@@ -209,7 +209,7 @@ def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
     compiled = CompileResult(True, variant.name, "sm_90a", cubin, "x", 100, 0, 0, 0, 1.0, "")
-    from tuner.feasibility import resources
+    from tuner.kernels.feasibility import resources
 
     res = resources(variant)
     with GpuBackend(profile, runner=RecordingRunner, start_timeout_s=120, range_prefix="run7/trial3") as b:

@@ -64,7 +64,7 @@ def test_wheel_contains_data_folders(wheel):
     assert "tuner/_assets/profiles/h100.toml" in names
     for profile in ("a100", "h100", "h200", "l4"):
         assert f"tuner/_assets/profiles/{profile}.toml" in names
-    assert "tuner/cli.py" in names and "tuner/profiles.py" in names
+    assert "tuner/cli/app.py" in names and "tuner/runtime/launcher.py" in names and "tuner/profiles.py" in names
     for folder in ASSET_FOLDERS:
         files = _source_files(folder)
         if not files:  # folder still empty in this checkout: nothing to ship yet
@@ -80,14 +80,14 @@ def test_wheel_has_console_script(wheel):
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
         text = zf.read(entry_points).decode()
-    assert "tuner = tuner.cli:main" in text
+    assert "tuner = tuner.cli.app:main" in text
 
 
 def test_installed_wheel_finds_its_assets(installed, tmp_path):
     """Run from a folder with no checkout in sight: data must come from tuner/_assets."""
     env = {**os.environ, "PYTHONPATH": str(installed)}
     code = (
-        "import json, tuner, tuner.resources as r;"
+        "import json, tuner, tuner.assets as r;"
         "print(json.dumps({'pkg': tuner.__file__, 'profiles': str(r.asset_dir('profiles'))}))"
     )
     out = json.loads(_run([sys.executable, "-c", code], cwd=tmp_path, env=env).stdout)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
 from tuner.profiles import (
@@ -27,7 +27,7 @@ from tuner.profiles import (
     profile_names,
     resolve_profile,
 )
-from tuner.resources import asset_dir
+from tuner.assets import asset_dir
 
 SHIPPED = ["a100", "h100", "h200", "l4"]
 

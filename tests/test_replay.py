@@ -7,8 +7,8 @@ import pytest
 from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.replay import NOT_RECORDED, ReplayBackend, recording_profile
-from tuner.space import Variant
+from tuner.backends.replay import NOT_RECORDED, ReplayBackend, recording_profile
+from tuner.kernels.variant import Variant
 from tuner.store import TrialFilter, TrialStatus, open_store
 
 

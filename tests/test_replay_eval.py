@@ -10,10 +10,10 @@ import pytest
 
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
-from tuner.feasibility import check
+from tuner.kernels.feasibility import check
 from tuner.profiles import load_profile
-from tuner.replay_eval import EvalOptions, SeedRun, evaluate_samplers, load_recording, summarise
-from tuner.space import Variant
+from tuner.reporting.replay_eval import EvalOptions, SeedRun, evaluate_samplers, load_recording, summarise
+from tuner.kernels.variant import Variant
 from tuner.store import TrialFilter, TrialStatus, open_store
 
 
@@ -22,7 +22,7 @@ def _shape(problem) -> str:
 
 
 def _recorded_best(recording) -> float:
-    """Independently of tuner.replay_eval: the fastest ok trial of the problem in the recording."""
+    """Independently of tuner.reporting.replay_eval: the fastest ok trial of the problem in the recording."""
     with open_store(recording.url, create=False) as store:
         rows = store.query_trials(TrialFilter(status=TrialStatus.OK))
     return min(r.median_us for r in rows if r.problem == recording.problem and r.gpu_name == recording.gpu_name)
@@ -154,7 +154,7 @@ def test_bad_out_fails_before_any_replay(replay_recording, tmp_path, where):
 
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_write_outputs_to_a_bad_out_is_a_one_line_error(replay_recording, tmp_path, where):
-    from tuner.replay_eval import write_outputs
+    from tuner.reporting.replay_eval import write_outputs
 
     rec = load_recording(replay_recording.url)
     result = summarise(rec, [_run("random", 0, [rec.best_us])], trials=1, seeds=1)

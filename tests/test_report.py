@@ -30,7 +30,7 @@ class Fixture:
 def _replayed_search(recording, db_url: str, trials: int, seed: int = 0) -> None:
     from rich.console import Console
 
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.run import SearchOptions, run_search
 
     p = recording.problem
     run_search(SearchOptions(
@@ -80,7 +80,7 @@ def test_report_command_writes_markdown_json_and_plots(report_store, tmp_path):
 
 
 def test_report_numbers_are_the_stores(report_store, tmp_path):
-    from tuner.report import write_report
+    from tuner.reporting.report import write_report
 
     files = write_report(report_store.url, report_store.gpu, str(tmp_path))
     data = json.loads(open(files.json).read())
@@ -121,7 +121,7 @@ def test_report_numbers_are_the_stores(report_store, tmp_path):
 
 
 def test_best_so_far_follows_the_trial_order(report_store):
-    from tuner.report import gather_report
+    from tuner.reporting.report import gather_report
 
     with open_store(report_store.url, create=False) as store:
         report = gather_report(store, report_store.gpu, db_url=report_store.url)
@@ -143,7 +143,7 @@ def test_best_so_far_follows_the_trial_order(report_store):
 
 def test_missing_optuna_study_is_said_not_fatal(report_store, tmp_path):
     """A store copied without its Optuna journal: the report still comes, and says why there is no importance."""
-    from tuner.search_study import JOURNAL_SUFFIX
+    from tuner.search.study import JOURNAL_SUFFIX
 
     source = report_store.url.removeprefix("sqlite:///")
     shutil.copy(source, tmp_path / "copy.db")
@@ -176,7 +176,7 @@ def test_summary_row_takes_the_best_baseline_from_the_store_row(report_store):
     """Baseline name, its µs and the speed-up all come from the trial row (the store's one pick, ties included)."""
     from dataclasses import replace
 
-    from tuner.report import gather_report, render_markdown
+    from tuner.reporting.report import gather_report, render_markdown
 
     with open_store(report_store.url, create=False) as store:
         report = gather_report(store, report_store.gpu, db_url=report_store.url)

@@ -13,19 +13,19 @@ import pytest
 from cli_helpers import run_tuner
 from optuna.trial import TrialState
 
-from tuner import search as search_mod
-from tuner.compiler import CompileResult
+from tuner.search import run as search_mod
+from tuner.kernels.compiler import CompileResult
 from tuner.errors import TunerError
-from tuner.evaluation import Measurement
-from tuner.feasibility import check
+from tuner.backends.base import Measurement
+from tuner.kernels.feasibility import check
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.replay import ReplayBackend
-from tuner.search import SearchOptions, run_search, warm_start_points
-from tuner.search_space import study_name
-from tuner.search_study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
+from tuner.backends.replay import ReplayBackend
+from tuner.search.run import SearchOptions, run_search, warm_start_points
+from tuner.search.samplers import study_name
+from tuner.search.study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
 from tuner.store import RunInfo, TrialFilter, TrialRecord, TrialStatus, open_store
-from tuner.templates import load_manifest
+from tuner.kernels.manifest import load_manifest
 
 WIDE = {"COLUMNS": "250"}
 
@@ -234,7 +234,7 @@ def test_every_sampler_runs_the_loop(replay_recording, sqlite_url, sampler):
 
 def test_grid_budget_defaults_to_the_feasible_points(replay_recording, sqlite_url):
     # Infeasible points are not budgeted trials, so the grid's budget is its feasible part.
-    from tuner.feasibility import feasible_space
+    from tuner.kernels.feasibility import feasible_space
 
     rec = replay_recording
     opts = options(rec, sqlite_url, sampler="grid", trials=None)
@@ -360,7 +360,7 @@ def test_a_seeded_resume_asks_new_points(replay_recording, sqlite_url):
 
 
 def test_worker_seeds_differ_per_worker_and_per_resume():
-    from tuner.search_workers import worker_seed
+    from tuner.search.workers import worker_seed
 
     assert worker_seed(None, 1, 5) is None
     assert worker_seed(7, 0, 0) == 7  # a fresh study keeps its seed
@@ -370,8 +370,8 @@ def test_worker_seeds_differ_per_worker_and_per_resume():
 def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.search_loop import MAX_LOOKAHEAD, lookahead_for
-    from tuner.search_workers import compile_threads
+    from tuner.search.loop import MAX_LOOKAHEAD, lookahead_for
+    from tuner.search.workers import compile_threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 32)
     assert [compile_threads(n) for n in (1, 4, 64)] == [32, 8, 1]
@@ -383,10 +383,10 @@ def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):
 def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recording, sqlite_url):
     import threading
 
-    from tuner.search_loop import Context, ProblemSearch, WorkerJob, _Pending
-    from tuner.search_space import distributions
-    from tuner.search_study import ATTR_INTERRUPTED, load_study, study_info
-    from tuner.space import variant_from_params
+    from tuner.search.loop import Context, ProblemSearch, WorkerJob, _Pending
+    from tuner.search.samplers import distributions
+    from tuner.search.study import ATTR_INTERRUPTED, load_study, study_info
+    from tuner.kernels.variant import variant_from_params
 
     rec = replay_recording
     run_search(options(rec, sqlite_url, trials=1, warm_start=0), backend_factory=lambda d, p: CountingBackend(rec))
@@ -420,7 +420,7 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
 
 def test_resume_without_template_continues_the_existing_studys_template(replay_recording, sqlite_url):
     # h200's first template is attn_fwd_wgmma; a study made with attn_fwd_mma must still be found by --resume.
-    from tuner.search_prepare import choose_template
+    from tuner.search.prepare import choose_template
 
     rec = replay_recording
     run_search(options(rec, sqlite_url, trials=5, template="attn_fwd_mma"), backend_factory=lambda d, p: CountingBackend(rec))

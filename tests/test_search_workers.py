@@ -15,9 +15,9 @@ import optuna
 import pytest
 from cli_helpers import run_tuner
 
-from tuner.replay import DELAY_ENV
-from tuner.search_space import study_name
-from tuner.search_study import finished_trials, storage_for
+from tuner.backends.replay import DELAY_ENV
+from tuner.search.samplers import study_name
+from tuner.search.study import finished_trials, storage_for
 from tuner.store import TrialFilter, TrialStatus, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,8 +195,8 @@ class FakeProc:
 def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
     import threading
 
-    from tuner.search_loop import WorkerResult
-    from tuner.search_workers import collect
+    from tuner.search.loop import WorkerResult
+    from tuner.search.workers import collect
 
     done0 = WorkerResult(run_id=1, measured=2)
     events = FakeQueue([("trial", 0, 1.0), ("error", 1, "boom"), FakeQueue.EMPTY, ("trial", 0, 2.0),
@@ -219,8 +219,8 @@ def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
 def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
     import threading
 
-    from tuner.search_loop import WorkerResult
-    from tuner.search_workers import collect
+    from tuner.search.loop import WorkerResult
+    from tuner.search.workers import collect
 
     late = WorkerResult(run_id=3)
     # Worker 0 exited normally, its "done" still in the pipe when the first get() timed out.
@@ -235,7 +235,7 @@ def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
 def test_ctrl_c_in_the_parent_stops_then_terminates_then_kills_the_children():
     import threading
 
-    from tuner.search_workers import EscalateOnSigint
+    from tuner.search.workers import EscalateOnSigint
 
     flag, said = threading.Event(), []
     running, exited = FakeProc(lambda: True), FakeProc(lambda: False)
@@ -256,10 +256,10 @@ def test_a_worker_process_that_fails_ends_the_search_without_waiting_for_the_oth
     from rich.console import Console
 
     from tuner.errors import TunerError
-    from tuner.search import SearchOptions, run_search
-    from tuner.search_loop import WorkerJob
-    from tuner.search_progress import SearchProgress
-    from tuner.search_workers import WorkerSpec, run_processes
+    from tuner.search.run import SearchOptions, run_search
+    from tuner.search.loop import WorkerJob
+    from tuner.search.progress import SearchProgress
+    from tuner.search.workers import WorkerSpec, run_processes
 
     rec = replay_recording
     p = rec.problem

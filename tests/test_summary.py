@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from tests.store_factories import BIG, H100, baseline, trial
-from tuner.search_study import ATTR_VARIANT
-from tuner.summary import summarize
+from tuner.search.study import ATTR_VARIANT
+from tuner.search.summary import summarize
 
 
 def _study_with_best(name: str, value: float) -> optuna.Study:

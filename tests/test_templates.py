@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import TunerError
-from tuner.resources import asset_dir
-from tuner.templates import list_templates, load_manifest, load_manifest_file
+from tuner.assets import asset_dir
+from tuner.kernels.manifest import list_templates, load_manifest, load_manifest_file
 
 
 def test_shipped_manifest_loads() -> None:

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.compiler import compile_many, compile_source
-from tuner.feasibility import check, covering_sample, feasible_space, launch_shape, resources
+from tuner.kernels.compiler import compile_many, compile_source
+from tuner.kernels.feasibility import check, covering_sample, feasible_space, launch_shape, resources
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.search import SearchOptions
-from tuner.search_prepare import choose_template
-from tuner.space import enumerate_space, parse_variant_name
-from tuner.templates import load_manifest, render
+from tuner.search.run import SearchOptions
+from tuner.search.prepare import choose_template
+from tuner.kernels.variant import enumerate_space, parse_variant_name
+from tuner.kernels.manifest import load_manifest, render
 
 TEMPLATE = "attn_fwd_wgmma"
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's note (C75xx) when it gives up overlap

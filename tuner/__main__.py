@@ -1,3 +1,3 @@
-from tuner.cli import main
+from tuner.cli.app import main
 
 main()

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
-from tuner.resources import asset_dir
+from tuner.assets import asset_dir
 
 __all__ = [
     "DetectedGpu",

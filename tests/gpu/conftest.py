@@ -24,7 +24,7 @@ def gpu_profile():
     reason = gpu_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from tuner import runtime
+    from tuner.runtime import driver as runtime
     from tuner.profiles import resolve_profile
 
     runtime.cuda_driver(0)

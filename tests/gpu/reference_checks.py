@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.compiler import compile_many
-from tuner.feasibility import covering_sample, feasible_space, launch_shape
+from tuner.kernels.compiler import compile_many
+from tuner.kernels.feasibility import covering_sample, feasible_space, launch_shape
 from tuner.problem import Problem
-from tuner.runtime import AttentionKernel
-from tuner.templates import render
-from tuner.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.driver import AttentionKernel
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
 def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:

@@ -7,14 +7,14 @@ import sys
 
 import torch
 
-from tuner import runtime
-from tuner.compiler import compile_source
-from tuner.feasibility import launch_shape
+from tuner.runtime import driver as runtime
+from tuner.kernels.compiler import compile_source
+from tuner.kernels.feasibility import launch_shape
 from tuner.problem import Problem
-from tuner.runtime import AttentionKernel
-from tuner.space import parse_variant_name
-from tuner.templates import render
-from tuner.verify import empty_output, make_inputs
+from tuner.runtime.driver import AttentionKernel
+from tuner.kernels.variant import parse_variant_name
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import empty_output, make_inputs
 
 CASES = {
     "mma": [

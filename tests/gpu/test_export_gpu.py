@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli_helpers import run_tuner
 from tuner.problem import Problem
-from tuner.verify import TOLERANCE, make_inputs, reference, relative_error
+from tuner.runtime.verify import TOLERANCE, make_inputs, reference, relative_error
 
 pytestmark = pytest.mark.gpu
 # Tuned here with a short search (the fixture); the tests also run shapes between them.
@@ -79,7 +79,7 @@ def test_matches_fp32_reference(package, problem: Problem) -> None:
 def test_runs_within_5_percent_of_the_search(package) -> None:
     import torch
 
-    from tuner.bench import time_cuda
+    from tuner.runtime.timing import time_cuda
 
     mod, manifest = package
     for e in (e for e in manifest["entries"] if e["dispatch"]):

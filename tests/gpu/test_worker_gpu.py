@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.compiler import compile_source
+from tuner.kernels.compiler import compile_source
 from tuner.problem import Problem
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store.records import TrialStatus
-from tuner.templates import render
-from tuner.verify import TOLERANCE
+from tuner.kernels.manifest import render
+from tuner.runtime.verify import TOLERANCE
 
 pytestmark = pytest.mark.gpu
 FAULT_TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "kernel_templates"
@@ -27,7 +27,7 @@ PROBLEM = Problem(2, 4, 512, 512, 64)
 
 @pytest.fixture
 def fault_templates(monkeypatch):
-    from tuner import space, templates
+    from tuner.kernels import manifest as templates, variant as space
 
     monkeypatch.setenv("TUNER_TEMPLATE_PATH", str(FAULT_TEMPLATES))
     templates.load_manifest.cache_clear()
@@ -38,8 +38,8 @@ def fault_templates(monkeypatch):
 
 
 def real_variant(profile) -> Variant:
-    from tuner.feasibility import check
-    from tuner.space import parse_variant_name
+    from tuner.kernels.feasibility import check
+    from tuner.kernels.variant import parse_variant_name
 
     # By name, so parameters added to the template later take their default values.
     name = f"attn_fwd_mma_d{PROBLEM.head_dim}_{PROBLEM.dtype}_m128n64_w4_q_rows_pad_s2_qreg"
@@ -61,7 +61,7 @@ def compiled(variant: Variant, profile):
 def test_worker_classifies_faults_and_recovers(gpu_profile, fault_templates) -> None:
     import torch
 
-    from tuner.gpu_worker import GpuBackend
+    from tuner.backends.gpu import GpuBackend
 
     real = real_variant(gpu_profile)
     cases = [(real, TrialStatus.OK)] + [(fault_variant(m), s) for m, s in (
@@ -101,10 +101,10 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
         pytest.skip("ncu (Nsight Compute) is not on PATH")
     import torch
 
-    from tuner.gpu_worker import GpuBackend
-    from tuner.profiling import METRICS, profile_trial
+    from tuner.backends.gpu import GpuBackend
+    from tuner.reporting.profiling import METRICS, profile_trial
     from tuner.store import RunInfo, TrialRecord, open_store
-    from tuner.templates import load_manifest
+    from tuner.kernels.manifest import load_manifest
 
     variant = real_variant(gpu_profile)
     build = compiled(variant, gpu_profile)

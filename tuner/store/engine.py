@@ -201,7 +201,7 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
 
 
 def migrations_dir() -> Path:
-    from tuner.resources import asset_dir
+    from tuner.assets import asset_dir
 
     return asset_dir("db")
 

@@ -1,4 +1,4 @@
-"""The tuner's door to the CUDA driver: tuner.launcher with the tuner's error types.
+"""The tuner's door to the CUDA driver: tuner.runtime.launcher with the tuner's error types.
 
 Only this module (and the launcher it wraps) import pycuda; everything else
 in the package imports and runs without a GPU.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.errors import NoGpuError
-from tuner.launcher import AttentionKernel, GpuUnavailableError, LaunchShape, bind_torch_context
+from tuner.runtime.launcher import AttentionKernel, GpuUnavailableError, LaunchShape, bind_torch_context
 
 __all__ = ["AttentionKernel", "LaunchShape", "cuda_driver"]
 

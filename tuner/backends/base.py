@@ -1,8 +1,8 @@
 """How a trial is measured: the interface between the search loop and its backends.
 
-The search (tuner.search) asks a Backend to measure compiled variants and
-baselines; the GPU backend (tuner.gpu_worker) runs them in a worker process
-on a real card, the replay backend (tuner.replay) answers from a recorded run.
+The search (tuner.search.run) asks a Backend to measure compiled variants and
+baselines; the GPU backend (tuner.backends.gpu) runs them in a worker process
+on a real card, the replay backend (tuner.backends.replay) answers from a recorded run.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from tuner.compiler import CompileResult
+from tuner.kernels.compiler import CompileResult
 from tuner.problem import Problem
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store.records import TrialStatus
 
 

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from rich.table import Table
 
 from tuner.problem import Problem
-from tuner.search_study import ATTR_VARIANT, finished_trials
+from tuner.search.study import ATTR_VARIANT, finished_trials
 from tuner.store import BaselineRow, Store, TrialFilter, TrialRow, TrialStatus
 
 

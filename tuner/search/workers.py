@@ -24,15 +24,15 @@ from typing import Any, Callable, Optional, Self, Sequence
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.evaluation import Backend
+from tuner.backends.base import Backend
 from tuner.profiles import GpuProfile, load_profile
-from tuner.search_backend import Hooks
-from tuner.search_loop import Context, Events, ProblemSearch, WorkerJob, WorkerResult
-from tuner.search_progress import SearchProgress
-from tuner.search_space import make_sampler
-from tuner.search_study import load_study, storage_for, study_info
+from tuner.search.hooks import Hooks
+from tuner.search.loop import Context, Events, ProblemSearch, WorkerJob, WorkerResult
+from tuner.search.progress import SearchProgress
+from tuner.search.samplers import make_sampler
+from tuner.search.study import load_study, storage_for, study_info
 from tuner.store import BaselineRecord, RunInfo, open_store
-from tuner.templates import load_manifest
+from tuner.kernels.manifest import load_manifest
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-from tuner.feasibility import feasible_space
+from tuner.kernels.feasibility import feasible_space
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.replay import synthetic_run_info
+from tuner.backends.replay import synthetic_run_info
 from tuner.store import BaselineRecord, TrialRecord, TrialStatus, open_store
-from tuner.templates import load_manifest
+from tuner.kernels.manifest import load_manifest
 
 # Relative efficiency of known parameter values (unknown ones get a hashed factor in [0.85, 1]).
 _FACTORS: dict[str, dict[object, float]] = {

@@ -108,7 +108,7 @@ def space_command(
 
     from rich.table import Table
 
-    from tuner.feasibility import default_template, space_report
+    from tuner.kernels.feasibility import default_template, space_report
     from tuner.problem import problem_from_shape
     from tuner.profiles import load_profile, resolve_profile
 
@@ -137,8 +137,8 @@ def render_command(
     variant: Annotated[str, typer.Argument(help="Variant name, e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg.")],
 ) -> None:
     """Print the CUDA source of one variant (the template plus its instantiation)."""
-    from tuner.space import parse_variant_name
-    from tuner.templates import render
+    from tuner.kernels.variant import parse_variant_name
+    from tuner.kernels.manifest import render
 
     typer.echo(render(parse_variant_name(variant)), nl=False)
 
@@ -371,7 +371,7 @@ def _parse_devices(text: str) -> tuple[int, ...]:
 
 
 def _print_search_report(report: object) -> None:
-    from tuner.summary import summary_table
+    from tuner.search.summary import summary_table
 
     console.print(summary_table(report.summaries))  # type: ignore[attr-defined]
     console.print(
@@ -409,7 +409,7 @@ def search_command(
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.run import SearchOptions, run_search
 
     options = SearchOptions(
         gpu=gpu, shapes=tuple(shape or ()), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
@@ -435,7 +435,7 @@ def worker_command(
     force: Annotated[bool, typer.Option("--force", help="Replay a recording from another card than the study's profile.")] = False,
 ) -> None:
     """Join existing studies from this host (shared PostgreSQL storage) and work on them."""
-    from tuner.search import run_join
+    from tuner.search.run import run_join
 
     report = run_join(
         study, storage, db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from,
@@ -463,7 +463,7 @@ def profile_command(
 
     from rich.table import Table
 
-    from tuner.profiling import METRICS, metrics_to_json, profile_top, profile_trial
+    from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
     from tuner.store import open_store
 
     fmt = _output_format(output_format, ("table", "json"))
@@ -507,7 +507,7 @@ def export_command(
     """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
     from pathlib import Path
 
-    from tuner.export import ExportOptions, export
+    from tuner.export.package import ExportOptions, export
 
     if all_ and shape:
         raise TunerError("give --shape or --all, not both")
@@ -535,7 +535,7 @@ def report_command(
     run: Annotated[Optional[int], typer.Option(help="Only trials of this run id.")] = None,
 ) -> None:
     """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
-    from tuner.report import write_report
+    from tuner.reporting.report import write_report
 
     files = write_report(db or state.db_url, gpu, out, run_id=run)
     console.print(f"wrote {files.markdown}, {files.json} and {len(files.figures)} figures",
@@ -553,7 +553,7 @@ def replay_eval_command(
     out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
 ) -> None:
     """Replay each sampler on a full recording: trials to come within 1% and 3% of the recorded best."""
-    from tuner.replay_eval import EvalOptions, evaluate_samplers, rich_table, write_outputs
+    from tuner.reporting.replay_eval import EvalOptions, evaluate_samplers, rich_table, write_outputs
 
     names = tuple(s.strip().lower() for s in samplers.split(",") if s.strip())
     options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs,

@@ -3,7 +3,7 @@
 We call nvcc the way PyCUDA's compiler does (source -> cubin), but directly,
 because we also need ptxas's resource report (registers, spills) and because
 compiling must work on machines without a GPU driver (CI, a compile pool).
-The cubin is loaded with PyCUDA in tuner.runtime.
+The cubin is loaded with PyCUDA in tuner.runtime.driver.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Nsight Compute (ncu) counters of stored trials.
 
 `profile_trial` replays one stored trial in a child Python process under ncu:
-the child (`python -m tuner.profiling ...`, see `replay_trial`) renders and
+the child (`python -m tuner.reporting.profiling ...`, see `replay_trial`) renders and
 compiles the trial's variant for its GPU profile (from the compile cache),
 makes inputs, and launches the kernel a few times inside one NVTX range;
 ncu profiles only the kernels in that range (`--nvtx-include`), with
 `--clock-control none` so the card keeps the clocks it was tuned at. The raw
 CSV page is parsed into NcuMetric rows and stored with the trial. ncu's
 duration is stored as a metric only, never as the trial's median: replayed
-kernels under a profiler are not the timing discipline of tuner.bench.
+kernels under a profiler are not the timing discipline of tuner.runtime.timing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.nvtx_ranges import annotate, ncu_include, range_name
+from tuner.runtime.nvtx import annotate, ncu_include, range_name
 from tuner.problem import Problem
 from tuner.store.records import NcuMetric, TrialFilter, TrialStatus
 
@@ -178,14 +178,14 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     """
     import torch
 
-    from tuner import runtime
-    from tuner.compiler import compile_source
-    from tuner.feasibility import launch_shape
-    from tuner.nvtx_ranges import nvtx_available
-    from tuner.runtime import AttentionKernel
-    from tuner.space import Variant
-    from tuner.templates import render
-    from tuner.verify import empty_output, make_inputs
+    from tuner.runtime import driver as runtime
+    from tuner.kernels.compiler import compile_source
+    from tuner.kernels.feasibility import launch_shape
+    from tuner.runtime.nvtx import nvtx_available
+    from tuner.runtime.driver import AttentionKernel
+    from tuner.kernels.variant import Variant
+    from tuner.kernels.manifest import render
+    from tuner.runtime.verify import empty_output, make_inputs
 
     runtime.cuda_driver(device)
     if not nvtx_available():
@@ -211,14 +211,14 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
 
 def _replay_args(detail: Any, arch: str, nvtx_range: str, launches: int) -> list[str]:
     problem = {f.name: getattr(detail.problem, f.name) for f in fields(detail.problem)}
-    return [sys.executable, "-m", "tuner.profiling", "--template", detail.template,
+    return [sys.executable, "-m", "tuner.reporting.profiling", "--template", detail.template,
             "--params", json.dumps(dict(detail.params), sort_keys=True), "--problem", json.dumps(problem, sort_keys=True),
             "--arch", arch, "--range", nvtx_range, "--launches", str(launches), "--expect-gpu", detail.gpu_name]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the profiled process: `python -m tuner.profiling --template ... --range ...`."""
-    ap = argparse.ArgumentParser(prog="python -m tuner.profiling", description=main.__doc__)
+    """Entry point of the profiled process: `python -m tuner.reporting.profiling --template ... --range ...`."""
+    ap = argparse.ArgumentParser(prog="python -m tuner.reporting.profiling", description=main.__doc__)
     ap.add_argument("--template", required=True)
     ap.add_argument("--params", required=True, help="stored params (JSON), as in the results store")
     ap.add_argument("--problem", required=True, help="Problem fields (JSON)")

@@ -1,12 +1,12 @@
 """What a search calls out to: the measuring backend, the compiler and the clock.
 
-Backends: `gpu` is tuner.gpu_worker.GpuBackend(device=..., profile=...);
-`replay` is tuner.replay.ReplayBackend. A backend whose `needs_compile` is
+Backends: `gpu` is tuner.backends.gpu.GpuBackend(device=..., profile=...);
+`replay` is tuner.backends.replay.ReplayBackend. A backend whose `needs_compile` is
 False is given compiled=None and no compiler is ever called.
 
 `Hooks` bundles the three so a caller can replace them for one search:
-tuner.search builds it from its own module attributes at call time, which keeps
-`tuner.search.make_backend`, `.compile_variant` and `._now` the names to patch.
+tuner.search.run builds it from its own module attributes at call time, which keeps
+`tuner.search.run.make_backend`, `.compile_variant` and `._now` the names to patch.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from tuner.compiler import CompileResult, compile_source
+from tuner.kernels.compiler import CompileResult, compile_source
 from tuner.errors import NoGpuError, TunerError
-from tuner.evaluation import Backend
+from tuner.backends.base import Backend
 from tuner.profiles import GpuProfile
-from tuner.space import Variant
-from tuner.templates import render
+from tuner.kernels.variant import Variant
+from tuner.kernels.manifest import render
 
 BACKENDS = ("gpu", "replay")
 
@@ -43,10 +43,10 @@ def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Op
     check_backend(kind)
     check_replay_source(kind, replay_from)
     if kind == "replay":
-        from tuner.replay import ReplayBackend
+        from tuner.backends.replay import ReplayBackend
 
         return ReplayBackend(replay_from, profile, force=force)
-    from tuner.gpu_worker import GpuBackend
+    from tuner.backends.gpu import GpuBackend
 
     return GpuBackend(device=device, profile=profile)
 

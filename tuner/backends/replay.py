@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from tuner.compiler import CompileResult
+from tuner.kernels.compiler import CompileResult
 from tuner.errors import TunerError
-from tuner.evaluation import BaselineMeasurement, DeviceFacts, Measurement
+from tuner.backends.base import BaselineMeasurement, DeviceFacts, Measurement
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, list_profiles
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store import RunInfo, TrialFilter, TrialRow, TrialStatus, canonical_json, open_store
 
 NOT_RECORDED = "not measured in the recording"

@@ -18,12 +18,12 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from tuner.errors import TunerError
-from tuner.markdown import fmt as _f
-from tuner.markdown import run_caption
-from tuner.markdown import table as _table
+from tuner.reporting.markdown import fmt as _f
+from tuner.reporting.markdown import run_caption
+from tuner.reporting.markdown import table as _table
 from tuner.problem import Problem
-from tuner.replay import is_synthetic_run
-from tuner.search_space import problem_key
+from tuner.backends.replay import is_synthetic_run
+from tuner.search.samplers import problem_key
 from tuner.store import NcuMetric, Store, TrialFilter, TrialRow, TrialStatus, default_db_url, open_store, redact_url
 
 # Shown first, in this order; other baselines follow alphabetically.
@@ -189,7 +189,7 @@ def study_curves(rows: list[TrialRow], run_starts: dict[int, Optional[datetime]]
 
 def _optuna_storage(db_url: str) -> tuple[Optional[Any], str]:
     """The search's Optuna storage for this results store, or None and why (never creates one)."""
-    from tuner.search_study import JOURNAL_SUFFIX, storage_for
+    from tuner.search.study import JOURNAL_SUFFIX, storage_for
     from tuner.store.engine import parse_url, sqlite_file
 
     parsed = parse_url(db_url)
@@ -429,7 +429,7 @@ def write_report(db_url: Optional[str], gpu: str, out_dir: str, *, run_id: Optio
 
 
 def _write_files(report: BenchmarkReport, out_dir: str) -> ReportFiles:
-    from tuner import plots
+    from tuner.reporting import plots
 
     figures: dict[str, str] = {}
 

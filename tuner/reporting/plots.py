@@ -18,8 +18,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 if TYPE_CHECKING:
-    from tuner.replay_eval import EvalResult
-    from tuner.report import Importance, ProblemReport
+    from tuner.reporting.replay_eval import EvalResult
+    from tuner.reporting.report import Importance, ProblemReport
 
 TUNED_COLOR = "#2a7ab0"
 BASELINE_COLOR = "#b0b0b0"
@@ -40,7 +40,7 @@ def _save(fig: Figure, path: str, caption: str) -> None:
 
 def plot_comparison(p: "ProblemReport", path: str) -> None:
     """TFLOP/s and µs of the tuned kernel beside every baseline of its run."""
-    from tuner.report import TUNED
+    from tuner.reporting.report import TUNED
 
     names = [t.impl for t in p.timings]
     colors = [TUNED_COLOR if t.impl == TUNED else BASELINE_COLOR for t in p.timings]

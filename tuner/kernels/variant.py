@@ -10,7 +10,7 @@ from typing import Iterator, Mapping
 
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem
-from tuner.templates import Manifest, ParamValue, list_templates, load_manifest
+from tuner.kernels.manifest import Manifest, ParamValue, list_templates, load_manifest
 
 
 @dataclass(frozen=True)

@@ -25,18 +25,18 @@ from typing import Any, Callable, Optional
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.compiler import CompileResult
-from tuner.evaluation import Backend, Measurement
-from tuner.feasibility import Feasibility, check
+from tuner.kernels.compiler import CompileResult
+from tuner.backends.base import Backend, Measurement
+from tuner.kernels.feasibility import Feasibility, check
 from tuner.profiles import GpuProfile
-from tuner.search_backend import Hooks
-from tuner.search_space import distributions
-from tuner.search_study import (
+from tuner.search.hooks import Hooks
+from tuner.search.samplers import distributions
+from tuner.search.study import (
     ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_SOURCE, ATTR_STATUS, ATTR_STORE_ID, ATTR_VARIANT, StudyInfo,
 )  # fmt: skip
-from tuner.space import Variant, variant_from_params
+from tuner.kernels.variant import Variant, variant_from_params
 from tuner.store import Store, TrialRecord, TrialRow, TrialStatus
-from tuner.templates import Manifest, load_manifest
+from tuner.kernels.manifest import Manifest, load_manifest
 
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures

@@ -4,7 +4,7 @@ A kernel that faults (illegal address) leaves its CUDA context unusable, and
 one that hangs never returns, so kernels never run in the tuner's own
 process. `GpuBackend` (the parent side) starts a child with the `spawn`
 method; the child binds PyCUDA to torch's primary context
-(tuner.runtime.cuda_driver) and answers requests sent over a Pipe:
+(tuner.runtime.driver.cuda_driver) and answers requests sent over a Pipe:
 
     parent -> child                         child -> parent
     ("facts", {})                           ("phase", name, long)*  then
@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from tuner.compiler import CompileResult
+from tuner.kernels.compiler import CompileResult
 from tuner.errors import NoGpuError, TunerError
-from tuner.evaluation import BaselineMeasurement, DeviceFacts, Measurement
-from tuner.nvtx_ranges import annotate, range_name
+from tuner.backends.base import BaselineMeasurement, DeviceFacts, Measurement
+from tuner.runtime.nvtx import annotate, range_name
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store.records import TrialStatus
 
 __all__ = ["CudaRunner", "GpuBackend", "Progress", "RequestError", "Runner", "WorkerFault"]
@@ -108,7 +108,7 @@ class CudaRunner:
         self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
 
     def setup(self) -> None:
-        from tuner.runtime import cuda_driver
+        from tuner.runtime.driver import cuda_driver
 
         cuda_driver(self.options.device)
 
@@ -130,7 +130,7 @@ class CudaRunner:
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
         """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time)."""
-        from tuner.verify import make_inputs, reference
+        from tuner.runtime.verify import make_inputs, reference
 
         entry = self._inputs.get(problem)
         if entry is not None and entry["uses"] < self.options.refresh_every:
@@ -151,9 +151,9 @@ class CudaRunner:
     def measure(self, request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         import torch
 
-        from tuner.bench import time_cuda
-        from tuner.runtime import AttentionKernel, LaunchShape
-        from tuner.verify import TOLERANCE, empty_output, relative_error
+        from tuner.runtime.timing import time_cuda
+        from tuner.runtime.driver import AttentionKernel, LaunchShape
+        from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
 
         problem: Problem = request["problem"]
         name: str = request["variant_name"]
@@ -190,7 +190,7 @@ class CudaRunner:
                 "p80_us": timing.p80_us, "reps": timing.reps}
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
-        from tuner.baselines import available_baselines
+        from tuner.runtime.baselines import available_baselines
 
         progress("prepare", True)
         data = self._problem_inputs(problem)
@@ -402,7 +402,7 @@ def _check_gpu_environment() -> None:
 
 
 class GpuBackend:
-    """The Backend (tuner.evaluation) that measures on a real GPU, in a worker process.
+    """The Backend (tuner.backends.base) that measures on a real GPU, in a worker process.
 
     `runner` builds the child's Runner from RunnerOptions (a picklable,
     module-level callable); tests pass fakes. Only with the default runner
@@ -485,7 +485,7 @@ class GpuBackend:
                 range_prefix: Optional[str] = None) -> Measurement:
         from dataclasses import asdict
 
-        from tuner.feasibility import launch_shape
+        from tuner.kernels.feasibility import launch_shape
 
         if not compiled.ok or compiled.cubin_path is None:
             raise TunerError(f"{variant.name} has no cubin to measure (compile failed)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tuner.bench import Timing, time_cuda
+from tuner.runtime.timing import Timing, time_cuda
 from tuner.problem import Problem
 
 # Name stored in the results database -> torch SDPBackend member name.

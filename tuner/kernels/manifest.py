@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import TunerError
-from tuner.resources import asset_dir
+from tuner.assets import asset_dir
 
 if TYPE_CHECKING:
-    from tuner.space import Variant
+    from tuner.kernels.variant import Variant
 
 ParamValue = int | bool | str
 
@@ -187,8 +187,8 @@ def render(variant: Variant) -> str:
     Every value is checked against the manifest first, so nothing from a
     command line or a database reaches the source unvalidated.
     """
-    from tuner.feasibility import resources  # local imports: both depend on this module
-    from tuner.space import validate_variant
+    from tuner.kernels.feasibility import resources  # local imports: both depend on this module
+    from tuner.kernels.variant import validate_variant
 
     manifest = load_manifest(variant.template)
     validate_variant(variant, manifest)

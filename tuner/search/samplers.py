@@ -15,7 +15,7 @@ from optuna.distributions import CategoricalDistribution
 
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.templates import Manifest
+from tuner.kernels.manifest import Manifest
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 DEFAULT_SAMPLER = "tpe"  # issue 6 evaluates the others

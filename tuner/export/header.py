@@ -18,7 +18,7 @@ from tuner.errors import TunerError
 from tuner.profiles import GpuProfile
 
 if TYPE_CHECKING:
-    from tuner.export import BuiltKernel, ExportOptions, ExportReport
+    from tuner.export.package import BuiltKernel, ExportOptions, ExportReport
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
 
@@ -134,8 +134,8 @@ def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], buil
 
 def write_header(options: "ExportOptions", name: str, profile: GpuProfile, manifest: dict[str, Any],
                  built: dict[str, "BuiltKernel"]) -> "ExportReport":
-    from tuner.export import ExportReport, check_out, write_staged
-    from tuner.templates import load_manifest
+    from tuner.export.package import ExportReport, check_out, write_staged
+    from tuner.kernels.manifest import load_manifest
 
     templates = {k.variant.template for k in built.values()}
     if len(templates) != 1:

@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import optuna
 
 from tuner.errors import TunerError
-from tuner.feasibility import feasible_space, supports_problem
+from tuner.kernels.feasibility import feasible_space, supports_problem
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import GpuProfile
-from tuner.search_space import make_sampler, problem_key, study_name
-from tuner.search_study import (
+from tuner.search.samplers import make_sampler, problem_key, study_name
+from tuner.search.study import (
     ATTR_BUDGET, ATTR_PROBLEM, ATTR_PROFILE, ATTR_SAMPLER, ATTR_SEED, ATTR_TEMPLATE, load_study, problem_attr,
     study_exists, study_info,
 )  # fmt: skip
 from tuner.store import Store, TrialFilter, TrialStatus
-from tuner.templates import Manifest
+from tuner.kernels.manifest import Manifest
 
 if TYPE_CHECKING:
-    from tuner.search import SearchOptions
+    from tuner.search.run import SearchOptions
 
 DEFAULT_TRIALS = 100
 WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
@@ -41,7 +41,7 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
     profile's templates (best first) that suits every requested problem (and, replaying, that the
     recording holds); when none suits them all, the last (most general) one, which then names the
     problems it skips."""
-    from tuner.feasibility import default_template
+    from tuner.kernels.feasibility import default_template
     from tuner.store import open_store
 
     if options.template:

@@ -4,7 +4,7 @@
 
 The recording holds every feasible variant of one problem (`tuner search
 --sampler grid` on a GPU), so its fastest ok variant is the true best of the
-space. For each (sampler, seed) we run the real search (tuner.search.run_search,
+space. For each (sampler, seed) we run the real search (tuner.search.run.run_search,
 replay backend) into a throw-away results store, read back its trials in trial
 order, and count the trials it needed to come within X% of that recorded best.
 
@@ -28,14 +28,14 @@ from datetime import datetime
 from typing import Callable, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.feasibility import check
-from tuner.markdown import run_caption
-from tuner.markdown import table as markdown_table
+from tuner.kernels.feasibility import check
+from tuner.reporting.markdown import run_caption
+from tuner.reporting.markdown import table as markdown_table
 from tuner.problem import Problem, parse_shape
 from tuner.profiles import load_profile
-from tuner.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
-from tuner.search_space import SAMPLERS
-from tuner.space import Variant
+from tuner.backends.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
+from tuner.search.samplers import SAMPLERS
+from tuner.kernels.variant import Variant
 from tuner.store import TrialFilter, TrialStatus, open_store
 
 DEFAULT_SAMPLERS = ("tpe", "gp", "cmaes", "random")
@@ -203,7 +203,7 @@ def replay_once(recording: Recording, sampler: str, seed: int, trials: int) -> S
     """Run the real search (replay backend) into a temporary store; best-so-far µs by trial number."""
     from rich.console import Console
 
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.run import SearchOptions, run_search
 
     p = recording.problem
     start = time.perf_counter()
@@ -271,7 +271,7 @@ def evaluate_samplers(options: EvalOptions, progress: Optional[Callable[[SeedRun
     """Replay every (sampler, seed) pair, in a process pool when jobs > 1; summarise per sampler."""
     _validate(options)
     if options.out_dir is not None:
-        from tuner.report import ensure_out_dir
+        from tuner.reporting.report import ensure_out_dir
 
         ensure_out_dir(options.out_dir)
     recording = load_recording(options.recording, options.shape)
@@ -401,8 +401,8 @@ class EvalFiles:
 
 
 def write_outputs(result: EvalResult, out_dir: str) -> EvalFiles:
-    from tuner.plots import plot_replay_eval
-    from tuner.report import ensure_out_dir, os_error_text
+    from tuner.reporting.plots import plot_replay_eval
+    from tuner.reporting.report import ensure_out_dir, os_error_text
 
     ensure_out_dir(out_dir)
     files = EvalFiles(*(os.path.join(out_dir, n) for n in ("replay_eval.md", "replay_eval.csv", "replay_eval.png")))

@@ -1,7 +1,7 @@
 """tuner export: the store's best ok trials -> an importable package (or a C++ header).
 
-The package is self-contained: verbatim copies of tuner/launcher.py and of
-the runtime modules in tuner/_export_pkg/, the cubins for the profile's arch,
+The package is self-contained: verbatim copies of tuner/runtime/launcher.py
+and of the runtime modules in tuner/export/shipped/, the cubins for the profile's arch,
 the rendered source of each kernel (JIT-compiled where no cubin fits) and
 manifest.json (dispatch table, provenance, sha256 of every file). It never
 imports `tuner`.
@@ -23,21 +23,21 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 # The shipped dispatch module is standard-library only: the tuner keys entries with it (one definition).
-from tuner._export_pkg._dispatch import Key
+from tuner.export.shipped._dispatch import Key
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem, parse_shape
 from tuner.profiles import GpuProfile, load_profile
-from tuner.space import Variant
+from tuner.kernels.variant import Variant
 from tuner.store import TrialFilter, TrialRow, open_store
 
 FORMATS = ("package", "header")
-# Runtime files: (source under tuner/, name in the package).
+# Runtime files copied verbatim into every export: (source under tuner/, name in the package).
 _RUNTIME_FILES = (
-    ("_export_pkg/package_init.py", "__init__.py"),
-    ("_export_pkg/_api.py", "_api.py"),
-    ("_export_pkg/_dispatch.py", "_dispatch.py"),
-    ("_export_pkg/_kernels.py", "_kernels.py"),
-    ("launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
+    ("export/shipped/package_init.py", "__init__.py"),
+    ("export/shipped/_api.py", "_api.py"),
+    ("export/shipped/_dispatch.py", "_dispatch.py"),
+    ("export/shipped/_kernels.py", "_kernels.py"),
+    ("runtime/launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
 )
 PACKAGE_VERSION = "0.1.0"
 # What a manifest.json written by this module always holds: how --force tells an earlier export from user files.
@@ -101,8 +101,8 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
 
 def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> BuiltKernel:
     """Render and compile the trial's variant; refuse when it is not the kernel the search measured."""
-    from tuner.compiler import compile_source
-    from tuner.templates import load_manifest, render
+    from tuner.kernels.compiler import compile_source
+    from tuner.kernels.manifest import load_manifest, render
 
     variant = Variant.from_stored(row.template, row.params)
     source = render(variant)
@@ -299,8 +299,8 @@ def _readme(name: str, manifest: dict[str, Any]) -> str:
 def export(options: ExportOptions) -> ExportReport:
     """Export the best ok trials of `options.gpu` as a package or a header (see module doc)."""
     import tuner
-    from tuner.compiler import BASE_OPTIONS, nvcc_version
-    from tuner.templates import load_manifest
+    from tuner.kernels.compiler import BASE_OPTIONS, nvcc_version
+    from tuner.kernels.manifest import load_manifest
 
     if options.format not in FORMATS:
         raise TunerError(f"unknown export format {options.format!r}; expected one of {', '.join(FORMATS)}")
@@ -333,7 +333,7 @@ def export(options: ExportOptions) -> ExportReport:
         "entries": entries,
     }
     if options.format == "header":
-        from tuner.export_header import write_header
+        from tuner.export.header import write_header
 
         return write_header(options, name, profile, manifest, built)
     return _write_package(options, name, profile, manifest, built)
@@ -341,8 +341,8 @@ def export(options: ExportOptions) -> ExportReport:
 
 def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
                    built: dict[str, BuiltKernel]) -> ExportReport:
-    from tuner.feasibility import launch_shape
-    from tuner.templates import load_manifest
+    from tuner.kernels.feasibility import launch_shape
+    from tuner.kernels.manifest import load_manifest
 
     names = [name, "pyproject.toml", "README.md"]
     check_out(options.out, options.force, names, is_package_export(options.out, name))
@@ -364,7 +364,7 @@ def _write_package(options: ExportOptions, name: str, profile: GpuProfile, manif
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),
                 "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},
             }
-        tuner_dir = Path(__file__).resolve().parent
+        tuner_dir = Path(__file__).resolve().parent.parent
         for src, dest in _RUNTIME_FILES:
             shutil.copyfile(tuner_dir / src, pkg / dest)
             files.append(pkg / dest)

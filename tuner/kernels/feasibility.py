@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.errors import TunerError
-from tuner.expr import evaluate
-from tuner.launcher import LaunchShape
+from tuner.kernels.expr import evaluate
+from tuner.runtime.launcher import LaunchShape
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
-from tuner.space import Variant
-from tuner.templates import Manifest, load_manifest
+from tuner.kernels.variant import Variant
+from tuner.kernels.manifest import Manifest, load_manifest
 
 _ELEM_BYTES = {"fp16": 2, "bf16": 2}
 # Registers a thread needs beyond its accumulators (fragments, addresses,
@@ -126,7 +126,7 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
 
 
 def feasible_space(template: str, problem: Problem, profile: GpuProfile) -> list[Variant]:
-    from tuner.space import enumerate_space
+    from tuner.kernels.variant import enumerate_space
 
     return [v for v in enumerate_space(template, problem) if check(v, problem, profile)]
 
@@ -153,7 +153,7 @@ def covering_sample(template: str, problem: Problem, profile: GpuProfile, seed: 
 
 def space_report(template: str, problem: Problem, profile: GpuProfile) -> list[tuple[Variant, Feasibility]]:
     """Every variant of the template for this problem with its feasibility (feasible first)."""
-    from tuner.space import enumerate_space
+    from tuner.kernels.variant import enumerate_space
 
     manifest = load_manifest(template)
     why = supports_problem(manifest, problem)

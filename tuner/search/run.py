@@ -5,10 +5,10 @@
 This module holds the entry points (run_search; run_join, behind `tuner worker`)
 and their options and report; the work is split over:
 
-- tuner.search_prepare  problems, studies (create or --resume), budgets, warm start;
-- tuner.search_workers  one worker per device, in this process or in child processes; Ctrl-C;
-- tuner.search_loop     the ask/tell loop of one study on one worker (ProblemSearch);
-- tuner.search_backend  the backends (`gpu`, `replay`), the compiler and the clock a worker calls.
+- tuner.search.prepare  problems, studies (create or --resume), budgets, warm start;
+- tuner.search.workers  one worker per device, in this process or in child processes; Ctrl-C;
+- tuner.search.loop     the ask/tell loop of one study on one worker (ProblemSearch);
+- tuner.search.hooks  the backends (`gpu`, `replay`), the compiler and the clock a worker calls.
 
 Ctrl-C: the first stops after the current trial (everything measured stays
 stored; the summary prints; the CLI exits 130), a second one aborts.
@@ -27,23 +27,23 @@ from typing import Any, Callable, Optional
 from rich.console import Console
 
 from tuner.errors import TunerError
-from tuner.evaluation import Backend
+from tuner.backends.base import Backend
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
-from tuner.search_backend import (
+from tuner.search.hooks import (
     BACKENDS, Hooks, check_backend, check_replay_source, compile_variant, make_backend, require_gpus,
 )  # fmt: skip
-from tuner.search_loop import ATTR_WORKER, DUPLICATE_WAIT_S, Events, ProblemSearch, WorkerJob, WorkerResult
-from tuner.search_prepare import (
+from tuner.search.loop import ATTR_WORKER, DUPLICATE_WAIT_S, Events, ProblemSearch, WorkerJob, WorkerResult
+from tuner.search.prepare import (
     DEFAULT_TRIALS, WARM_START, choose_template, prepare_study, problems_of, study_name_for, warm_start_points,
 )  # fmt: skip
-from tuner.search_progress import SearchProgress
-from tuner.search_space import DEFAULT_SAMPLER, SAMPLERS
-from tuner.search_study import finished_trials, load_study, results_url_for, split_budget, storage_for, study_info
-from tuner.search_workers import WorkerSpec, run_here, run_processes, run_worker
+from tuner.search.progress import SearchProgress
+from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from tuner.search.study import finished_trials, load_study, results_url_for, split_budget, storage_for, study_info
+from tuner.search.workers import WorkerSpec, run_here, run_processes, run_worker
 from tuner.store import Store, default_db_url, open_store
-from tuner.summary import ProblemSummary, summarize
-from tuner.templates import load_manifest
+from tuner.search.summary import ProblemSummary, summarize
+from tuner.kernels.manifest import load_manifest
 
 __all__ = [
     "ATTR_WORKER", "BACKENDS", "DEFAULT_TRIALS", "DUPLICATE_WAIT_S", "WARM_START", "Events",
@@ -117,7 +117,7 @@ def _validate(options: SearchOptions) -> None:
 
 def _resolve(options: SearchOptions) -> GpuProfile:
     if options.backend == "replay":
-        from tuner.replay import recording_profile
+        from tuner.backends.replay import recording_profile
 
         return recording_profile(options.replay_from) if options.gpu.strip().lower() == "auto" else load_profile(options.gpu)
     require_gpus(options.devices)
@@ -195,7 +195,7 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
 
 
 def _profile_top(store: Store, run_ids: list[int], k: int) -> None:
-    from tuner.profiling import profile_top
+    from tuner.reporting.profiling import profile_top
 
     for run_id in run_ids:
         profile_top(store, run_id, k)
