@@ -18,7 +18,8 @@ import torch
 from ab_ratio import interleaved
 
 from tuner.runtime import driver as runtime
-from tuner.store import TrialFilter, TrialStatus, open_store
+from tuner.store import TrialFilter, open_store
+from tuner.status import TrialStatus
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--db", required=True)
@@ -31,11 +32,10 @@ args = ap.parse_args()
 def fastest_names(store, trial, n: int) -> list[str]:
     """The n fastest distinct variants stored for this trial's problem (and GPU profile filter)."""
     p = trial.problem
-    rows = store.query_trials(TrialFilter(gpu=args.gpu, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim),
-                                          dtype=p.dtype, causal=p.causal, status=TrialStatus.OK))
+    rows = store.query_trials(TrialFilter(gpu=args.gpu, problem=p, status=TrialStatus.OK))
     names: list[str] = []
     for row in sorted((r for r in rows if r.median_us is not None), key=lambda r: r.median_us):
-        if row.variant_name not in names and row.problem == p:
+        if row.variant_name not in names:
             names.append(row.variant_name)
     return names[:n] or [trial.variant_name]
 

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from typer.testing import CliRunner
 
+from tuner.cli.app import main
+from tuner.search.hooks import Hooks
+
 
 @dataclass
 class CliResult:
@@ -15,9 +18,9 @@ class CliResult:
     stderr: str
 
 
-def run_tuner(*args: str, env: dict[str, str | None] | None = None) -> CliResult:
-    """Call tuner.cli.app.main() with argv = ["tuner", *args], capturing stdout, stderr and the exit code."""
-    from tuner.cli import app as cli
+def run_tuner(*args: str, env: dict[str, str | None] | None = None, hooks: Hooks | None = None) -> CliResult:
+    """Call tuner.cli.app.main() with argv = ["tuner", *args], capturing stdout, stderr and the exit code;
+    `hooks` replace the search's backend, builder or clock."""
 
     runner = CliRunner()
     saved_argv = sys.argv
@@ -25,7 +28,7 @@ def run_tuner(*args: str, env: dict[str, str | None] | None = None) -> CliResult
         sys.argv = ["tuner", *args]
         code = 0
         try:
-            cli.main()
+            main(hooks or Hooks())
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         finally:

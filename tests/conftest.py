@@ -32,7 +32,7 @@ def pg_skip_reason() -> Optional[str]:
     if not url:
         return f"{PG_ENV} is not set (e.g. postgresql://tuner:tuner@127.0.0.1:55432/tuner_test)"
     if url not in _pg_checked:
-        from tuner.store import redact_url
+        from tuner.store.redact import redact_url
 
         try:
             engine = _pg_admin_engine(url)
@@ -122,7 +122,8 @@ def replay_recording(tmp_path_factory) -> Recording:
     from collections import Counter
 
     from tuner.problem import Problem
-    from tuner.store import TrialFilter, TrialStatus, open_store
+    from tuner.store import TrialFilter, open_store
+    from tuner.status import TrialStatus
 
     if REPLAY_RECORDING.exists():
         import shutil

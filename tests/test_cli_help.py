@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tuner.cli.app import app
+from tuner.cli.app import build_app
 
-COMMANDS = sorted({c.name for c in app.registered_commands} | {g.name for g in app.registered_groups})
+_APP = build_app()
+COMMANDS = sorted({c.name for c in _APP.registered_commands} | {g.name for g in _APP.registered_groups})
 
 
 def test_every_command_is_listed_in_the_top_level_help() -> None:

@@ -211,18 +211,8 @@ def test_password_is_never_printed(args):
     assert SECRET not in result.stderr + result.stdout
 
 
-def test_password_hidden_in_help():
-    import importlib
-
-    import tuner.cli.app
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TUNER_DB", PG_WITH_PASSWORD)
-        importlib.reload(tuner.cli.app)
-        try:
-            result = run_tuner("results", "--help")
-        finally:
-            mp.delenv("TUNER_DB")
-            importlib.reload(tuner.cli.app)
+def test_password_hidden_in_help(monkeypatch):
+    monkeypatch.setenv("TUNER_DB", PG_WITH_PASSWORD)
+    result = run_tuner("results", "--help")
     assert "tuner:***@127.0.0.1:1" in result.stdout.replace("\n", "")
     assert SECRET not in result.stdout

@@ -18,11 +18,12 @@ import pytest
 
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
-from tuner.export.package import ExportOptions, export
+from tuner.export.run import ExportOptions, export
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.kernels.variant import Variant
-from tuner.store import BaselineRecord, RunInfo, TrialRecord, TrialStatus, open_store
+from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
+from tuner.status import TrialStatus
 
 # --- a results store whose ok trials carry the sha256 of real local cubins ------------------
 
@@ -56,12 +57,11 @@ def variant(problem: Problem, params: dict) -> Variant:
 
 
 def compiled_sha(v: Variant) -> str:
-    from tuner.kernels.compiler import compile_source
-    from tuner.kernels.manifest import render
+    from tuner.runtime.build import build
 
-    res = compile_source(render(v), v.name, load_profile(PROFILE).nvcc_arch)
-    assert res.ok, res.log[-2000:]
-    return res.cubin_sha256
+    built = build(v, load_profile(PROFILE).nvcc_arch)
+    assert built.ok, built.compiled.log[-2000:]
+    return built.compiled.cubin_sha256
 
 
 def write_export_store(url: str) -> ExportStore:
@@ -502,7 +502,7 @@ def test_force_replaces_an_earlier_export(export_store, tmp_path) -> None:
 def test_failed_export_keeps_the_earlier_one(export_store, tmp_path, monkeypatch) -> None:
     import errno
 
-    import tuner.export.package as export_mod
+    import tuner.export.staging as export_mod
 
     name = _unique("keep")
     out = tmp_path / "proj"
@@ -577,11 +577,16 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> Non
 
 
 def _synthetic_header_inputs():
-    from tuner.export.package import BuiltKernel
+    from tuner.export.selection import ExportedKernel
+    from tuner.kernels.compiler import CompileResult
+    from tuner.runtime.build import BuiltKernel, launch_shape
 
     kernels = {"fp16": variant(BIG, PARAMS["big"]), "bf16": variant(GQA_CAUSAL, PARAMS["gqa"])}
-    built = {v.name: BuiltKernel(v, f"using TunerCfg = fc::AttnConfig<half, {i}>;\n", b"", False)
-             for i, v in enumerate(kernels.values())}
+    built = {}
+    for i, v in enumerate(kernels.values()):
+        compiled = CompileResult(True, v.name, "sm_90a", None, "", 0, 0, 0, 0, 0.0, "")
+        source = f"using TunerCfg = fc::AttnConfig<half, {i}>;\n"
+        built[v.name] = ExportedKernel(BuiltKernel(v, source, compiled, launch_shape(v)), b"", False)
     rows = [("fp16", 1, 11, 11), ("fp16", 4, 11, 11), ("fp16", 2, 8, 8), ("fp16", 1, 8, 10), ("fp16", 8, 10, 8),
             ("fp16", 1, 6, 6), ("fp16", 3, 12, 12), ("fp16", 2, 12, 12), ("fp16", 1, 9, 7), ("fp16", 1, 7, 9),
             ("bf16", 4, 10, 10), ("bf16", 1, 10, 10), ("bf16", 2, 3, 3)]

@@ -15,11 +15,13 @@ import pytest
 
 from tuner.kernels.compiler import CompileResult
 from tuner.errors import NoGpuError, TunerError
-from tuner.backends.gpu import GpuBackend, RequestError, RunnerOptions
+from tuner.backends.gpu import GpuBackend
+from tuner.backends.gpu_child import RequestError, RunnerOptions
+from tuner.runtime.build import BuiltKernel, launch_shape
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.kernels.variant import parse_variant_name
-from tuner.store.records import TrialStatus
+from tuner.status import TrialStatus
 
 PROBLEM = Problem(1, 2, 128, 128, 64)
 
@@ -43,7 +45,7 @@ class FakeRunner:
 
     def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
         self.measured += 1
-        name = request["variant_name"]
+        name = request["built"].entry
         progress("prepare", True)
         progress("verify")
         if name == "hang":
@@ -80,9 +82,10 @@ class RecordingRunner(FakeRunner):
     """Writes the range prefix it was given next to the (fake) cubin, to check what crosses the pipe."""
 
     def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
-        Path(request["cubin_path"]).with_suffix(".seen").write_text(
-            f'{request["range_prefix"]}|{request["launch"]["block_m"]}|{request["launch"]["threads"]}|'
-            f'{request["launch"]["smem_bytes"]}|{request["launch"]["tma_swizzle"]}')
+        built, shape = request["built"], request["built"].shape
+        Path(built.compiled.cubin_path).with_suffix(".seen").write_text(
+            f'{request["range_prefix"]}|{shape.block_m}|{shape.threads}|{shape.smem_bytes}|{shape.tma_swizzle}|'
+            f'{len(built.source)}')
         return super().measure(request, progress)
 
 
@@ -98,9 +101,15 @@ def backend(profile):
     b.close()
 
 
+def fake_built(name: str, cubin_path: Path | None = Path("/nonexistent"), ok: bool = True) -> BuiltKernel:
+    """A BuiltKernel whose entry point is `name` (which tells the fake runners what to do); no nvcc."""
+    variant = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg")
+    compiled = CompileResult(ok, name, "sm_90a", cubin_path if ok else None, "x" if ok else "", 100, 0, 0, 0, 1.0, "")
+    return BuiltKernel(variant, "// source", compiled, launch_shape(variant))
+
+
 def measure(backend: GpuBackend, name: str, prefix: str = "run1/trial1"):
-    return backend.measure_request({"problem": PROBLEM, "variant_name": name, "cubin_path": "/nonexistent",
-                                    "launch": {"block_m": 64, "threads": 128, "smem_bytes": 0}, "range_prefix": prefix})
+    return backend.measure_request({"problem": PROBLEM, "built": fake_built(name), "range_prefix": prefix})
 
 
 def test_default_backend_without_gpu_raises_one_line_no_gpu_error(profile, monkeypatch) -> None:
@@ -203,21 +212,19 @@ def test_close_stops_the_child_and_refuses_more_work(profile) -> None:
         measure(b, "ok")
 
 
-def test_measure_sends_launch_shape_and_range_prefix(profile, tmp_path) -> None:
-    # By name: parameters added to the template later take their default (empty-label) values.
-    variant = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg")
+def test_measure_sends_the_built_kernel_and_range_prefix(profile, tmp_path) -> None:
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
-    compiled = CompileResult(True, variant.name, "sm_90a", cubin, "x", 100, 0, 0, 0, 1.0, "")
+    built = fake_built("ok", cubin)
     from tuner.kernels.feasibility import resources
 
-    res = resources(variant)
+    res = resources(built.variant)
     with GpuBackend(profile, runner=RecordingRunner, start_timeout_s=120, range_prefix="run7/trial3") as b:
-        assert b.measure(PROBLEM, variant, compiled).status is TrialStatus.OK
-        assert cubin.with_suffix(".seen").read_text() == f"run7/trial3|128|128|{res['smem_bytes']}|0"
-        b.measure(PROBLEM, variant, compiled, range_prefix="run7/trial4")
+        assert b.measure(PROBLEM, built.variant, built).status is TrialStatus.OK
+        # The launch shape crosses the pipe; the source does not (the child reads the cubin).
+        assert cubin.with_suffix(".seen").read_text() == f"run7/trial3|128|128|{res['smem_bytes']}|0|0"
+        b.measure(PROBLEM, built.variant, built, range_prefix="run7/trial4")
         assert cubin.with_suffix(".seen").read_text().startswith("run7/trial4|")
-        failed = CompileResult(False, variant.name, "sm_90a", None, "", 0, 0, 0, 0, 1.0, "error")
         with pytest.raises(TunerError, match="no cubin"):
-            b.measure(PROBLEM, variant, failed)
+            b.measure(PROBLEM, built.variant, fake_built("ok", ok=False))
 

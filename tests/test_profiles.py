@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from tuner.cli.app import app
+from tuner.cli.app import build_app
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
 from tuner.profiles import (
@@ -423,7 +423,7 @@ def test_detect_gpu_with_fake_torch(monkeypatch):
 
 
 def test_cli_profiles_table():
-    result = CliRunner().invoke(app, ["profiles"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(build_app(), ["profiles"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for name in SHIPPED:
         assert name in result.output
@@ -432,7 +432,7 @@ def test_cli_profiles_table():
 
 
 def test_cli_profiles_json():
-    result = CliRunner().invoke(app, ["profiles", "--format", "json"])
+    result = CliRunner().invoke(build_app(), ["profiles", "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [d["name"] for d in data] == SHIPPED
@@ -443,7 +443,7 @@ def test_cli_profiles_json():
 
 
 def test_cli_profiles_rejects_unknown_format():
-    result = CliRunner().invoke(app, ["profiles", "--format", "xml"])
+    result = CliRunner().invoke(build_app(), ["profiles", "--format", "xml"])
     assert result.exit_code != 0
 
 

@@ -16,7 +16,8 @@ from tuner.runtime.nvtx import ncu_include, range_name
 from tuner.problem import Problem
 from tuner.reporting.profiling import METRICS, ncu_command, parse_ncu_csv, profile_top, profile_trial, trial_range_name
 from tuner.kernels.variant import Variant, parse_variant_name
-from tuner.store import RunInfo, TrialRecord, TrialStatus, open_store
+from tuner.store import RunInfo, TrialRecord, open_store
+from tuner.status import TrialStatus
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = (DATA / "ncu_raw_sample.csv").read_text()
@@ -98,7 +99,7 @@ def stored(sqlite_url):
 def test_ncu_command_always_fixes_clock_control_and_filters_the_range(tmp_path) -> None:
     rng = trial_range_name(3, 17, SAMPLE_KERNEL)
     assert rng == f"run3/trial17/{SAMPLE_KERNEL}/profile"
-    cmd = ncu_command(["python", "-m", "tuner.reporting.profiling", "--x"], rng, METRICS, tmp_path / "out.csv",
+    cmd = ncu_command(["python", "-m", "tuner.reporting.ncu_replay", "--x"], rng, METRICS, tmp_path / "out.csv",
                       ncu="/opt/ncu", kernel_name=SAMPLE_KERNEL)
     assert cmd[0] == "/opt/ncu"
     i = cmd.index("--clock-control")
@@ -110,7 +111,7 @@ def test_ncu_command_always_fixes_clock_control_and_filters_the_range(tmp_path) 
     assert cmd[cmd.index("--metrics") + 1].split(",") == list(METRICS)
     assert cmd[cmd.index("--kernel-name") + 1] == SAMPLE_KERNEL
     assert cmd[cmd.index("--log-file") + 1] == str(tmp_path / "out.csv")
-    assert cmd[-4:] == ["python", "-m", "tuner.reporting.profiling", "--x"]
+    assert cmd[-4:] == ["python", "-m", "tuner.reporting.ncu_replay", "--x"]
     bare = ncu_command(["app"], "r", ["gpu__time_duration.sum"])
     assert bare == ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "r/", "--csv", "--page", "raw",
                     "--metrics", "gpu__time_duration.sum", "app"]
@@ -190,10 +191,10 @@ def test_profile_trial_stores_metrics_and_show_lists_them(stored, fake_ncu, sqli
     argv, app = call["argv"], call["app"]
     assert argv[argv.index("--clock-control") + 1] == "none"
     assert argv[argv.index("--nvtx-include") + 1] == ncu_include(trial_range_name(run_id, trial_id, detail.variant_name))
-    assert app[:3] == [sys.executable, "-m", "tuner.reporting.profiling"]
+    assert app[:3] == [sys.executable, "-m", "tuner.reporting.ncu_replay"]
     assert app[app.index("--arch") + 1] == "sm_90a"  # the h200 profile's arch
     assert json.loads(app[app.index("--params") + 1]) == detail.params
-    assert Problem(**json.loads(app[app.index("--problem") + 1])) == PROBLEM
+    assert Problem.from_dict(json.loads(app[app.index("--problem") + 1])) == PROBLEM
     assert app[app.index("--expect-gpu") + 1] == "NVIDIA H200"
 
     shown = run_tuner("--db", sqlite_url, "show", str(trial_id))

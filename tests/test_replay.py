@@ -9,7 +9,8 @@ from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.backends.replay import NOT_RECORDED, ReplayBackend, recording_profile
 from tuner.kernels.variant import Variant
-from tuner.store import TrialFilter, TrialStatus, open_store
+from tuner.store import TrialFilter, open_store
+from tuner.status import TrialStatus
 
 
 def test_replays_recorded_results_baselines_and_card(replay_recording):

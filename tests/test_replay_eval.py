@@ -12,9 +12,11 @@ from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import check
 from tuner.profiles import load_profile
-from tuner.reporting.replay_eval import EvalOptions, SeedRun, evaluate_samplers, load_recording, summarise
+from tuner.reporting.replay_eval import evaluate_samplers, load_recording, summarise
+from tuner.reporting.replay_eval_model import EvalOptions, SeedRun
 from tuner.kernels.variant import Variant
-from tuner.store import TrialFilter, TrialStatus, open_store
+from tuner.store import TrialFilter, open_store
+from tuner.status import TrialStatus
 
 
 def _shape(problem) -> str:
@@ -154,7 +156,7 @@ def test_bad_out_fails_before_any_replay(replay_recording, tmp_path, where):
 
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_write_outputs_to_a_bad_out_is_a_one_line_error(replay_recording, tmp_path, where):
-    from tuner.reporting.replay_eval import write_outputs
+    from tuner.reporting.replay_eval_output import write_outputs
 
     rec = load_recording(replay_recording.url)
     result = summarise(rec, [_run("random", 0, [rec.best_us])], trials=1, seeds=1)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, TrialStatus, open_store
+from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, open_store
+from tuner.status import TrialStatus
 
 NCU = [NcuMetric("sm__throughput.avg.pct_of_peak_sustained_elapsed", 71.25, "%"),
        NcuMetric("dram__bytes_read.sum", 12345678.0, "byte")]
@@ -30,7 +31,8 @@ class Fixture:
 def _replayed_search(recording, db_url: str, trials: int, seed: int = 0) -> None:
     from rich.console import Console
 
-    from tuner.search.run import SearchOptions, run_search
+    from tuner.search.options import SearchOptions
+    from tuner.search.run import run_search
 
     p = recording.problem
     run_search(SearchOptions(
@@ -176,7 +178,8 @@ def test_summary_row_takes_the_best_baseline_from_the_store_row(report_store):
     """Baseline name, its µs and the speed-up all come from the trial row (the store's one pick, ties included)."""
     from dataclasses import replace
 
-    from tuner.reporting.report import gather_report, render_markdown
+    from tuner.reporting.report import gather_report
+    from tuner.reporting.report_markdown import render_markdown
 
     with open_store(report_store.url, create=False) as store:
         report = gather_report(store, report_store.gpu, db_url=report_store.url)

@@ -13,7 +13,6 @@ import pytest
 from cli_helpers import run_tuner
 from optuna.trial import TrialState
 
-from tuner.search import run as search_mod
 from tuner.kernels.compiler import CompileResult
 from tuner.errors import TunerError
 from tuner.backends.base import Measurement
@@ -21,11 +20,26 @@ from tuner.kernels.feasibility import check
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.backends.replay import ReplayBackend
-from tuner.search.run import SearchOptions, run_search, warm_start_points
+from tuner.runtime.build import BuiltKernel, launch_shape
+from tuner.search.hooks import Hooks
+from tuner.search.options import SearchOptions
+from tuner.search.prepare import prepare_study, warm_start_points
+from tuner.search.run import run_join, run_search
 from tuner.search.samplers import study_name
 from tuner.search.study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
-from tuner.store import RunInfo, TrialFilter, TrialRecord, TrialStatus, open_store
+from tuner.store import RunInfo, TrialFilter, TrialRecord, open_store
+from tuner.status import TrialStatus
 from tuner.kernels.manifest import load_manifest
+
+
+def with_backend(backend) -> Hooks:
+    """Hooks whose backend factory always returns `backend` (the builder and clock stay real)."""
+    return Hooks(make_backend=lambda *_args, **_kwargs: backend)
+
+
+def built(variant, compiled: CompileResult) -> BuiltKernel:
+    """A BuiltKernel around a made-up compile result (no nvcc)."""
+    return BuiltKernel(variant, "", compiled, launch_shape(variant))
 
 WIDE = {"COLUMNS": "250"}
 
@@ -107,22 +121,22 @@ def test_replay_search_end_to_end_via_the_cli(replay_recording, sqlite_url):
     assert best.variant_name in shown.stdout
 
 
-def test_infeasible_points_are_never_compiled(replay_recording, sqlite_url, monkeypatch):
+def test_infeasible_points_are_never_compiled(replay_recording, sqlite_url):
     rec = replay_recording
     profile = load_profile(rec.profile)
     compiled: list[str] = []
 
-    def fake_compile(variant, arch):
+    def fake_build(variant, arch):
         assert check(variant, rec.problem, profile).ok, f"compiled an infeasible variant {variant.name}"
         assert arch == profile.nvcc_arch
         compiled.append(variant.name)
         failed = variant.params["BLOCK_M"] == 32  # exercise the compile_error path too
-        return CompileResult(not failed, variant.name, arch, None, "" if failed else "ab" * 32, 96, 0, 0, 0, 0.5,
-                             "error: synthetic failure" if failed else "ptxas info", False)
+        return built(variant, CompileResult(not failed, variant.name, arch, None, "" if failed else "ab" * 32, 96, 0,
+                                            0, 0, 0.5, "error: synthetic failure" if failed else "ptxas info", False))
 
-    monkeypatch.setattr(search_mod, "compile_variant", fake_compile)
     backend = CountingBackend(rec, needs_compile=True)
-    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), backend_factory=lambda d, p: backend)
+    hooks = Hooks(make_backend=lambda *a, **k: backend, build=fake_build)
+    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), hooks=hooks)
     rows = stored(sqlite_url)
     pruned = [r for r in rows if r.status is TrialStatus.PRUNED and r.error != "not measured in the recording"]
     assert pruned, "the random sample should hit infeasible points"
@@ -141,11 +155,11 @@ def test_infeasible_points_are_never_compiled(replay_recording, sqlite_url, monk
 def test_known_variants_are_served_from_the_store(replay_recording, sqlite_url):
     rec = replay_recording
     first = CountingBackend(rec)
-    run_search(options(rec, sqlite_url, study="first", trials=40), backend_factory=lambda d, p: first)
+    run_search(options(rec, sqlite_url, study="first", trials=40), hooks=with_backend(first))
     rows_before = stored(sqlite_url)
     second = CountingBackend(rec)
     report = run_search(options(rec, sqlite_url, study="second", trials=40, seed=11),
-                        backend_factory=lambda d, p: second)
+                        hooks=with_backend(second))
     measured_ok_first = {r.variant_name for r in rows_before if r.status is not TrialStatus.PRUNED}
     assert first.measured and second.measured
     assert not set(second.measured) & measured_ok_first, "re-measured a variant already in the store"
@@ -160,7 +174,7 @@ def test_known_variants_are_served_from_the_store(replay_recording, sqlite_url):
 def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_recording, sqlite_url):
     rec = replay_recording
     manifest = load_manifest("attn_fwd_mma")
-    run_search(options(rec, sqlite_url, trials=40), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(options(rec, sqlite_url, trials=40), hooks=with_backend(CountingBackend(rec)))
     ok = sorted((r for r in stored(sqlite_url, status="ok")), key=lambda r: r.median_us)
     top = []
     for r in ok:
@@ -182,20 +196,19 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
         assert warm_start_points(store, "l4", "attn_fwd_mma", near, 3, manifest) == []
     # The search over the near problem starts with those three points.
     run_search(options(rec, sqlite_url, shapes=(shape_arg(near),), trials=3),
-               backend_factory=lambda d, p: CountingBackend(rec))
+               hooks=with_backend(CountingBackend(rec)))
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", near), storage=storage_for(sqlite_url))
     assert [t.params for t in sorted(study.trials, key=lambda t: t.number)] == top[:3]
 
 
-def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url, monkeypatch):
+def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url):
     rec = replay_recording
     backend = CountingBackend(rec, interrupt_at=6)
-    monkeypatch.setattr(search_mod, "make_backend", lambda *a, **k: backend)
     args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem), "--dtype",
             rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "30", "--seed", "5"]
     if rec.problem.causal:
         args.append("--causal")
-    result = run_tuner(*args, env=WIDE)
+    result = run_tuner(*args, env=WIDE, hooks=with_backend(backend))
     assert result.exit_code == 130, result.stderr
     assert "search summary" in result.stdout and "interrupted" in result.stderr
     assert len(backend.measured) == 5 and backend.closed
@@ -206,8 +219,7 @@ def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_record
         run = store.trial_detail(rows[0].id)
         assert run.run_ended_at is not None  # the run was finished properly
     # --resume finishes the budget without repeating a measured variant.
-    monkeypatch.setattr(search_mod, "make_backend", lambda *a, **k: CountingBackend(rec))
-    again = run_tuner(*args, "--resume", env=WIDE)
+    again = run_tuner(*args, "--resume", env=WIDE, hooks=with_backend(CountingBackend(rec)))
     assert again.exit_code == 0, again.stderr
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
                               storage=storage_for(sqlite_url))
@@ -218,16 +230,16 @@ def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_record
 
 def test_an_existing_study_needs_resume(replay_recording, sqlite_url):
     rec = replay_recording
-    run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(options(rec, sqlite_url, trials=3), hooks=with_backend(CountingBackend(rec)))
     with pytest.raises(TunerError, match="--resume"):
-        run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+        run_search(options(rec, sqlite_url, trials=3), hooks=with_backend(CountingBackend(rec)))
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "grid"])
 def test_every_sampler_runs_the_loop(replay_recording, sqlite_url, sampler):
     rec = replay_recording
     backend = CountingBackend(rec)
-    report = run_search(options(rec, sqlite_url, sampler=sampler, trials=12), backend_factory=lambda d, p: backend)
+    report = run_search(options(rec, sqlite_url, sampler=sampler, trials=12), hooks=with_backend(backend))
     assert report.asked == 12 and report.summaries[0].trials == 12
     assert backend.measured  # some asked point was feasible and measured
 
@@ -241,7 +253,7 @@ def test_grid_budget_defaults_to_the_feasible_points(replay_recording, sqlite_ur
     manifest = load_manifest("attn_fwd_mma")
     profile = load_profile(rec.profile)
     with open_store(sqlite_url) as store:
-        study, budget = search_mod._prepare_study(opts, storage_for(sqlite_url), store, profile,
+        study, budget = prepare_study(opts, storage_for(sqlite_url), store, profile,
                                                   manifest, rec.problem, "grid-study")
     feasible = len(feasible_space("attn_fwd_mma", rec.problem, profile))
     product = math.prod(len(spec.values) for spec in manifest.params.values())
@@ -256,7 +268,7 @@ def test_failed_and_pruned_trials_are_told_to_optuna(replay_recording, sqlite_ur
             self.measured.append(variant.name)
             return Measurement(status=TrialStatus.LAUNCH_ERROR, error="illegal address (test)")
 
-    run_search(options(rec, sqlite_url, sampler="random", trials=20), backend_factory=lambda d, p: Failing(rec))
+    run_search(options(rec, sqlite_url, sampler="random", trials=20), hooks=with_backend(Failing(rec)))
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
                               storage=storage_for(sqlite_url))
     states = Counter(t.state for t in study.trials)
@@ -289,29 +301,29 @@ def test_bad_options_are_one_line_errors(replay_recording, sqlite_url):
     assert no_from.exit_code == 2 and "--from" in no_from.stderr
 
 
-def test_time_budget_stops_starting_trials(replay_recording, sqlite_url, monkeypatch):
+def test_time_budget_stops_starting_trials(replay_recording, sqlite_url):
     rec = replay_recording
     ticks = iter(range(10_000))
-    monkeypatch.setattr(search_mod, "_now", lambda: 1_000_000.0 + next(ticks))  # one second per look at the clock
+    clock = lambda: 1_000_000.0 + next(ticks)  # one second per look at the clock  # noqa: E731
     report = run_search(options(rec, sqlite_url, trials=None, time_budget_s=20.0),
-                        backend_factory=lambda d, p: CountingBackend(rec))
+                        hooks=Hooks(make_backend=lambda *a, **k: CountingBackend(rec), now=clock))
     assert 0 < report.asked < 20
 
 
 # --- review fixes: compile exceptions, `tuner worker` store, resume seeds, pool sizes, stop while waiting ---
 
 
-def test_a_compile_that_raises_is_a_compile_error_and_the_search_goes_on(replay_recording, sqlite_url, monkeypatch):
+def test_a_compile_that_raises_is_a_compile_error_and_the_search_goes_on(replay_recording, sqlite_url):
     rec = replay_recording
 
-    def fake_compile(variant, arch):
+    def fake_build(variant, arch):
         if variant.params["BLOCK_M"] == 32:
             raise OSError("broken cache entry (test)")
-        return CompileResult(True, variant.name, arch, None, "ab" * 32, 96, 0, 0, 0, 0.5, "ptxas info", False)
+        return built(variant, CompileResult(True, variant.name, arch, None, "ab" * 32, 96, 0, 0, 0, 0.5, "ptxas info"))
 
-    monkeypatch.setattr(search_mod, "compile_variant", fake_compile)
     backend = CountingBackend(rec, needs_compile=True)
-    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), backend_factory=lambda d, p: backend)
+    hooks = Hooks(make_backend=lambda *a, **k: backend, build=fake_build)
+    report = run_search(options(rec, sqlite_url, sampler="random", trials=60), hooks=hooks)
     assert report.asked == 60
     errors = [r for r in stored(sqlite_url) if r.status is TrialStatus.COMPILE_ERROR]
     assert errors and all(r.params["BLOCK_M"] == 32 for r in errors)
@@ -330,14 +342,13 @@ def test_worker_results_go_to_the_store_of_its_storage(replay_recording, sqlite_
     from rich.console import Console
 
     rec = replay_recording
-    run_search(options(rec, sqlite_url, trials=3), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(options(rec, sqlite_url, trials=3), hooks=with_backend(CountingBackend(rec)))
     elsewhere = f"sqlite:///{tmp_path / 'default.db'}"
-    monkeypatch.setattr(search_mod, "default_db_url", lambda: elsewhere)
     monkeypatch.setenv("TUNER_DB", elsewhere)
     name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
     journal = sqlite_url[len("sqlite:///"):] + ".optuna.journal"
     for storage in (sqlite_url, journal):
-        report = search_mod.run_join([name], storage, backend="replay", replay_from=rec.url, trials=3,
+        report = run_join([name], storage, backend="replay", replay_from=rec.url, trials=3,
                                      console=Console(file=io.StringIO()))
         with open_store(sqlite_url) as store:  # the worker's run (and its baselines) landed in x.db
             assert store.baselines_for(report.run_ids[0], store.problem_id(rec.problem))
@@ -347,8 +358,8 @@ def test_worker_results_go_to_the_store_of_its_storage(replay_recording, sqlite_
 def test_a_seeded_resume_asks_new_points(replay_recording, sqlite_url):
     rec = replay_recording
     first = options(rec, sqlite_url, sampler="random", trials=20, warm_start=0)
-    run_search(first, backend_factory=lambda d, p: CountingBackend(rec))
-    report = run_search(replace(first, trials=40, resume=True), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(first, hooks=with_backend(CountingBackend(rec)))
+    report = run_search(replace(first, trials=40, resume=True), hooks=with_backend(CountingBackend(rec)))
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
                               storage=storage_for(sqlite_url))
     trials = [t for t in sorted(study.trials, key=lambda t: t.number) if counts_toward_budget(t)]
@@ -389,7 +400,7 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
     from tuner.kernels.variant import variant_from_params
 
     rec = replay_recording
-    run_search(options(rec, sqlite_url, trials=1, warm_start=0), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(options(rec, sqlite_url, trials=1, warm_start=0), hooks=with_backend(CountingBackend(rec)))
     name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
     study = load_study(storage_for(sqlite_url), name)
     info, profile = study_info(study), load_profile(rec.profile)
@@ -423,7 +434,7 @@ def test_resume_without_template_continues_the_existing_studys_template(replay_r
     from tuner.search.prepare import choose_template
 
     rec = replay_recording
-    run_search(options(rec, sqlite_url, trials=5, template="attn_fwd_mma"), backend_factory=lambda d, p: CountingBackend(rec))
+    run_search(options(rec, sqlite_url, trials=5, template="attn_fwd_mma"), hooks=with_backend(CountingBackend(rec)))
     profile = load_profile(rec.profile)
     fresh = SearchOptions(gpu=rec.profile, shapes=(shape_arg(rec.problem),), dtype=rec.problem.dtype, db_url=sqlite_url)
     storage = storage_for(sqlite_url)

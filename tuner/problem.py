@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 from tuner.errors import TunerError
 
@@ -37,6 +38,22 @@ class Problem:
             raise TunerError(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name: the one serialised form (store rows, study attributes, exports, JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
+        """Inverse of to_dict; unknown or missing fields are a TunerError naming them."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise TunerError(f"unknown problem field(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise TunerError(f"incomplete problem {dict(data)!r}: {exc}") from None
 
     @property
     def flops(self) -> float:

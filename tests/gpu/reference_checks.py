@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.kernels.compiler import compile_many
-from tuner.kernels.feasibility import covering_sample, feasible_space, launch_shape
+from tuner.kernels.feasibility import covering_sample, feasible_space
 from tuner.problem import Problem
-from tuner.runtime.driver import AttentionKernel
-from tuner.kernels.manifest import render
+from tuner.runtime.build import build_many
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
@@ -30,11 +28,10 @@ def assert_variants_match_reference(variants: list, problem: Problem, profile) -
     """Each variant, on fresh inputs, writes every output element and lse within tolerance of fp32."""
     import torch
 
-    results = compile_many([(render(v), v.name, profile.nvcc_arch) for v in variants])
     scale = 1.0 / math.sqrt(problem.head_dim)
-    for variant, res in zip(variants, results):
-        assert res.ok, f"{variant.name} failed to compile:\n{res.log[-2000:]}"
-        kernel = AttentionKernel(res.cubin, variant.name, launch_shape(variant))
+    for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
+        assert built.ok, f"{variant.name} failed to compile:\n{built.compiled.log[-2000:]}"
+        kernel = built.load()
         q, k, v = make_inputs(problem)
         ref, ref_lse = reference(q, k, v, problem.causal, scale)
         out = empty_output(q)  # NaN-poisoned

@@ -7,13 +7,10 @@ import sys
 
 import torch
 
-from tuner.runtime import driver as runtime
-from tuner.kernels.compiler import compile_source
-from tuner.kernels.feasibility import launch_shape
-from tuner.problem import Problem
-from tuner.runtime.driver import AttentionKernel
 from tuner.kernels.variant import parse_variant_name
-from tuner.kernels.manifest import render
+from tuner.problem import Problem
+from tuner.runtime.build import build
+from tuner.runtime.driver import cuda_driver
 from tuner.runtime.verify import empty_output, make_inputs
 
 CASES = {
@@ -31,14 +28,14 @@ CASES = {
     ],
 }
 
-runtime.cuda_driver(0)
+cuda_driver(0)
 arch = "sm_%d%d" % torch.cuda.get_device_capability()
 arch = arch + "a" if arch == "sm_90" else arch
 for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     variant = parse_variant_name(name)
-    res = compile_source(render(variant), name, arch)
-    assert res.ok, res.log
-    kernel = AttentionKernel(res.cubin, name, launch_shape(variant))
+    built = build(variant, arch)
+    assert built.ok, built.compiled.log
+    kernel = built.load()
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")

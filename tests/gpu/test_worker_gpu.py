@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.kernels.compiler import compile_source
 from tuner.problem import Problem
 from tuner.kernels.variant import Variant
-from tuner.store.records import TrialStatus
-from tuner.kernels.manifest import render
+from tuner.status import TrialStatus
+from tuner.runtime.build import build
 from tuner.runtime.verify import TOLERANCE
 
 pytestmark = pytest.mark.gpu
@@ -52,9 +51,9 @@ def fault_variant(mode: str) -> Variant:
     return Variant("attn_fault", PROBLEM.head_dim, PROBLEM.dtype, PROBLEM.causal, {"BLOCK_M": 64, "MODE": mode})
 
 
-def compiled(variant: Variant, profile):
-    result = compile_source(render(variant), variant.name, profile.nvcc_arch)
-    assert result.ok, result.log[-3000:]
+def built(variant: Variant, profile):
+    result = build(variant, profile.nvcc_arch)
+    assert result.ok, result.compiled.log[-3000:]
     return result
 
 
@@ -67,7 +66,7 @@ def test_worker_classifies_faults_and_recovers(gpu_profile, fault_templates) -> 
     cases = [(real, TrialStatus.OK)] + [(fault_variant(m), s) for m, s in (
         ("illegal_address", TrialStatus.LAUNCH_ERROR), ("hang", TrialStatus.TIMEOUT),
         ("ok_but_wrong", TrialStatus.INCORRECT))] + [(real, TrialStatus.OK)]
-    builds = {v: compiled(v, gpu_profile) for v, _ in cases}
+    builds = {v: built(v, gpu_profile) for v, _ in cases}
     with GpuBackend(gpu_profile, watchdog_s=3.0, seed=1) as backend:
         facts = backend.device_facts()
         assert facts.gpu_name == torch.cuda.get_device_name(0)
@@ -107,9 +106,9 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
     from tuner.kernels.manifest import load_manifest
 
     variant = real_variant(gpu_profile)
-    build = compiled(variant, gpu_profile)
+    kernel = built(variant, gpu_profile)
     with GpuBackend(gpu_profile) as backend:
-        m = backend.measure(PROBLEM, variant, build)
+        m = backend.measure(PROBLEM, variant, kernel)
     assert m.status is TrialStatus.OK, m
     with open_store(f"sqlite:///{tmp_path / 'results.db'}") as store:
         run_id = store.start_run(RunInfo(gpu_name=torch.cuda.get_device_name(0), profile=gpu_profile.name))
@@ -117,13 +116,13 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
             run_id=run_id, problem=PROBLEM, template=variant.template,
             template_hash=load_manifest(variant.template).source_hash, params=variant.stored_params(),
             variant_name=variant.name, status=TrialStatus.OK, median_us=m.median_us, p20_us=m.p20_us,
-            p80_us=m.p80_us, rel_error=m.rel_error, registers=build.registers,
+            p80_us=m.p80_us, rel_error=m.rel_error, registers=kernel.compiled.registers,
         ))
         metrics = {x.name: x for x in profile_trial(store, trial_id)}
         detail = store.trial_detail(trial_id)
     assert set(metrics) == set(METRICS), sorted(set(METRICS) - set(metrics))
     assert metrics["gpu__time_duration.sum"].value > 0 and metrics["gpu__time_duration.sum"].unit
-    assert metrics["launch__registers_per_thread"].value == build.registers  # ptxas and ncu agree
+    assert metrics["launch__registers_per_thread"].value == kernel.compiled.registers  # ptxas and ncu agree
     assert metrics["sm__inst_executed_pipe_tensor_op_hmma.sum"].value > 0  # mma.sync on the tensor pipe
     assert {x.name for x in detail.ncu_metrics} == set(METRICS)
     assert detail.median_us == m.median_us  # ncu's duration never replaces the measured median

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from tuner.kernels.compiler import CompileResult
-from tuner.problem import Problem
 from tuner.kernels.variant import Variant
-from tuner.store.records import TrialStatus
+from tuner.problem import Problem
+from tuner.runtime.build import BuiltKernel
+from tuner.status import TrialStatus
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,10 @@ class Backend(Protocol):
 
     def baselines(self, problem: Problem) -> list[BaselineMeasurement]: ...
 
-    def measure(self, problem: Problem, variant: Variant, compiled: Optional[CompileResult], *,
+    def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: str = "") -> Measurement:
-        """Verify then time; `range_prefix` names the NVTX ranges (run/trial)."""
+        """Verify then time `built` (None for a backend whose `needs_compile` is False);
+        `range_prefix` names the NVTX ranges (run/trial)."""
         ...
 
     def close(self) -> None: ...

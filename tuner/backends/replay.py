@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from tuner.kernels.compiler import CompileResult
-from tuner.errors import TunerError
 from tuner.backends.base import BaselineMeasurement, DeviceFacts, Measurement
-from tuner.problem import Problem
-from tuner.profiles import GpuProfile, load_profile, list_profiles
+from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
-from tuner.store import RunInfo, TrialFilter, TrialRow, TrialStatus, canonical_json, open_store
+from tuner.problem import Problem
+from tuner.profiles import GpuProfile, list_profiles, load_profile
+from tuner.runtime.build import BuiltKernel
+from tuner.status import TrialStatus
+from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store
 
 NOT_RECORDED = "not measured in the recording"
 REPLAYED_STATUSES = (TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT)
@@ -121,7 +122,7 @@ class ReplayBackend:
     def baselines(self, problem: Problem) -> list[BaselineMeasurement]:
         return sorted(self._baselines.get(problem, {}).values(), key=lambda b: b.median_us)
 
-    def measure(self, problem: Problem, variant: Variant, compiled: Optional[CompileResult], *,
+    def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: str = "") -> Measurement:
         if self._delay:
             time.sleep(self._delay)

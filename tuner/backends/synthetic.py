@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
+from tuner.backends.replay import synthetic_run_info
 from tuner.kernels.feasibility import feasible_space
+from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.backends.replay import synthetic_run_info
-from tuner.store import BaselineRecord, TrialRecord, TrialStatus, open_store
-from tuner.kernels.manifest import load_manifest
+from tuner.status import TrialStatus
+from tuner.store import BaselineRecord, TrialRecord, open_store
 
 # Relative efficiency of known parameter values (unknown ones get a hashed factor in [0.85, 1]).
 _FACTORS: dict[str, dict[object, float]] = {

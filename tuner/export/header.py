@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.errors import TunerError
+from tuner.export.options import ExportOptions, ExportReport
+from tuner.export.selection import ExportedKernel
+from tuner.export.staging import check_out, write_staged
+from tuner.kernels.manifest import load_manifest
 from tuner.profiles import GpuProfile
-
-if TYPE_CHECKING:
-    from tuner.export.package import BuiltKernel, ExportOptions, ExportReport
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
 
@@ -49,11 +50,10 @@ def is_header_export(out: Path, name: str) -> bool:
         return False
 
 
-def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], built: dict[str, "BuiltKernel"],
-                  template_file: str) -> str:
+def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template_file: str) -> list[str]:
     guard = f"{name.upper()}_TUNED_H"
     ns = f"{name}::{profile.name}"
-    lines = [
+    return [
         f"{_first_line(name)} {manifest['tuner_version']}",
         f"// for {profile.display_name} ({profile.nvcc_arch}), exported {manifest['exported_at']}.",
         "// Generated file: re-export instead of editing.",
@@ -77,66 +77,81 @@ def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], buil
         f"namespace {profile.name} {{",
         "",
     ]
-    chosen = [e for e in manifest["entries"] if e["dispatch"]]
-    for e in chosen:
-        k = built[e["kernel"]]
-        key = e["key"]
-        ratio = f", {e['ratio_to_best_baseline']:.2f}x best baseline" if e.get("ratio_to_best_baseline") else ""
-        lines.append(f"// {e['problem_label']}: trial {e['trial_id']}, {e['median_us']:.1f} us{ratio}; {e['kernel']}")
-        lines.append(f"struct {_struct_name(key)} {{")
-        lines.append(f"  static constexpr int HEAD_DIM = {key['head_dim']};")
-        lines.append(f"  static constexpr bool CAUSAL = {'true' if key['causal'] else 'false'};")
-        lines.append(f"  static constexpr int GROUP = {key['group']};")
-        lines.append(f"  static constexpr int SQ_BUCKET = {key['sq_bucket']};")
-        lines.append(f"  static constexpr int SK_BUCKET = {key['sk_bucket']};")
-        for pname, value in k.variant.params.items():
-            cxx = ("true" if value else "false") if isinstance(value, bool) else value
-            if isinstance(value, str):
-                lines.append(f'  static constexpr const char* {pname} = "{value}";')
-            else:
-                lines.append(f"  static constexpr {'bool' if isinstance(value, bool) else 'int'} {pname} = {cxx};")
-        lines.append(f"  using Config = {config_of(k.source)};")
-        lines.append("};")
-        lines.append("")
-    lines.append("// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).")
-    lines.append("// dtype: 0 = fp16, 1 = bf16.")
-    lines.append("// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest")
-    lines.append("// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then the larger sq, then the larger")
-    lines.append("// sk bucket, then the older trial.")
-    lines.append("inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket) {")
-    lines.append("  struct Row { int dtype, head_dim; bool causal; int group, sq, sk; long long trial; };")
+
+
+def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
+    """One tuned bucket: its key and tunables as constexpr, and the Config the tuner measured."""
+    key = e["key"]
+    ratio = f", {e['ratio_to_best_baseline']:.2f}x best baseline" if e.get("ratio_to_best_baseline") else ""
+    lines = [
+        f"// {e['problem_label']}: trial {e['trial_id']}, {e['median_us']:.1f} us{ratio}; {e['kernel']}",
+        f"struct {_struct_name(key)} {{",
+        f"  static constexpr int HEAD_DIM = {key['head_dim']};",
+        f"  static constexpr bool CAUSAL = {'true' if key['causal'] else 'false'};",
+        f"  static constexpr int GROUP = {key['group']};",
+        f"  static constexpr int SQ_BUCKET = {key['sq_bucket']};",
+        f"  static constexpr int SK_BUCKET = {key['sk_bucket']};",
+    ]
+    for pname, value in k.variant.params.items():
+        if isinstance(value, str):
+            lines.append(f'  static constexpr const char* {pname} = "{value}";')
+        elif isinstance(value, bool):
+            lines.append(f"  static constexpr bool {pname} = {'true' if value else 'false'};")
+        else:
+            lines.append(f"  static constexpr int {pname} = {value};")
+    return lines + [f"  using Config = {config_of(k.source)};", "};", ""]
+
+
+def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
+    """nearest_bucket(): the same choice as the Python dispatch, over the structs' keys."""
     rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
                      f"{e['key']['sk_bucket']}, {int(e.get('trial_id', 0))}}}" for e in chosen)
-    lines.append(f"  static const Row rows[] = {{{rows}}};")
-    lines.append("  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));")
-    lines.append("  int best = -1, best_d = 0;")
-    lines.append("  double best_g = 0.0;")
-    lines.append(f"  for (int i = 0; i < {len(chosen)}; ++i) {{")
-    lines.append("    const Row& r = rows[i];")
-    lines.append("    if (r.dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;")
-    lines.append("    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);")
-    # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
-    lines.append("    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);")
-    lines.append("    bool better = best < 0;")
-    lines.append("    if (!better) {")
-    lines.append("      const Row& b = rows[best];")
-    lines.append("      better = d != best_d ? d < best_d : g != best_g ? g < best_g : r.sq != b.sq ? r.sq > b.sq")
-    lines.append("             : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;")
-    lines.append("    }")
-    lines.append("    if (better) { best = i; best_d = d; best_g = g; }")
-    lines.append("  }")
-    lines.append("  return best;")
-    lines.append("}")
+    return [
+        "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
+        "// dtype: 0 = fp16, 1 = bf16.",
+        "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
+        "// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then the larger sq, then the larger",
+        "// sk bucket, then the older trial.",
+        "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket) {",
+        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk; long long trial; };",
+        f"  static const Row rows[] = {{{rows}}};",
+        "  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));",
+        "  int best = -1, best_d = 0;",
+        "  double best_g = 0.0;",
+        f"  for (int i = 0; i < {len(chosen)}; ++i) {{",
+        "    const Row& r = rows[i];",
+        "    if (r.dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;",
+        "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);",
+        # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
+        "    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);",
+        "    bool better = best < 0;",
+        "    if (!better) {",
+        "      const Row& b = rows[best];",
+        "      better = d != best_d ? d < best_d : g != best_g ? g < best_g : r.sq != b.sq ? r.sq > b.sq",
+        "             : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;",
+        "    }",
+        "    if (better) { best = i; best_d = d; best_g = g; }",
+        "  }",
+        "  return best;",
+        "}",
+    ]
+
+
+def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], built: dict[str, ExportedKernel],
+                  template_file: str) -> str:
+    chosen = [e for e in manifest["entries"] if e["dispatch"]]
+    lines = _preamble(name, profile, manifest, template_file)
+    for e in chosen:
+        lines += _bucket_struct(e, built[e["kernel"]])
+    lines += _lookup_function(chosen)
+    guard = f"{name.upper()}_TUNED_H"
     lines += ["", f"}}  // namespace {profile.name}", f"}}  // namespace {name}", "", f"#endif  // {guard}", ""]
     return "\n".join(lines)
 
 
-def write_header(options: "ExportOptions", name: str, profile: GpuProfile, manifest: dict[str, Any],
-                 built: dict[str, "BuiltKernel"]) -> "ExportReport":
-    from tuner.export.package import ExportReport, check_out, write_staged
-    from tuner.kernels.manifest import load_manifest
-
+def write_header(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
+                 built: dict[str, ExportedKernel]) -> ExportReport:
     templates = {k.variant.template for k in built.values()}
     if len(templates) != 1:
         raise TunerError(f"a header export takes kernels of one template; these come from {sorted(templates)}")

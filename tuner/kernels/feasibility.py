@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
-from tuner.runtime.launcher import LaunchShape
+from tuner.kernels.manifest import Manifest, load_manifest
+from tuner.kernels.variant import Variant, enumerate_space
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
-from tuner.kernels.variant import Variant
-from tuner.kernels.manifest import Manifest, load_manifest
 
 _ELEM_BYTES = {"fp16": 2, "bf16": 2}
 # Registers a thread needs beyond its accumulators (fragments, addresses,
@@ -46,14 +45,6 @@ def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, i
     for key, formula in manifest.resources.items():
         out[key] = int(evaluate(formula, {**names, **out}))
     return out
-
-
-def launch_shape(variant: Variant) -> LaunchShape:
-    """How the launcher runs this variant: block rows, threads, shared memory, TMA boxes."""
-    res = resources(variant)
-    return LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0),
-                       res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), res.get("tma_q_rows", 0),
-                       bool(res.get("persistent", 0)))
 
 
 def default_template(profile: GpuProfile, problems: list[Problem], candidates: list[str] | None = None) -> str:
@@ -126,8 +117,6 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
 
 
 def feasible_space(template: str, problem: Problem, profile: GpuProfile) -> list[Variant]:
-    from tuner.kernels.variant import enumerate_space
-
     return [v for v in enumerate_space(template, problem) if check(v, problem, profile)]
 
 
@@ -153,8 +142,6 @@ def covering_sample(template: str, problem: Problem, profile: GpuProfile, seed: 
 
 def space_report(template: str, problem: Problem, profile: GpuProfile) -> list[tuple[Variant, Feasibility]]:
     """Every variant of the template for this problem with its feasibility (feasible first)."""
-    from tuner.kernels.variant import enumerate_space
-
     manifest = load_manifest(template)
     why = supports_problem(manifest, problem)
     if why:

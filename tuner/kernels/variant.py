@@ -9,8 +9,8 @@ from functools import lru_cache
 from typing import Iterator, Mapping
 
 from tuner.errors import TunerError
-from tuner.problem import DTYPES, Problem
 from tuner.kernels.manifest import Manifest, ParamValue, list_templates, load_manifest
+from tuner.problem import DTYPES, Problem
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ the card, run and date its numbers come from.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -17,9 +16,8 @@ matplotlib.use("Agg")  # before anything imports pyplot: never a GUI backend
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-if TYPE_CHECKING:
-    from tuner.reporting.replay_eval import EvalResult
-    from tuner.reporting.report import Importance, ProblemReport
+from tuner.reporting.replay_eval_model import EvalResult  # noqa: E402
+from tuner.reporting.report_model import TUNED, Importance, ProblemReport  # noqa: E402
 
 TUNED_COLOR = "#2a7ab0"
 BASELINE_COLOR = "#b0b0b0"
@@ -38,10 +36,8 @@ def _save(fig: Figure, path: str, caption: str) -> None:
     fig.savefig(path, format="png")
 
 
-def plot_comparison(p: "ProblemReport", path: str) -> None:
+def plot_comparison(p: ProblemReport, path: str) -> None:
     """TFLOP/s and µs of the tuned kernel beside every baseline of its run."""
-    from tuner.reporting.report import TUNED
-
     names = [t.impl for t in p.timings]
     colors = [TUNED_COLOR if t.impl == TUNED else BASELINE_COLOR for t in p.timings]
     fig = _figure(max(8.0, 2.0 * len(names)), 4.2)
@@ -59,7 +55,7 @@ def plot_comparison(p: "ProblemReport", path: str) -> None:
     _save(fig, path, f"tuner report: {p.label.caption}")
 
 
-def plot_convergence(p: "ProblemReport", path: str) -> None:
+def plot_convergence(p: ProblemReport, path: str) -> None:
     """Best-so-far µs against trial number and against wall time, one line per study."""
     fig = _figure(10, 4.2)
     fig.suptitle(f"{p.problem.label}: best so far — {p.curves_label.caption}", fontsize=10)
@@ -81,7 +77,7 @@ def plot_convergence(p: "ProblemReport", path: str) -> None:
     _save(fig, path, f"tuner report: {p.curves_label.caption}")
 
 
-def plot_importance(p: "ProblemReport", imp: "Importance", path: str) -> None:
+def plot_importance(p: ProblemReport, imp: Importance, path: str) -> None:
     """Horizontal bars of Optuna's parameter importances (largest on top)."""
     items = sorted(imp.values.items(), key=lambda kv: kv[1])
     fig = _figure(7, 0.5 + 0.4 * max(len(items), 3))
@@ -92,7 +88,7 @@ def plot_importance(p: "ProblemReport", imp: "Importance", path: str) -> None:
     _save(fig, path, f"tuner report: {p.label.caption}")
 
 
-def plot_replay_eval(result: "EvalResult", path: str) -> None:
+def plot_replay_eval(result: EvalResult, path: str) -> None:
     """Median gap to the recorded best by trial (band: min-max over seeds), and trials to the tightest
     threshold per seed (an x at the right edge: not reached)."""
     rec = result.recording

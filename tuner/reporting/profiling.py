@@ -1,8 +1,7 @@
 """Nsight Compute (ncu) counters of stored trials.
 
 `profile_trial` replays one stored trial in a child Python process under ncu:
-the child (`python -m tuner.reporting.profiling ...`, see `replay_trial`) renders and
-compiles the trial's variant for its GPU profile (from the compile cache),
+the child (`python -m tuner.reporting.ncu_replay ...`, see `replay_trial`) builds the trial's variant for its GPU profile (from the compile cache),
 makes inputs, and launches the kernel a few times inside one NVTX range;
 ncu profiles only the kernels in that range (`--nvtx-include`), with
 `--clock-control none` so the card keeps the clocks it was tuned at. The raw
@@ -13,7 +12,6 @@ kernels under a profiler are not the timing discipline of tuner.runtime.timing.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -24,14 +22,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.runtime.nvtx import annotate, ncu_include, range_name
-from tuner.problem import Problem
-from tuner.store.records import NcuMetric, TrialFilter, TrialStatus
+from tuner.profiles import load_profile
+from tuner.reporting.ncu_replay import DEFAULT_LAUNCHES
+from tuner.runtime.nvtx import ncu_include, range_name
+from tuner.status import TrialStatus
+from tuner.store.records import NcuMetric, TrialFilter
 
 __all__ = [
     "METRICS",
@@ -39,7 +39,6 @@ __all__ = [
     "parse_ncu_csv",
     "profile_top",
     "profile_trial",
-    "replay_trial",
     "trial_range_name",
 ]
 
@@ -59,7 +58,6 @@ METRICS: dict[str, str] = {
     "sm__inst_executed_pipe_tensor_op_hmma.sum": "HMMA instructions executed",
 }
 
-DEFAULT_LAUNCHES = 3
 NCU_TIMEOUT_S = 900.0
 _KERNEL_COLUMN = "Kernel Name"
 _ID_COLUMN = "ID"
@@ -169,73 +167,10 @@ def trial_range_name(run_id: int, trial_id: int, variant_name: str) -> str:
     return range_name(f"run{run_id}/trial{trial_id}", variant_name, "profile")
 
 
-def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arch: str, nvtx_range: str,
-                 launches: int = DEFAULT_LAUNCHES, device: int = 0, expect_gpu: Optional[str] = None) -> str:
-    """Compile (from the cache) and launch one variant `launches` times inside the NVTX range.
-
-    One warm-up launch runs outside the range (module load, first-launch
-    costs). Returns the variant name. Needs a GPU, pycuda and nvtx.
-    """
-    import torch
-
-    from tuner.runtime import driver as runtime
-    from tuner.kernels.compiler import compile_source
-    from tuner.kernels.feasibility import launch_shape
-    from tuner.runtime.nvtx import nvtx_available
-    from tuner.runtime.driver import AttentionKernel
-    from tuner.kernels.variant import Variant
-    from tuner.kernels.manifest import render
-    from tuner.runtime.verify import empty_output, make_inputs
-
-    runtime.cuda_driver(device)
-    if not nvtx_available():
-        raise TunerError("the nvtx package is not installed (pip install nvtx): ncu cannot select the kernel")
-    name = torch.cuda.get_device_name(device)
-    if expect_gpu and expect_gpu != name:
-        raise TunerError(f"the trial was measured on {expect_gpu}, but this GPU is {name}")
-    variant = Variant.from_stored(template, params)
-    result = compile_source(render(variant), variant.name, arch)
-    if not result.ok:
-        raise TunerError(f"{variant.name} does not compile for {arch}: {result.log.strip().splitlines()[-1:]}")
-    kernel = AttentionKernel(result.cubin, variant.name, launch_shape(variant), device)
-    q, k, v = make_inputs(problem)
-    out = empty_output(q)
-    kernel(q, k, v, out)
-    torch.cuda.synchronize()
-    for _ in range(launches):
-        with annotate(nvtx_range):
-            kernel(q, k, v, out)
-    torch.cuda.synchronize()
-    return variant.name
-
-
 def _replay_args(detail: Any, arch: str, nvtx_range: str, launches: int) -> list[str]:
-    problem = {f.name: getattr(detail.problem, f.name) for f in fields(detail.problem)}
-    return [sys.executable, "-m", "tuner.reporting.profiling", "--template", detail.template,
-            "--params", json.dumps(dict(detail.params), sort_keys=True), "--problem", json.dumps(problem, sort_keys=True),
+    return [sys.executable, "-m", "tuner.reporting.ncu_replay", "--template", detail.template,
+            "--params", json.dumps(dict(detail.params), sort_keys=True), "--problem", json.dumps(detail.problem.to_dict(), sort_keys=True),
             "--arch", arch, "--range", nvtx_range, "--launches", str(launches), "--expect-gpu", detail.gpu_name]
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the profiled process: `python -m tuner.reporting.profiling --template ... --range ...`."""
-    ap = argparse.ArgumentParser(prog="python -m tuner.reporting.profiling", description=main.__doc__)
-    ap.add_argument("--template", required=True)
-    ap.add_argument("--params", required=True, help="stored params (JSON), as in the results store")
-    ap.add_argument("--problem", required=True, help="Problem fields (JSON)")
-    ap.add_argument("--arch", required=True)
-    ap.add_argument("--range", required=True, dest="nvtx_range")
-    ap.add_argument("--launches", type=int, default=DEFAULT_LAUNCHES)
-    ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--expect-gpu", default=None)
-    args = ap.parse_args(argv)
-    try:
-        name = replay_trial(args.template, json.loads(args.params), Problem(**json.loads(args.problem)), args.arch,
-                            args.nvtx_range, args.launches, args.device, args.expect_gpu)
-    except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"replayed {name} {args.launches} times in NVTX range {args.nvtx_range}")
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,8 +188,6 @@ def find_ncu(ncu: str = "ncu") -> str:
 def profile_trial(store: Any, trial_id: int, *, ncu: str = "ncu", launches: int = DEFAULT_LAUNCHES,
                   timeout_s: float = NCU_TIMEOUT_S) -> list[NcuMetric]:
     """Profile one stored ok trial under ncu on this machine's GPU and store its metrics."""
-    from tuner.profiles import load_profile
-
     detail = store.trial_detail(trial_id)
     if detail.status is not TrialStatus.OK:
         raise TunerError(f"trial {trial_id} is {detail.status.value}: only ok trials can be profiled")
@@ -340,6 +273,3 @@ def profile_top(store: Any, run_id: Optional[int], k: int, gpu: Optional[str] = 
 def metrics_to_json(results: Mapping[int, list[NcuMetric]]) -> dict[str, list[dict[str, Any]]]:
     return {str(tid): [asdict(m) for m in metrics] for tid, metrics in results.items()}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tuner.runtime.timing import Timing, time_cuda
 from tuner.problem import Problem
+from tuner.runtime.timing import Timing, time_cuda
 
 # Name stored in the results database -> torch SDPBackend member name.
 SDPA_BACKENDS = {

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 # TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
 # address (the map's first 8 bytes) and the other 120 bytes; heads, batch last.

@@ -1,12 +1,11 @@
-"""What a search calls out to: the measuring backend, the compiler and the clock.
+"""What a search calls out to: the measuring backend, the kernel builder and the clock.
 
 Backends: `gpu` is tuner.backends.gpu.GpuBackend(device=..., profile=...);
 `replay` is tuner.backends.replay.ReplayBackend. A backend whose `needs_compile` is
-False is given compiled=None and no compiler is ever called.
+False is given built=None and no compiler is ever called.
 
-`Hooks` bundles the three so a caller can replace them for one search:
-tuner.search.run builds it from its own module attributes at call time, which keeps
-`tuner.search.run.make_backend`, `.compile_variant` and `._now` the names to patch.
+`Hooks` bundles the three; a caller replaces them for one search by passing
+its own (`run_search(options, hooks=Hooks(make_backend=...))`), as tests do.
 """
 
 from __future__ import annotations
@@ -15,12 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from tuner.kernels.compiler import CompileResult, compile_source
-from tuner.errors import NoGpuError, TunerError
 from tuner.backends.base import Backend
-from tuner.profiles import GpuProfile
+from tuner.backends.gpu import GpuBackend
+from tuner.backends.replay import ReplayBackend
+from tuner.errors import NoGpuError, TunerError
 from tuner.kernels.variant import Variant
-from tuner.kernels.manifest import render
+from tuner.profiles import GpuProfile
+from tuner.runtime.build import BuiltKernel, build
 
 BACKENDS = ("gpu", "replay")
 
@@ -43,11 +43,7 @@ def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Op
     check_backend(kind)
     check_replay_source(kind, replay_from)
     if kind == "replay":
-        from tuner.backends.replay import ReplayBackend
-
         return ReplayBackend(replay_from, profile, force=force)
-    from tuner.backends.gpu import GpuBackend
-
     return GpuBackend(device=device, profile=profile)
 
 
@@ -66,15 +62,16 @@ def require_gpus(devices: tuple[int, ...]) -> None:
         raise TunerError(f"CUDA device {missing[0]} does not exist; this machine has {count}")
 
 
-def compile_variant(variant: Variant, arch: str) -> CompileResult:
-    """Render and compile one variant (runs in the compile thread pool)."""
-    return compile_source(render(variant), variant.name, arch)
-
-
 @dataclass(frozen=True)
 class Hooks:
-    """The backend factory, the compiler and the wall clock (of deadlines) a worker uses."""
+    """The backend factory, the kernel builder (render + compile; runs in the compile pool) and the
+    wall clock (of deadlines) a worker uses."""
 
     make_backend: Callable[..., Backend] = make_backend
-    compile_variant: Callable[[Variant, str], CompileResult] = compile_variant
+    build: Callable[[Variant, str], BuiltKernel] = build
     now: Callable[[], float] = time.time
+
+    @property
+    def replaced(self) -> bool:
+        """True when any hook is not the default (such hooks cannot cross into child processes)."""
+        return self != Hooks()

@@ -25,18 +25,27 @@ from typing import Any, Callable, Optional
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.kernels.compiler import CompileResult
 from tuner.backends.base import Backend, Measurement
+from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import Feasibility, check
+from tuner.kernels.manifest import Manifest, load_manifest
+from tuner.kernels.variant import Variant, variant_from_params
 from tuner.profiles import GpuProfile
+from tuner.runtime.build import BuiltKernel
 from tuner.search.hooks import Hooks
 from tuner.search.samplers import distributions
 from tuner.search.study import (
-    ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_SOURCE, ATTR_STATUS, ATTR_STORE_ID, ATTR_VARIANT, StudyInfo,
+    ATTR_INFEASIBLE,
+    ATTR_INTERRUPTED,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_STATUS,
+    ATTR_STORE_ID,
+    ATTR_VARIANT,
+    StudyInfo,
 )  # fmt: skip
-from tuner.kernels.variant import Variant, variant_from_params
-from tuner.store import Store, TrialRecord, TrialRow, TrialStatus
-from tuner.kernels.manifest import Manifest, load_manifest
+from tuner.status import TrialStatus
+from tuner.store import Store, TrialRecord, TrialRow
 
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
@@ -216,11 +225,13 @@ class ProblemSearch:
                 self._tell_interrupted(item)
                 return
             self._start_compile(item)
+        built: Optional[BuiltKernel] = None
         compiled: Optional[CompileResult] = None
         if item.compile is not None:
             item.stage = "compiling"
             try:
-                compiled = item.compile.result()
+                built = item.compile.result()
+                compiled = built.compiled
             except Exception as exc:  # the compiler itself failed (broken cache entry, OSError, render error)
                 compiled = _compile_exception(item.variant, self.ctx.profile.nvcc_arch, exc)
             if not compiled.ok:
@@ -231,7 +242,7 @@ class ProblemSearch:
         # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
         prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
         item.stage = "measuring"
-        measurement = self.ctx.backend.measure(self.problem, item.variant, compiled, range_prefix=prefix)
+        measurement = self.ctx.backend.measure(self.problem, item.variant, built, range_prefix=prefix)
         self.ctx.result.measured += 1
         self._store_measurement(item, compiled, measurement)
 
@@ -240,8 +251,7 @@ class ProblemSearch:
         if not getattr(self.ctx.backend, "needs_compile", True):
             return
         assert self.ctx.compile_pool is not None
-        item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.compile_variant, item.variant,
-                                                    self.ctx.profile.nvcc_arch)
+        item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.build, item.variant, self.ctx.profile.nvcc_arch)
 
     def _tell_interrupted(self, item: _Pending) -> None:
         """Told FAIL, marked interrupted (with its stage: asked ahead, waiting for a duplicate, compiling,

@@ -7,27 +7,30 @@ problem, enqueued before the sampler's own points.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import optuna
 
 from tuner.errors import TunerError
-from tuner.kernels.feasibility import feasible_space, supports_problem
+from tuner.kernels.feasibility import default_template, feasible_space, supports_problem
+from tuner.kernels.manifest import Manifest
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import GpuProfile
+from tuner.search.options import DEFAULT_TRIALS, SearchOptions
 from tuner.search.samplers import make_sampler, problem_key, study_name
 from tuner.search.study import (
-    ATTR_BUDGET, ATTR_PROBLEM, ATTR_PROFILE, ATTR_SAMPLER, ATTR_SEED, ATTR_TEMPLATE, load_study, problem_attr,
-    study_exists, study_info,
+    ATTR_BUDGET,
+    ATTR_PROBLEM,
+    ATTR_PROFILE,
+    ATTR_SAMPLER,
+    ATTR_SEED,
+    ATTR_TEMPLATE,
+    load_study,
+    study_exists,
+    study_info,
 )  # fmt: skip
-from tuner.store import Store, TrialFilter, TrialStatus
-from tuner.kernels.manifest import Manifest
-
-if TYPE_CHECKING:
-    from tuner.search.run import SearchOptions
-
-DEFAULT_TRIALS = 100
-WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
+from tuner.status import TrialStatus
+from tuner.store import Store, TrialFilter, open_store
 
 
 def shape_problems(options: SearchOptions) -> list[Problem]:
@@ -41,9 +44,6 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
     profile's templates (best first) that suits every requested problem (and, replaying, that the
     recording holds); when none suits them all, the last (most general) one, which then names the
     problems it skips."""
-    from tuner.kernels.feasibility import default_template
-    from tuner.store import open_store
-
     if options.template:
         return options.template
     wanted = shape_problems(options) if options.shapes else list(profile.default_problems)
@@ -97,12 +97,8 @@ def warm_start_points(store: Store, profile: str, template: str, problem: Proble
     size = math.log(problem.batch * problem.heads * problem.seq_q * problem.seq_k)
     nearest = min(candidates, key=lambda p: (abs(math.log(p.batch * p.heads * p.seq_q * p.seq_k) - size),
                                              p != problem, p))
-    rows = store.query_trials(TrialFilter(
-        gpu=profile, shape=(nearest.batch, nearest.heads, nearest.seq_q, nearest.seq_k, nearest.head_dim),
-        dtype=nearest.dtype, causal=nearest.causal, template=template, status=TrialStatus.OK,
-    ))
-    rows = sorted((r for r in rows if r.problem == nearest and r.profile == profile and r.median_us is not None),
-                  key=lambda r: r.median_us)
+    rows = store.query_trials(TrialFilter(gpu=profile, problem=nearest, template=template, status=TrialStatus.OK))
+    rows = sorted((r for r in rows if r.profile == profile and r.median_us is not None), key=lambda r: r.median_us)
     points: list[dict[str, Any]] = []
     for row in rows:
         params = {k2: v for k2, v in row.params.items() if k2 in manifest.params}
@@ -144,7 +140,7 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
             budget = len(feasible_space(manifest.name, problem, profile))
         if budget is None and options.time_budget_s is None:
             budget = DEFAULT_TRIALS
-        for key, value in ((ATTR_PROBLEM, problem_attr(problem)), (ATTR_TEMPLATE, options.template),
+        for key, value in ((ATTR_PROBLEM, problem.to_dict()), (ATTR_TEMPLATE, options.template),
                            (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed)):
             study.set_user_attr(key, value)
         if options.sampler != "grid":  # the grid covers every point anyway

@@ -3,80 +3,40 @@
     report = run_search(SearchOptions(gpu="h100", shapes=("16,16,2048,64",), trials=200))
 
 This module holds the entry points (run_search; run_join, behind `tuner worker`)
-and their options and report; the work is split over:
+and their report (the options are tuner.search.options); the work is split over:
 
 - tuner.search.prepare  problems, studies (create or --resume), budgets, warm start;
 - tuner.search.workers  one worker per device, in this process or in child processes; Ctrl-C;
 - tuner.search.loop     the ask/tell loop of one study on one worker (ProblemSearch);
-- tuner.search.hooks  the backends (`gpu`, `replay`), the compiler and the clock a worker calls.
+- tuner.search.hooks    the backends (`gpu`, `replay`), the kernel builder and the clock a worker calls
+                        (`hooks=` replaces them for one search in this process, as tests do).
 
 Ctrl-C: the first stops after the current trial (everything measured stays
 stored; the summary prints; the CLI exits 130), a second one aborts.
-
-`make_backend`, `compile_variant` and `_now` are looked up here at call time:
-replacing them on this module (tests do) replaces them for the search.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from rich.console import Console
 
+from tuner.backends.replay import recording_profile
 from tuner.errors import TunerError
-from tuner.backends.base import Backend
+from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
-from tuner.search.hooks import (
-    BACKENDS, Hooks, check_backend, check_replay_source, compile_variant, make_backend, require_gpus,
-)  # fmt: skip
-from tuner.search.loop import ATTR_WORKER, DUPLICATE_WAIT_S, Events, ProblemSearch, WorkerJob, WorkerResult
-from tuner.search.prepare import (
-    DEFAULT_TRIALS, WARM_START, choose_template, prepare_study, problems_of, study_name_for, warm_start_points,
-)  # fmt: skip
+from tuner.search.hooks import Hooks, check_backend, require_gpus
+from tuner.search.loop import WorkerJob, WorkerResult
+from tuner.search.options import SearchOptions, validate_options
+from tuner.search.prepare import choose_template, prepare_study, problems_of, study_name_for
 from tuner.search.progress import SearchProgress
-from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from tuner.search.study import finished_trials, load_study, results_url_for, split_budget, storage_for, study_info
-from tuner.search.workers import WorkerSpec, run_here, run_processes, run_worker
-from tuner.store import Store, default_db_url, open_store
 from tuner.search.summary import ProblemSummary, summarize
-from tuner.kernels.manifest import load_manifest
-
-__all__ = [
-    "ATTR_WORKER", "BACKENDS", "DEFAULT_TRIALS", "DUPLICATE_WAIT_S", "WARM_START", "Events",
-    "ProblemSearch", "SearchOptions", "SearchReport", "WorkerJob", "WorkerResult", "WorkerSpec", "compile_variant",
-    "make_backend", "problems_of", "run_join", "run_search", "run_worker", "warm_start_points",
-]  # fmt: skip
-
-_now = time.time  # wall clock of deadlines (tests replace it)
-_prepare_study = prepare_study  # the name tests call
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    gpu: str = "auto"
-    shapes: tuple[str, ...] = ()
-    heads_kv: Optional[int] = None
-    dtype: str = "fp16"
-    causal: bool = False
-    layout: str = "bhsd"
-    template: Optional[str] = None  # None: the profile's first template that suits every problem
-    trials: Optional[int] = None
-    time_budget_s: Optional[float] = None
-    sampler: str = DEFAULT_SAMPLER
-    seed: Optional[int] = None
-    study: Optional[str] = None
-    resume: bool = False
-    devices: tuple[int, ...] = (0,)
-    db_url: Optional[str] = None
-    backend: str = "gpu"
-    replay_from: Optional[str] = None
-    force: bool = False
-    profile_top: int = 0
-    warm_start: int = WARM_START
+from tuner.search.workers import WorkerSpec, run_here, run_processes
+from tuner.store import Store, default_db_url, open_store
 
 
 @dataclass(frozen=True)
@@ -91,34 +51,12 @@ class SearchReport:
     infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
 
 
-def _hooks() -> Hooks:
-    """The backend factory, compiler and clock of this module, as they are now."""
-    return Hooks(make_backend=make_backend, compile_variant=compile_variant, now=_now)
-
-
 def _printer(console: Console) -> Callable[[str], None]:
     return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _validate(options: SearchOptions) -> None:
-    if options.sampler not in SAMPLERS:
-        raise TunerError(f"unknown sampler {options.sampler!r}; expected one of {', '.join(SAMPLERS)}")
-    check_backend(options.backend)
-    if options.trials is not None and options.trials < 1:
-        raise TunerError(f"--trials must be a positive integer, got {options.trials}")
-    if options.time_budget_s is not None and options.time_budget_s <= 0:
-        raise TunerError("--time-budget must be positive")
-    if not options.devices or len(set(options.devices)) != len(options.devices):
-        raise TunerError("--devices must list distinct device indices, e.g. 0,1")
-    if options.profile_top < 0:
-        raise TunerError("--profile-top must not be negative")
-    check_replay_source(options.backend, options.replay_from)
-
-
 def _resolve(options: SearchOptions) -> GpuProfile:
     if options.backend == "replay":
-        from tuner.backends.replay import recording_profile
-
         return recording_profile(options.replay_from) if options.gpu.strip().lower() == "auto" else load_profile(options.gpu)
     require_gpus(options.devices)
     return resolve_profile(options.gpu, force=options.force, device=options.devices[0])
@@ -144,14 +82,13 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
     )
 
 
-def run_search(options: SearchOptions, console: Optional[Console] = None,
-               backend_factory: Optional[Callable[[int, GpuProfile], Backend]] = None) -> SearchReport:
+def run_search(options: SearchOptions, console: Optional[Console] = None, hooks: Hooks = Hooks()) -> SearchReport:
     """Tune every problem of `options`; prints progress on `console`, returns the summary as data.
 
-    `backend_factory(device, profile)` replaces the backend (tests); it needs a single device.
+    `hooks` replace the backend, the builder or the clock; they serve one device, in this process.
     """
     console = console or Console(stderr=True)
-    _validate(options)
+    validate_options(options)
     profile = _resolve(options)
     db_url = options.db_url or default_db_url()
     storage = storage_for(db_url)
@@ -163,12 +100,12 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
         studies, budgets = [], []
         for problem in problems:
             name = study_name_for(options, profile, problem, len(problems) > 1)
-            study, budget = _prepare_study(options, storage, store, profile, manifest, problem, name)
+            study, budget = prepare_study(options, storage, store, profile, manifest, problem, name)
             studies.append(study)
             budgets.append(budget)
         done = [finished_trials(s) for s in studies]
         remaining = [None if b is None else max(b - d, 0) for b, d in zip(budgets, done)]
-        start = _now()
+        start = hooks.now()
         slice_s = options.time_budget_s / len(problems) if options.time_budget_s else None
         specs = []
         for w, device in enumerate(options.devices):
@@ -183,22 +120,12 @@ def run_search(options: SearchOptions, console: Optional[Console] = None,
             for i, problem in enumerate(problems):
                 progress.add_problem(i, problem, budgets[i], done[i])
             if len(specs) == 1:
-                results = [run_here(specs[0], progress.handle, say, backend_factory, _hooks())]
+                results = [run_here(specs[0], progress.handle, say, hooks)]
             else:
-                if backend_factory is not None:
-                    raise TunerError("a backend factory serves one device only")
+                if hooks.replaced:
+                    raise TunerError("replaced hooks serve one device only (other devices run in child processes)")
                 results = run_processes(specs, progress, say)
-        run_ids = _run_ids(results)
-        if options.profile_top and run_ids:
-            _profile_top(store, run_ids, options.profile_top)
         return _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
-
-
-def _profile_top(store: Store, run_ids: list[int], k: int) -> None:
-    from tuner.reporting.profiling import profile_top
-
-    for run_id in run_ids:
-        profile_top(store, run_id, k)
 
 
 # --- `tuner worker`: join a study from another host ---------------------------------------------
@@ -207,7 +134,7 @@ def _profile_top(store: Store, run_ids: list[int], k: int) -> None:
 def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = None, backend: str = "gpu",
              replay_from: Optional[str] = None, trials: Optional[int] = None, device: int = 0,
              time_budget_s: Optional[float] = None, seed: Optional[int] = None, force: bool = False,
-             console: Optional[Console] = None) -> SearchReport:
+             console: Optional[Console] = None, hooks: Hooks = Hooks()) -> SearchReport:
     """Work on existing studies (created by `tuner search`) from this host, until their budgets are spent."""
     console = console or Console(stderr=True)
     check_backend(backend)
@@ -221,7 +148,7 @@ def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = No
     if len({i.profile for i in infos}) > 1:
         raise TunerError("a worker serves one GPU profile; these studies name several")
     jobs = []
-    deadline = _now() + time_budget_s if time_budget_s else None
+    deadline = hooks.now() + time_budget_s if time_budget_s else None
     for i, (study, info) in enumerate(zip(loaded, infos)):
         left = trials if trials is not None else (None if info.budget is None else max(info.budget - finished_trials(study), 0))
         if left is None and deadline is None:
@@ -231,6 +158,6 @@ def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = No
     with SearchProgress(console) as progress:
         for job, info in zip(jobs, infos):
             progress.add_problem(job.index, info.problem, job.trials)
-        result = run_here(spec, progress.handle, _printer(console), hooks=_hooks())
+        result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
     with open_store(db_url) as store:
         return _report(storage, store, [(i.name, i.problem) for i in infos], [result])

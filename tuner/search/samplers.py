@@ -14,8 +14,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
 from tuner.kernels.manifest import Manifest
+from tuner.problem import Problem
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 DEFAULT_SAMPLER = "tpe"  # issue 6 evaluates the others

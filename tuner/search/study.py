@@ -21,6 +21,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import TunerError
 from tuner.problem import Problem
+from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, sqlite_file
+from tuner.store.redact import redact_url
 
 OPTUNA_PG_SCHEMA = "optuna"
 JOURNAL_SUFFIX = ".optuna.journal"
@@ -48,8 +50,6 @@ optuna.logging.set_verbosity(logging.WARNING)
 
 def storage_for(url: str) -> optuna.storages.BaseStorage:
     """Optuna storage for a results-store URL (or a journal file path, or a postgresql URL)."""
-    from tuner.store.engine import parse_url, sqlite_file
-
     text = url.strip()
     if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
         return _journal(text)
@@ -84,9 +84,6 @@ def _journal(path: str) -> optuna.storages.BaseStorage:
 def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
     from sqlalchemy import create_engine, text
 
-    from tuner.store import redact_url
-    from tuner.store.engine import PG_CONNECT_TIMEOUT_S
-
     url = parsed.render_as_string(hide_password=False)
     where = redact_url(url)
     try:
@@ -111,18 +108,6 @@ def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
     except Exception as exc:  # connection refused, bad password, no permission
         first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
         raise TunerError(f"cannot open the Optuna storage at {where}: {first.replace(url, where)}") from None
-
-
-def problem_attr(problem: Problem) -> dict[str, Any]:
-    return {
-        "batch": problem.batch, "heads": problem.heads, "heads_kv": problem.heads_kv, "seq_q": problem.seq_q,
-        "seq_k": problem.seq_k, "head_dim": problem.head_dim, "dtype": problem.dtype,
-        "causal": problem.causal, "layout": problem.layout,
-    }  # fmt: skip
-
-
-def problem_from_attr(data: dict[str, Any]) -> Problem:
-    return Problem(**data)
 
 
 def study_exists(storage: optuna.storages.BaseStorage, name: str) -> bool:
@@ -160,7 +145,7 @@ def study_info(study: optuna.Study) -> StudyInfo:
         raise TunerError(f"study {study.study_name!r} was not created by `tuner search` (no {', '.join(missing)} attribute)")
     return StudyInfo(
         name=study.study_name,
-        problem=problem_from_attr(attrs[ATTR_PROBLEM]),
+        problem=Problem.from_dict(attrs[ATTR_PROBLEM]),
         template=attrs[ATTR_TEMPLATE],
         profile=attrs[ATTR_PROFILE],
         sampler=attrs.get(ATTR_SAMPLER, "tpe"),

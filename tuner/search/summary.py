@@ -11,7 +11,8 @@ from rich.table import Table
 
 from tuner.problem import Problem
 from tuner.search.study import ATTR_VARIANT, finished_trials
-from tuner.store import BaselineRow, Store, TrialFilter, TrialRow, TrialStatus
+from tuner.status import TrialStatus
+from tuner.store import BaselineRow, Store, TrialFilter, TrialRow
 
 
 @dataclass(frozen=True)

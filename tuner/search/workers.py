@@ -24,15 +24,14 @@ from typing import Any, Callable, Optional, Self, Sequence
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.backends.base import Backend
-from tuner.profiles import GpuProfile, load_profile
+from tuner.kernels.manifest import load_manifest
+from tuner.profiles import load_profile
 from tuner.search.hooks import Hooks
 from tuner.search.loop import Context, Events, ProblemSearch, WorkerJob, WorkerResult
 from tuner.search.progress import SearchProgress
 from tuner.search.samplers import make_sampler
 from tuner.search.study import load_study, storage_for, study_info
 from tuner.store import BaselineRecord, RunInfo, open_store
-from tuner.kernels.manifest import load_manifest
 
 
 @dataclass(frozen=True)
@@ -100,18 +99,12 @@ class StopOnSigint(_SigintHandler):
 # --- a worker: one device, its studies in turn --------------------------------------------------
 
 
-def run_worker(spec: WorkerSpec, events: Events, stop: Any,
-               backend_factory: Optional[Callable[[int, GpuProfile], Backend]] = None,
-               hooks: Hooks = Hooks()) -> WorkerResult:
+def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks()) -> WorkerResult:
     """Run a worker's jobs on its device; returns what it did (its run id included)."""
     storage = storage_for(spec.storage_url)
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
-    if backend_factory is not None:
-        backend = backend_factory(spec.device, profile)
-    else:
-        backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from,
-                                     force=spec.force)
+    backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force)
     compile_pool = None
     try:
         if getattr(backend, "needs_compile", True):
@@ -159,13 +152,11 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     ProblemSearch(ctx, study, info, job).run()
 
 
-def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None],
-             backend_factory: Optional[Callable[[int, GpuProfile], Backend]] = None,
-             hooks: Hooks = Hooks()) -> WorkerResult:
+def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks: Hooks = Hooks()) -> WorkerResult:
     """Run one worker in this process; the first Ctrl-C stops it after the current trial."""
     stop = threading.Event()
     with StopOnSigint(stop, say):
-        return run_worker(spec, events, stop, backend_factory, hooks)
+        return run_worker(spec, events, stop, hooks)
 
 
 # --- several devices: one worker process each ---------------------------------------------------

@@ -6,7 +6,7 @@
     store.best_trials(TrialFilter(gpu="h100"))
 """
 
-from tuner.store.engine import default_db_url, redact_url
+from tuner.store.engine import default_db_url
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
@@ -16,10 +16,11 @@ from tuner.store.records import (
     TrialFilter,
     TrialRecord,
     TrialRow,
-    TrialStatus,
     canonical_json,
 )
-from tuner.store.store import Store, StoreInfo, open_store, store_info, upgrade_store
+from tuner.store.redact import redact_url
+from tuner.store.schema import StoreInfo, store_info, upgrade_store
+from tuner.store.store import Store, open_store
 
 __all__ = [
     "BaselineRecord",
@@ -32,7 +33,6 @@ __all__ = [
     "TrialFilter",
     "TrialRecord",
     "TrialRow",
-    "TrialStatus",
     "canonical_json",
     "default_db_url",
     "open_store",

@@ -14,7 +14,10 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 
+from tuner.assets import asset_dir
 from tuner.errors import TunerError
+from tuner.store.models import Base
+from tuner.store.redact import redacted
 
 APP_NAME = "flashcore-tuner"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -64,32 +67,6 @@ def _installed_pg_driver() -> str:
         if find_spec(module) is not None:
             return module
     return "psycopg2"
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***; safe to print."""
-    try:
-        return make_url(url.strip()).render_as_string(hide_password=True)
-    except Exception:
-        return "<malformed database URL>"
-
-
-def redact_command_line(args: list[str]) -> list[str]:
-    """Arguments with the password of any database URL in them (`URL` or `--opt=URL`) hidden."""
-    out = []
-    for arg in args:
-        head, sep, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
-        if "://" in value and "@" in value:
-            try:
-                value = make_url(value).render_as_string(hide_password=True)
-            except Exception:  # not a URL after all: keep the text, but never a password-like part
-                value = value.split("://", 1)[0] + "://***"
-        out.append(head + sep + value)
-    return out
-
-
-def _redacted(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
 
 
 def scrub(message: str, url: URL) -> str:
@@ -191,7 +168,7 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
         hint = " (pip install 'flashcore-tuner[postgres]')" if backend == "postgresql" else ""
         raise TunerError(f"database driver for {parsed.drivername!r} is not installed: {exc.name or exc}{hint}") from None
     except sqlalchemy.exc.ArgumentError as exc:
-        raise TunerError(f"invalid database URL {_redacted(parsed)}: {scrub(str(exc), parsed)}") from None
+        raise TunerError(f"invalid database URL {redacted(parsed)}: {scrub(str(exc), parsed)}") from None
     if backend == "sqlite":
         _install_sqlite_hooks(engine)
     return engine, parsed
@@ -201,8 +178,6 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
 
 
 def migrations_dir() -> Path:
-    from tuner.assets import asset_dir
-
     return asset_dir("db")
 
 
@@ -238,8 +213,6 @@ def current_revision(conn: Connection) -> Optional[str]:
 
 
 def has_tables(conn: Connection) -> bool:
-    from tuner.store.models import Base
-
     existing = set(inspect(conn).get_table_names())
     return bool(existing & set(Base.metadata.tables))
 
@@ -266,7 +239,7 @@ def check_schema(engine: Engine, url: URL, *, create: bool) -> str:
     with engine.connect() as conn:
         revision = current_revision(conn)
         tables = revision is None and has_tables(conn)
-    where = _redacted(url)
+    where = redacted(url)
     if revision == head:
         return head
     if revision is None and not tables:
@@ -307,7 +280,7 @@ class _ErrorTranslator:
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], _tb: Any) -> bool:
         if exc is None or isinstance(exc, TunerError):
             return False
-        where = _redacted(self.url)
+        where = redacted(self.url)
         if isinstance(exc, sqlalchemy.exc.DBAPIError):
             raise TunerError(f"{self.action} ({where}): {db_error_message(exc, self.url)}") from None
         if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):

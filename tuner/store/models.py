@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from tuner.store.records import TrialStatus
+from tuner.status import TrialStatus
 
 # Deterministic constraint names, so that migrations can refer to them.
 NAMING_CONVENTION = {
@@ -55,7 +55,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class Run(Base):
+class RunTable(Base):
     """One invocation of the tuner on one GPU (search, baseline or profile session)."""
 
     __tablename__ = "runs"
@@ -74,7 +74,7 @@ class Run(Base):
     ended_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
-class ProblemRow(Base):
+class ProblemTable(Base):
     """An attention problem; one row per distinct shape/dtype/mask/layout."""
 
     __tablename__ = "problems"
@@ -96,7 +96,7 @@ class ProblemRow(Base):
     layout: Mapped[str] = mapped_column(String(16))
 
 
-class Variant(Base):
+class VariantTable(Base):
     """A template instantiated with frozen parameters.
 
     params_key is the canonical JSON text of params (sorted keys, no spaces):
@@ -114,7 +114,7 @@ class Variant(Base):
     name: Mapped[str] = mapped_column(String)
 
 
-class Trial(Base):
+class TrialTable(Base):
     """One evaluated variant on one problem in one run; failures are rows too."""
 
     __tablename__ = "trials"
@@ -142,7 +142,7 @@ class Trial(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Baseline(Base):
+class BaselineTable(Base):
     """A reference implementation (torch SDPA backend) timed in the same run."""
 
     __tablename__ = "baselines"
@@ -158,7 +158,7 @@ class Baseline(Base):
     tflops: Mapped[Optional[float]] = mapped_column(Float)
 
 
-class NcuMetricRow(Base):
+class NcuMetricTable(Base):
     """One Nsight Compute counter of one trial's kernel."""
 
     __tablename__ = "ncu_metrics"

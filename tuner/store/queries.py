@@ -9,36 +9,17 @@ from sqlalchemy import Select, and_, case, func, select
 from sqlalchemy.orm import defer
 
 from tuner.problem import Problem
-from tuner.store.models import Baseline, NcuMetricRow, ProblemRow, Run, Trial, Variant
-from tuner.store.records import BaselineRow, NcuMetric, TrialFilter, TrialRow, TrialStatus
+from tuner.profiles import profile_names
+from tuner.status import TrialStatus
+from tuner.store.models import BaselineTable, NcuMetricTable, ProblemTable, RunTable, TrialTable, VariantTable
+from tuner.store.records import BaselineRow, NcuMetric, TrialFilter, TrialRow
+
+# The columns of a problem row: the fields of Problem.
+PROBLEM_KEYS = tuple(Problem.__dataclass_fields__)
 
 
-def problem_values(problem: Problem) -> dict[str, Any]:
-    return {
-        "batch": problem.batch,
-        "heads": problem.heads,
-        "heads_kv": problem.heads_kv,
-        "seq_q": problem.seq_q,
-        "seq_k": problem.seq_k,
-        "head_dim": problem.head_dim,
-        "dtype": problem.dtype,
-        "causal": bool(problem.causal),
-        "layout": problem.layout,
-    }
-
-
-def to_problem(row: ProblemRow) -> Problem:
-    return Problem(
-        batch=row.batch,
-        heads=row.heads,
-        seq_q=row.seq_q,
-        seq_k=row.seq_k,
-        head_dim=row.head_dim,
-        dtype=row.dtype,
-        causal=bool(row.causal),
-        heads_kv=row.heads_kv,
-        layout=row.layout,
-    )
+def to_problem(row: ProblemTable) -> Problem:
+    return Problem.from_dict({f: getattr(row, f) for f in PROBLEM_KEYS} | {"causal": bool(row.causal)})
 
 
 def utc(value: Optional[datetime]) -> Optional[datetime]:
@@ -52,10 +33,10 @@ def _best_baseline():
     """Per (run, problem): the fastest baseline's impl and median."""
     rank = (
         func.row_number()
-        .over(partition_by=(Baseline.run_id, Baseline.problem_id), order_by=(Baseline.median_us, Baseline.id))
+        .over(partition_by=(BaselineTable.run_id, BaselineTable.problem_id), order_by=(BaselineTable.median_us, BaselineTable.id))
         .label("rank")
     )
-    ranked = select(Baseline.run_id, Baseline.problem_id, Baseline.impl, Baseline.median_us, rank).subquery()
+    ranked = select(BaselineTable.run_id, BaselineTable.problem_id, BaselineTable.impl, BaselineTable.median_us, rank).subquery()
     return (
         select(ranked.c.run_id, ranked.c.problem_id, ranked.c.impl, ranked.c.median_us)
         .where(ranked.c.rank == 1)
@@ -67,14 +48,14 @@ def trial_select(*, with_logs: bool = False) -> Select:
     """Trials joined with problem, variant, run and their best baseline."""
     best = _best_baseline()
     stmt = (
-        select(Trial, ProblemRow, Variant, Run, best.c.impl, best.c.median_us)
-        .join(ProblemRow, Trial.problem_id == ProblemRow.id)
-        .join(Variant, Trial.variant_id == Variant.id)
-        .join(Run, Trial.run_id == Run.id)
-        .outerjoin(best, and_(best.c.run_id == Trial.run_id, best.c.problem_id == Trial.problem_id))
+        select(TrialTable, ProblemTable, VariantTable, RunTable, best.c.impl, best.c.median_us)
+        .join(ProblemTable, TrialTable.problem_id == ProblemTable.id)
+        .join(VariantTable, TrialTable.variant_id == VariantTable.id)
+        .join(RunTable, TrialTable.run_id == RunTable.id)
+        .outerjoin(best, and_(best.c.run_id == TrialTable.run_id, best.c.problem_id == TrialTable.problem_id))
     )
     if not with_logs:
-        stmt = stmt.options(defer(Trial.compile_log), defer(Trial.source_path), defer(Run.command_line))
+        stmt = stmt.options(defer(TrialTable.compile_log), defer(TrialTable.source_path), defer(RunTable.command_line))
     return stmt
 
 
@@ -82,40 +63,40 @@ def apply_filter(stmt: Select, filt: TrialFilter) -> Select:
     """WHERE clauses of a TrialFilter; the statement must join runs, problems and variants."""
     if filt.gpu:
         gpu = filt.gpu.strip()
-        from tuner.profiles import profile_names
-
         if gpu.lower() in profile_names():
             # A profile name is exact: "l4" must not match "NVIDIA L40S", nor "a10" an A100.
-            stmt = stmt.where(Run.profile == gpu.lower())
+            stmt = stmt.where(RunTable.profile == gpu.lower())
         else:
-            stmt = stmt.where(func.lower(Run.gpu_name).contains(gpu.lower(), autoescape=True))
+            stmt = stmt.where(func.lower(RunTable.gpu_name).contains(gpu.lower(), autoescape=True))
     if filt.shape is not None:
         b, h, sq, sk, d = filt.shape
         stmt = stmt.where(
-            ProblemRow.batch == b,
-            ProblemRow.heads == h,
-            ProblemRow.seq_q == sq,
-            ProblemRow.seq_k == sk,
-            ProblemRow.head_dim == d,
+            ProblemTable.batch == b,
+            ProblemTable.heads == h,
+            ProblemTable.seq_q == sq,
+            ProblemTable.seq_k == sk,
+            ProblemTable.head_dim == d,
         )
+    if filt.problem is not None:
+        stmt = stmt.where(*(getattr(ProblemTable, key) == value for key, value in filt.problem.to_dict().items()))
     if filt.dtype:
-        stmt = stmt.where(ProblemRow.dtype == filt.dtype)
+        stmt = stmt.where(ProblemTable.dtype == filt.dtype)
     if filt.causal is not None:
-        stmt = stmt.where(ProblemRow.causal == filt.causal)
+        stmt = stmt.where(ProblemTable.causal == filt.causal)
     if filt.template:
-        stmt = stmt.where(Variant.template == filt.template)
+        stmt = stmt.where(VariantTable.template == filt.template)
     if filt.status is not None:
-        stmt = stmt.where(Trial.status == filt.status)
+        stmt = stmt.where(TrialTable.status == filt.status)
     if filt.run_id is not None:
-        stmt = stmt.where(Trial.run_id == filt.run_id)
+        stmt = stmt.where(TrialTable.run_id == filt.run_id)
     if filt.study is not None:
-        stmt = stmt.where(Trial.study == filt.study)
+        stmt = stmt.where(TrialTable.study == filt.study)
     return stmt
 
 
 def query_select(filt: TrialFilter) -> Select:
     """Matching trials, newest first."""
-    stmt = apply_filter(trial_select(), filt).order_by(Trial.id.desc())
+    stmt = apply_filter(trial_select(), filt).order_by(TrialTable.id.desc())
     return stmt.limit(filt.limit) if filt.limit else stmt
 
 
@@ -123,31 +104,31 @@ def best_select(filt: TrialFilter) -> Select:
     """The fastest ok trial per (problem, GPU profile) among the matching ones."""
     rank = (
         func.row_number()
-        .over(partition_by=(Trial.problem_id, Run.profile), order_by=(Trial.median_us, Trial.id))
+        .over(partition_by=(TrialTable.problem_id, RunTable.profile), order_by=(TrialTable.median_us, TrialTable.id))
         .label("rank")
     )
     candidates = (
-        select(Trial.id.label("trial_id"), rank)
-        .join(ProblemRow, Trial.problem_id == ProblemRow.id)
-        .join(Variant, Trial.variant_id == Variant.id)
-        .join(Run, Trial.run_id == Run.id)
-        .where(Trial.status == TrialStatus.OK, Trial.median_us.is_not(None))
+        select(TrialTable.id.label("trial_id"), rank)
+        .join(ProblemTable, TrialTable.problem_id == ProblemTable.id)
+        .join(VariantTable, TrialTable.variant_id == VariantTable.id)
+        .join(RunTable, TrialTable.run_id == RunTable.id)
+        .where(TrialTable.status == TrialStatus.OK, TrialTable.median_us.is_not(None))
     )
     ranked = apply_filter(candidates, filt).subquery("ranked")
     stmt = (
         trial_select()
-        .join(ranked, ranked.c.trial_id == Trial.id)
+        .join(ranked, ranked.c.trial_id == TrialTable.id)
         .where(ranked.c.rank == 1)
         .order_by(
-            ProblemRow.dtype,
-            ProblemRow.head_dim,
-            ProblemRow.batch,
-            ProblemRow.heads,
-            ProblemRow.seq_q,
-            ProblemRow.seq_k,
-            ProblemRow.causal,
-            ProblemRow.layout,
-            Run.profile,
+            ProblemTable.dtype,
+            ProblemTable.head_dim,
+            ProblemTable.batch,
+            ProblemTable.heads,
+            ProblemTable.seq_q,
+            ProblemTable.seq_k,
+            ProblemTable.causal,
+            ProblemTable.layout,
+            RunTable.profile,
         )
     )
     return stmt.limit(filt.limit) if filt.limit else stmt
@@ -160,27 +141,27 @@ def find_select(problem: Problem, template: str, template_hash: str, params_key:
     launch error may be transient (a busy card, a stuck worker) and is measured again.
     """
     stmt = trial_select().where(
-        Variant.template == template,
-        Variant.template_hash == template_hash,
-        Variant.params_key == params_key,
-        Run.gpu_name == gpu_name,
-        Trial.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR]),
-        *(getattr(ProblemRow, key) == value for key, value in problem_values(problem).items()),
+        VariantTable.template == template,
+        VariantTable.template_hash == template_hash,
+        VariantTable.params_key == params_key,
+        RunTable.gpu_name == gpu_name,
+        TrialTable.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR]),
+        *(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items()),
     )
-    ok_first = case((Trial.status == TrialStatus.OK, 0), else_=1)
-    return stmt.order_by(ok_first, Trial.id.desc()).limit(1)
+    ok_first = case((TrialTable.status == TrialStatus.OK, 0), else_=1)
+    return stmt.order_by(ok_first, TrialTable.id.desc()).limit(1)
 
 
 def baselines_select(run_id: int, problem_id: int) -> Select:
     return (
-        select(Baseline)
-        .where(Baseline.run_id == run_id, Baseline.problem_id == problem_id)
-        .order_by(Baseline.median_us, Baseline.id)
+        select(BaselineTable)
+        .where(BaselineTable.run_id == run_id, BaselineTable.problem_id == problem_id)
+        .order_by(BaselineTable.median_us, BaselineTable.id)
     )
 
 
 def ncu_select(trial_id: int) -> Select:
-    return select(NcuMetricRow).where(NcuMetricRow.trial_id == trial_id).order_by(NcuMetricRow.name)
+    return select(NcuMetricTable).where(NcuMetricTable.trial_id == trial_id).order_by(NcuMetricTable.name)
 
 
 def to_trial_fields(row: Any) -> dict[str, Any]:
@@ -226,7 +207,7 @@ def to_trial_row(row: Any) -> TrialRow:
     return TrialRow(**to_trial_fields(row))
 
 
-def to_baseline_row(row: Baseline) -> BaselineRow:
+def to_baseline_row(row: BaselineTable) -> BaselineRow:
     return BaselineRow(
         id=row.id,
         run_id=row.run_id,
@@ -239,5 +220,5 @@ def to_baseline_row(row: Baseline) -> BaselineRow:
     )
 
 
-def to_ncu_metric(row: NcuMetricRow) -> NcuMetric:
+def to_ncu_metric(row: NcuMetricTable) -> NcuMetric:
     return NcuMetric(name=row.name, value=row.value, unit=row.unit)

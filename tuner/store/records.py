@@ -14,29 +14,8 @@ from typing import Any, Mapping, Optional
 
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem
-from tuner.store.engine import redact_command_line
-
-
-class TrialStatus(str, Enum):
-    """Outcome of one trial; a failed trial is a result, not an exception."""
-
-    OK = "ok"
-    PRUNED = "pruned"  # rejected by the feasibility check before compiling
-    COMPILE_ERROR = "compile_error"
-    LAUNCH_ERROR = "launch_error"
-    TIMEOUT = "timeout"
-    INCORRECT = "incorrect"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, value: "TrialStatus | str") -> "TrialStatus":
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(member.value for member in cls)
-            raise TunerError(f"unknown trial status {value!r}; expected one of {choices}") from None
+from tuner.status import TrialStatus
+from tuner.store.redact import redact_command_line
 
 
 def canonical_json(params: Mapping[str, Any]) -> str:
@@ -137,6 +116,7 @@ class TrialFilter:
 
     gpu: Optional[str] = None  # runs.profile exactly, or a case-insensitive substring of runs.gpu_name
     shape: Optional[tuple[int, int, int, int, int]] = None  # (B, H, Sq, Sk, D)
+    problem: Optional[Problem] = None  # exactly this problem (every field: heads_kv and layout too)
     dtype: Optional[str] = None
     causal: Optional[bool] = None
     template: Optional[str] = None

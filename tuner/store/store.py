@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Iterator, Mapping, Optional
 
 from sqlalchemy import Engine, insert, select, update
@@ -17,7 +17,7 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import engine as eng
 from tuner.store import queries as q
-from tuner.store.models import Baseline, NcuMetricRow, ProblemRow, Run, Trial, Variant, utcnow
+from tuner.store.models import BaselineTable, NcuMetricTable, ProblemTable, RunTable, TrialTable, VariantTable, utcnow
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
@@ -90,20 +90,7 @@ def _get_or_create(session: Session, model: type, values: Mapping[str, Any], key
     return found
 
 
-_PROBLEM_KEYS = ("batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout")
 _VARIANT_KEYS = ("template", "template_hash", "params_key")
-
-
-@dataclass(frozen=True)
-class StoreInfo:
-    url: str  # redacted
-    backend: str
-    revision: Optional[str]
-    head: str
-
-    @property
-    def up_to_date(self) -> bool:
-        return self.revision == self.head
 
 
 class Store:
@@ -164,26 +151,26 @@ class Store:
 
     def start_run(self, info: RunInfo) -> int:
         with self._write("cannot record the run") as session:
-            run = Run(**{key: _text(value) for key, value in asdict(info).items()}, started_at=utcnow())
+            run = RunTable(**{key: _text(value) for key, value in asdict(info).items()}, started_at=utcnow())
             session.add(run)
             session.flush()
             return run.id
 
     def finish_run(self, run_id: int) -> None:
         with self._write("cannot record the end of the run") as session:
-            result = session.execute(update(Run).where(Run.id == run_id).values(ended_at=utcnow()))
+            result = session.execute(update(RunTable).where(RunTable.id == run_id).values(ended_at=utcnow()))
             if result.rowcount == 0:
                 raise TunerError(f"no run with id {run_id}")
 
     def problem_id(self, problem: Problem) -> int:
         """Id of the problem's row, created if missing."""
-        values = q.problem_values(problem)
+        values = problem.to_dict()
         with self._read("cannot look up the problem") as session:
-            found = session.scalar(select(ProblemRow.id).filter_by(**values))
+            found = session.scalar(select(ProblemTable.id).filter_by(**values))
         if found is not None:
             return found
         with self._write("cannot record the problem") as session:
-            return _get_or_create(session, ProblemRow, values, _PROBLEM_KEYS)
+            return _get_or_create(session, ProblemTable, values, q.PROBLEM_KEYS)
 
     def variant_id(self, template: str, template_hash: str, params: Mapping[str, Any], name: str) -> int:
         """Id of the variant (template, template_hash, params), created with `name` if missing.
@@ -193,12 +180,12 @@ class Store:
         values = self._variant_values(template, template_hash, params, name)
         with self._read("cannot look up the variant") as session:
             found = session.scalar(
-                select(Variant.id).where(*(getattr(Variant, key) == values[key] for key in _VARIANT_KEYS))
+                select(VariantTable.id).where(*(getattr(VariantTable, key) == values[key] for key in _VARIANT_KEYS))
             )
         if found is not None:
             return found
         with self._write("cannot record the variant") as session:
-            return _get_or_create(session, Variant, values, _VARIANT_KEYS)
+            return _get_or_create(session, VariantTable, values, _VARIANT_KEYS)
 
     @staticmethod
     def _variant_values(template: str, template_hash: str, params: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -216,10 +203,10 @@ class Store:
         status = TrialStatus.parse(rec.status)
         variant_values = self._variant_values(rec.template, rec.template_hash, rec.params, rec.variant_name)
         with self._write("cannot store the trial") as session:
-            trial = Trial(
+            trial = TrialTable(
                 run_id=rec.run_id,
-                problem_id=_get_or_create(session, ProblemRow, q.problem_values(rec.problem), _PROBLEM_KEYS),
-                variant_id=_get_or_create(session, Variant, variant_values, _VARIANT_KEYS),
+                problem_id=_get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
+                variant_id=_get_or_create(session, VariantTable, variant_values, _VARIANT_KEYS),
                 study=_text(rec.study),
                 trial_number=rec.trial_number,
                 status=status,
@@ -246,9 +233,9 @@ class Store:
     def add_baseline(self, rec: BaselineRecord) -> int:
         with self._write("cannot store the baseline") as session:
             self._require_run(session, rec.run_id)
-            baseline = Baseline(
+            baseline = BaselineTable(
                 run_id=rec.run_id,
-                problem_id=_get_or_create(session, ProblemRow, q.problem_values(rec.problem), _PROBLEM_KEYS),
+                problem_id=_get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
                 impl=_text(rec.impl),
                 median_us=float(rec.median_us),
                 p20_us=_num(rec.p20_us),
@@ -262,12 +249,12 @@ class Store:
     def add_ncu_metrics(self, trial_id: int, metrics: list[NcuMetric]) -> None:
         """Insert or replace (by name) the ncu metrics of one trial."""
         with self._write("cannot store the ncu metrics") as session:
-            if session.get(Trial, trial_id) is None:
+            if session.get(TrialTable, trial_id) is None:
                 raise TunerError(f"no trial with id {trial_id}")
             for metric in metrics:
                 values = {"trial_id": trial_id, "name": _text(metric.name), "value": float(metric.value),
                           "unit": _text(metric.unit)}  # fmt: skip
-                stmt = _upsert_insert(session, NcuMetricRow)
+                stmt = _upsert_insert(session, NcuMetricTable)
                 if stmt is not None:
                     stmt = stmt.values(**values)
                     session.execute(
@@ -278,16 +265,16 @@ class Store:
                     )
                     continue
                 existing = session.scalar(
-                    select(NcuMetricRow).where(NcuMetricRow.trial_id == trial_id, NcuMetricRow.name == values["name"])
+                    select(NcuMetricTable).where(NcuMetricTable.trial_id == trial_id, NcuMetricTable.name == values["name"])
                 )
                 if existing is None:
-                    session.add(NcuMetricRow(**values))
+                    session.add(NcuMetricTable(**values))
                 else:
                     existing.value, existing.unit = values["value"], values["unit"]
 
     @staticmethod
     def _require_run(session: Session, run_id: int) -> None:
-        if session.get(Run, run_id) is None:
+        if session.get(RunTable, run_id) is None:
             raise TunerError(f"no run with id {run_id}")
 
     # --- reads ------------------------------------------------------------------------------
@@ -315,7 +302,7 @@ class Store:
 
     def trial_detail(self, trial_id: int) -> TrialDetail:
         with self._read("cannot read the trial") as session:
-            row = session.execute(q.trial_select(with_logs=True).where(Trial.id == trial_id)).first()
+            row = session.execute(q.trial_select(with_logs=True).where(TrialTable.id == trial_id)).first()
             if row is None:
                 raise TunerError(f"no trial with id {trial_id}")
             trial, run = row[0], row[3]
@@ -369,39 +356,3 @@ def open_store(url: Optional[str] = None, *, create: bool = True) -> Store:
         engine.dispose()
         raise
     return Store(engine, parsed)
-
-
-def store_info(url: Optional[str] = None) -> StoreInfo:
-    """URL, backend and schema revision of a store, whatever its revision."""
-    engine, parsed = _connect(url)
-    try:
-        with eng.translate_errors(parsed, "cannot open the results store"), engine.connect() as conn:
-            revision = eng.current_revision(conn)
-        return StoreInfo(parsed.render_as_string(hide_password=True), engine.dialect.name, revision, eng.head_revision())
-    finally:
-        engine.dispose()
-
-
-def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
-    """Migrate a store (or create a new one) to the newest revision; returns (before, after)."""
-    engine, parsed = _connect(url)
-    try:
-        with eng.translate_errors(parsed, "cannot upgrade the results store"):
-            with engine.connect() as conn:
-                before = eng.current_revision(conn)
-                if before is None and eng.has_tables(conn):
-                    raise TunerError(
-                        f"the database at {parsed.render_as_string(hide_password=True)} holds tuner tables "
-                        "without a schema revision; it was not created by this tool"
-                    )
-            if before is not None and before not in eng.known_revisions():
-                raise TunerError(
-                    f"schema revision {before} is unknown to this tuner (written by a newer version?)"
-                )
-            eng.migrate(engine)
-            with engine.connect() as conn:
-                after = eng.current_revision(conn)
-        assert after is not None
-        return before, after
-    finally:
-        engine.dispose()

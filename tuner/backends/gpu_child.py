@@ -1,0 +1,253 @@
+"""The GPU worker process: loads built kernels with PyCUDA, verifies and times them.
+
+The parent side (tuner.backends.gpu.GpuBackend) starts this process with the
+`spawn` method and sends requests over a Pipe (the protocol is described
+there). The child's work sits behind a small Runner interface (`CudaRunner`
+is the real one), so the protocol, the watchdog and the restarts are tested
+on a machine without a GPU with fake runners.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from tuner.errors import NoGpuError
+from tuner.problem import Problem
+from tuner.runtime.baselines import available_baselines
+from tuner.runtime.build import BuiltKernel
+from tuner.runtime.driver import cuda_driver
+from tuner.runtime.nvtx import annotate, range_name
+from tuner.runtime.timing import time_cuda
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+
+Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
+
+
+class RequestError(Exception):
+    """A request the child cannot serve (e.g. a missing cubin); its CUDA context is still fine."""
+
+
+class WorkerFault(Exception):
+    """The CUDA context is unusable (illegal address, launch failure): the child must exit."""
+
+
+class Runner(Protocol):
+    """What the child process does; the default is CudaRunner."""
+
+    def setup(self) -> None: ...
+
+    def facts(self) -> dict[str, Optional[str]]: ...
+
+    def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]: ...
+
+    def measure(self, request: dict[str, Any], progress: Progress) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Everything the child's runner is built from (picklable)."""
+
+    device: int = 0
+    l2_bytes: int = 64 << 20
+    seed: Optional[int] = None
+    refresh_every: int = 20  # fresh inputs and reference for a problem after this many measurements
+
+
+# ---------------------------------------------------------------------------------------------
+# The real runner (child side)
+
+
+def _fault_text(exc: BaseException) -> str:
+    """`Type: first line of the message` (torch appends paragraphs of debugging advice)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"[:1000]
+
+
+class CudaRunner:
+    """Loads cubins with PyCUDA and verifies and times them against torch tensors."""
+
+    def __init__(self, options: RunnerOptions) -> None:
+        self.options = options
+        self._rng = random.Random(options.seed)
+        self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
+
+    def setup(self) -> None:
+        cuda_driver(self.options.device)
+
+    def facts(self) -> dict[str, Optional[str]]:
+        import torch
+
+        device = self.options.device
+        props = torch.cuda.get_device_properties(device)
+        uuid = getattr(props, "uuid", None)
+        uuid_text = None if uuid is None else str(uuid)
+        if uuid_text and not uuid_text.startswith("GPU-"):
+            uuid_text = "GPU-" + uuid_text
+        return {
+            "gpu_name": torch.cuda.get_device_name(device),
+            "gpu_uuid": uuid_text,
+            "driver": _driver_version(),
+            "cuda_version": torch.version.cuda,
+        }
+
+    def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
+        """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time)."""
+        entry = self._inputs.get(problem)
+        if entry is not None and entry["uses"] < self.options.refresh_every:
+            self._inputs.move_to_end(problem)
+            entry["uses"] += 1
+            return entry
+        self._inputs.pop(problem, None)
+        while len(self._inputs) >= 2:  # a big problem's inputs and reference take hundreds of MB
+            self._inputs.popitem(last=False)
+        seed = self._rng.randrange(1 << 62)
+        q, k, v = make_inputs(problem, "cuda", seed)
+        scale = 1.0 / math.sqrt(problem.head_dim)
+        ref, _ = reference(q, k, v, problem.causal, scale)
+        entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
+        self._inputs[problem] = entry
+        return entry
+
+    def measure(self, request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        import torch
+
+        problem: Problem = request["problem"]
+        built: BuiltKernel = request["built"]
+        name = built.entry
+        prefix: str = request.get("range_prefix") or ""
+        try:
+            cubin = built.compiled.cubin
+        except OSError as exc:
+            raise RequestError(f"cannot read the cubin of {name}: {exc}") from None
+        progress("prepare", True)
+        with annotate(range_name(prefix, name, "prepare")):
+            data = self._problem_inputs(problem)
+            kernel = built.load(self.options.device, cubin)
+            q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
+            out = empty_output(q)
+            torch.cuda.synchronize()
+        progress("verify")
+        with annotate(range_name(prefix, name, "verify")):
+            kernel(q, k, v, out, None, scale)
+            torch.cuda.synchronize()
+        err = relative_error(out, data["ref"])
+        base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
+        if not math.isfinite(err) or err >= TOLERANCE[problem.dtype]:
+            why = "NaN/inf or unwritten elements in the output" if not math.isfinite(err) else \
+                f"relative error {err:.3e} >= tolerance {TOLERANCE[problem.dtype]:g}"
+            return {**base, "status": "incorrect", "error": why}
+        progress("time", True)
+        with annotate(range_name(prefix, name, "time")):
+            # Inputs were validated by the verify launch: time the launch alone, without
+            # ~10 us of Python checks per call that small kernels would otherwise pay.
+            timing = time_cuda(lambda: kernel.launch_unchecked(q, k, v, out, None, scale),
+                               l2_bytes=self.options.l2_bytes)
+        return {**base, "status": "ok", "median_us": timing.median_us, "p20_us": timing.p20_us,
+                "p80_us": timing.p80_us, "reps": timing.reps}
+
+    def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
+        progress("prepare", True)
+        data = self._problem_inputs(problem)
+        found = available_baselines(problem, data["q"], data["k"], data["v"], data["scale"])
+        results = []
+        for baseline in found:
+            progress(f"{baseline.name}/time", True)
+            with annotate(range_name(range_prefix, baseline.name, "time")):
+                timing = baseline.time(l2_bytes=self.options.l2_bytes)
+            results.append({"impl": baseline.name, "median_us": timing.median_us, "p20_us": timing.p20_us,
+                            "p80_us": timing.p80_us})
+        return results
+
+    def close(self) -> None:
+        self._inputs.clear()
+
+
+def _driver_version() -> Optional[str]:
+    """The NVIDIA driver version (e.g. 580.65.06) from nvidia-smi, else the CUDA driver API version."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            if out:
+                return out.splitlines()[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import pycuda.driver as drv
+
+        version = drv.get_driver_version()  # e.g. 13000 for CUDA 13.0
+        return f"cuda {version // 1000}.{version % 1000 // 10}"
+    except Exception:  # noqa: BLE001 - a missing fact is not an error
+        return None
+
+
+def default_runner(options: RunnerOptions) -> Runner:
+    return CudaRunner(options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Child process
+
+
+def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], options: RunnerOptions) -> None:
+    """The worker's loop. Exits with os._exit after a fault: never pop a broken CUDA context."""
+    # Ctrl-C reaches the whole process group: the parent decides (it stops or kills us),
+    # so that an interrupted search does not record a bogus launch error.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        runner = runner_factory(options)
+        runner.setup()
+    except NoGpuError as exc:
+        conn.send(("nogpu", str(exc)))
+        conn.close()
+        os._exit(1)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        conn.send(("error", _fault_text(exc)))
+        conn.close()
+        os._exit(1)
+    conn.send(("ready", None))
+
+    def progress(phase: str, long: bool = False) -> None:
+        conn.send(("phase", phase, bool(long)))
+
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):  # the parent went away
+            os._exit(0)
+        if op == "stop":
+            break
+        try:
+            if op == "facts":
+                result: Any = runner.facts()
+            elif op == "baselines":
+                result = runner.baselines(args["problem"], args.get("range_prefix") or "", progress)
+            elif op == "measure":
+                result = runner.measure(args, progress)
+            else:
+                raise RequestError(f"unknown request {op!r}")
+        except RequestError as exc:
+            conn.send(("error", str(exc)))
+            continue
+        except BaseException as exc:  # noqa: BLE001 - CUDA errors, and anything else: the context is suspect
+            try:
+                conn.send(("fault", _fault_text(exc)))
+                conn.close()
+            finally:
+                os._exit(3)
+        conn.send(("result", result))
+    try:
+        runner.close()
+    finally:
+        conn.close()

@@ -1,0 +1,67 @@
+"""`tuner profiles`, `tuner space`, `tuner render`: what the tool knows, without a GPU or a store."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from tuner.cli.state import console, output_format
+from tuner.cli.tables import profiles_table, space_table
+from tuner.kernels.feasibility import default_template, space_report
+from tuner.kernels.render import render
+from tuner.kernels.variant import parse_variant_name
+from tuner.problem import problem_from_shape
+from tuner.profiles import list_profiles, load_profile, resolve_profile
+
+
+class ProfilesFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+def profiles_command(
+    fmt: Annotated[
+        ProfilesFormat,
+        typer.Option("--format", help="table (default) or json (every field of every profile)."),
+    ] = ProfilesFormat.table,
+) -> None:
+    """List the GPU profiles shipped with the tuner (works without a GPU)."""
+    profiles = list_profiles()
+    if fmt is ProfilesFormat.json:
+        typer.echo(json.dumps([p.to_dict() for p in profiles], indent=2))
+        return
+    console.print(profiles_table(profiles))
+
+
+def space_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile name (h100, h200, a100, l4) or auto.")],
+    shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
+    dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
+    causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
+    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA); default: same as heads.")] = None,
+    template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """List the variants of a template that fit a problem on a GPU (no GPU needed)."""
+    fmt = output_format(fmt, ("table", "json"))
+    # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
+    profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
+    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv)
+    template = template or default_template(profile, [problem])
+    rows = [(v, f) for v, f in space_report(template, problem, profile) if f.ok or show_all]
+    if fmt == "json":
+        typer.echo(json.dumps([{**v.to_dict(), "feasible": f.ok, "reason": f.reason or None,
+                                "smem_bytes": f.smem_bytes, "threads": f.threads} for v, f in rows], indent=2))
+        return
+    console.print(space_table(template, profile, problem, rows, show_all))
+
+
+def render_command(
+    variant: Annotated[str, typer.Argument(help="Variant name, e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg.")],
+) -> None:
+    """Print the CUDA source of one variant (the template plus its instantiation)."""
+    typer.echo(render(parse_variant_name(variant)), nl=False)

@@ -1,0 +1,105 @@
+"""`tuner profile`, `tuner export`, `tuner report`, `tuner replay-eval`: what comes out of a search."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tuner.cli.state import console, err_console, may_create_store, output_format, say, state
+from tuner.cli.tables import export_lines, metrics_table
+from tuner.errors import TunerError
+from tuner.export.run import ExportOptions, export
+from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
+from tuner.reporting.replay_eval import evaluate_samplers
+from tuner.reporting.replay_eval_model import EvalOptions
+from tuner.reporting.replay_eval_output import rich_table, write_outputs
+from tuner.reporting.report import write_report
+from tuner.store import open_store
+
+
+def profile_command(
+    trial_id: Annotated[Optional[int], typer.Argument(help="Trial id to profile (see `tuner results`).")] = None,
+    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Profile the K fastest ok trials instead (best per problem first).")] = None,
+    run: Annotated[Optional[int], typer.Option("--run", help="With --top: only trials of this run.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="With --top: GPU profile name, or part of the GPU name.")] = None,
+    ncu: Annotated[str, typer.Option("--ncu", help="The ncu executable (Nsight Compute).")] = "ncu",
+    launches: Annotated[int, typer.Option(min=1, help="Kernel launches profiled per trial (metrics are averaged).")] = 3,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """Nsight Compute counters of stored trials (on this machine's GPU), stored with each trial."""
+    fmt = output_format(fmt, ("table", "json"))
+    if (trial_id is None) == (top is None):
+        raise TunerError("give either a TRIAL_ID or --top K")
+    if trial_id is not None and (run is not None or gpu is not None):
+        raise TunerError("--run and --gpu select trials for --top; they do not apply to one TRIAL_ID")
+    with open_store(state.db_url, create=may_create_store()) as store:
+        if trial_id is not None:
+            results = {trial_id: profile_trial(store, trial_id, ncu=ncu, launches=launches)}
+        else:
+            results = profile_top(store, run, top or 0, gpu, ncu=ncu, launches=launches)
+        names = {tid: store.trial_detail(tid).variant_name for tid in results}
+    if fmt == "json":
+        typer.echo(json.dumps(metrics_to_json(results), indent=2))
+        return
+    for tid, metrics in results.items():
+        console.print(metrics_table(f"trial {tid}: {names[tid]}", metrics, METRICS))
+
+
+def export_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile whose best trials to export (h100, h200, a100, l4).")],
+    out: Annotated[str, typer.Option(help="Folder to write (a pip-installable package, or a header).")],
+    shape: Annotated[Optional[list[str]], typer.Option(help="Tuned problem B,H,S,D or B,H,Sq,Sk,D (repeatable).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every problem tuned for --gpu (the default without --shape).")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="Only this dtype (fp16 or bf16).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Python package name (default: the --out folder's name).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="package (Python, importable) or header (C++ constants).")] = "package",
+    allow_rebuild: Annotated[bool, typer.Option("--allow-rebuild", help="Accept kernels whose rebuilt cubin differs from the one measured.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an earlier export in --out.")] = False,
+) -> None:
+    """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
+    if all_ and shape:
+        raise TunerError("give --shape or --all, not both")
+    report = export(ExportOptions(
+        gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
+        format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url,
+    ))
+    for line in export_lines(report.entries):
+        typer.echo(line)
+    what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
+    typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
+
+
+def report_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, ...) or part of the GPU name.")],
+    out: Annotated[str, typer.Option(help="Folder for report.md, report.json and the PNG figures.")],
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    run: Annotated[Optional[int], typer.Option(help="Only trials of this run id.")] = None,
+) -> None:
+    """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
+    files = write_report(db or state.db_url, gpu, out, run_id=run)
+    say(f"wrote {files.markdown}, {files.json} and {len(files.figures)} figures")
+
+
+def replay_eval_command(
+    replay_from: Annotated[str, typer.Option("--from", help="Recording: a results store holding every feasible variant of one problem (tuner search --sampler grid).")],
+    samplers: Annotated[str, typer.Option(help="Comma-separated samplers to compare.")] = "tpe,gp,cmaes,random",
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per sampler (0 .. N-1).")] = 5,
+    trials: Annotated[int, typer.Option(min=1, help="Trials per replayed search.")] = 100,
+    shape: Annotated[Optional[str], typer.Option(help="Recorded problem B,H,S,D (default: the one with most variants).")] = None,
+    jobs: Annotated[Optional[int], typer.Option(min=1, help="Worker processes (default: CPU count).")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
+) -> None:
+    """Replay each sampler on a full recording: trials to come within 1% and 3% of the recorded best."""
+    names = tuple(s.strip().lower() for s in samplers.split(",") if s.strip())
+    options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs,
+                          out_dir=out)
+    result = evaluate_samplers(options, progress=lambda r: err_console.print(
+        f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
+    console.print(rich_table(result))
+    say(result.best_line())
+    if out:
+        files = write_outputs(result, out)
+        say(f"wrote {files.markdown}, {files.csv}, {files.plot}")

@@ -1,0 +1,111 @@
+"""`tuner search` and `tuner worker`: run the Optuna search, print its summary."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from tuner.cli.state import console, err_console, say, state
+from tuner.errors import TunerError
+from tuner.reporting.profiling import profile_top
+from tuner.search.options import SearchOptions
+from tuner.search.run import SearchReport, run_join, run_search
+from tuner.search.summary import summary_table
+from tuner.store import open_store
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1h30m' -> seconds."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise TunerError(f"malformed duration {text!r}: expected e.g. 90s, 10m or 1h30m")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise TunerError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def parse_devices(text: str) -> tuple[int, ...]:
+    try:
+        devices = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise TunerError(f"malformed --devices {text!r}: expected device indices such as 0,1") from None
+    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
+        raise TunerError(f"malformed --devices {text!r}: expected distinct device indices such as 0,1")
+    return devices
+
+
+def print_search_report(report: SearchReport) -> None:
+    """The summary table and one line of counts; exit 130 when the search was interrupted."""
+    console.print(summary_table(report.summaries))
+    say(f"measured {report.measured} trials, reused {report.reused} from the store, "
+        f"skipped {report.infeasible} infeasible points; "
+        f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
+    if report.interrupted:
+        say("interrupted: every finished trial is stored; continue with --resume", stderr=True)
+        # Not typer.Exit: with standalone_mode=False click returns its code instead of raising it.
+        sys.exit(130)
+
+
+def search_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
+    shape: Annotated[Optional[list[str]], typer.Option(help="Problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: the profile's problems.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA/MQA); default: same as H.")] = None,
+    dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
+    causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
+    layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
+    template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
+    time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
+    sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: <gpu>-<template>-<problem>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study up to its trial budget.")] = False,
+    devices: Annotated[str, typer.Option(help="GPU indices, one worker process each, e.g. 0,1.")] = "0",
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    top: Annotated[int, typer.Option("--profile-top", min=0, help="Profile the K best trials with ncu afterwards.")] = 0,
+    backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
+    replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
+) -> None:
+    """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
+    options = SearchOptions(
+        gpu=gpu, shapes=tuple(shape or ()), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
+        template=template, trials=trials, time_budget_s=parse_duration(time_budget) if time_budget else None,
+        sampler=sampler.strip().lower(), seed=seed, study=study, resume=resume, devices=parse_devices(devices),
+        db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from, force=force,
+    )
+    report = run_search(options, console=err_console, hooks=state.hooks)
+    if top and report.run_ids and not report.interrupted:
+        with open_store(options.db_url) as store:
+            for run_id in report.run_ids:
+                profile_top(store, run_id, top)
+    print_search_report(report)
+
+
+def worker_command(
+    study: Annotated[list[str], typer.Option(help="Study created by `tuner search` (repeatable).")],
+    storage: Annotated[str, typer.Option(help="Optuna storage: postgresql://... or the SQLite results URL / journal file.")],
+    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (default: the storage's database when PostgreSQL).")] = None,
+    backend: Annotated[str, typer.Option(help="gpu or replay.")] = "gpu",
+    replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run per study (default: what is left of its budget).")] = None,
+    time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long.")] = None,
+    device: Annotated[int, typer.Option(min=0, help="GPU index.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replay a recording from another card than the study's profile.")] = False,
+) -> None:
+    """Join existing studies from this host (shared PostgreSQL storage) and work on them."""
+    report = run_join(
+        study, storage, db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from,
+        trials=trials, device=device, time_budget_s=parse_duration(time_budget) if time_budget else None,
+        seed=seed, force=force, console=err_console, hooks=state.hooks,
+    )
+    print_search_report(report)

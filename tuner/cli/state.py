@@ -1,0 +1,52 @@
+"""What every command shares: the global options, the consoles and small parsing helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rich.console import Console
+
+from tuner.errors import TunerError
+from tuner.search.hooks import Hooks
+from tuner.store import default_db_url
+from tuner.store.redact import redact_url
+
+console = Console()
+err_console = Console(stderr=True)
+OUTPUT_FORMATS = ("table", "json", "csv")
+
+
+@dataclass
+class State:
+    """Options shared by every command (set by the top-level callback), and the search's hooks
+    (`main(hooks=...)` replaces them for tests)."""
+
+    db_url: Optional[str] = None
+    hooks: Hooks = field(default_factory=Hooks)
+
+
+state = State()
+
+
+def store_epilog() -> str:
+    """The help line naming the results store (password hidden)."""
+    return f"Results store: {redact_url(default_db_url())} (change it with --db or TUNER_DB)."
+
+
+def may_create_store() -> bool:
+    """Readers create only the default store (a first `tuner results` shows an empty
+    table); a --db/TUNER_DB that names no existing store is a typo to report."""
+    return state.db_url is None
+
+
+def output_format(value: str, allowed: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in allowed:
+        raise TunerError(f"unknown format {value!r}; expected one of {', '.join(allowed)}")
+    return value
+
+
+def say(text: str, *, stderr: bool = False) -> None:
+    """One plain line (no rich markup, no highlighting, never wrapped)."""
+    (err_console if stderr else console).print(text, markup=False, highlight=False, soft_wrap=True)

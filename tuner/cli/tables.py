@@ -1,0 +1,141 @@
+"""How the CLI shows things: rich tables and lines built from data, apart from the commands."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tuner.kernels.feasibility import Feasibility
+from tuner.kernels.variant import Variant
+from tuner.problem import Problem
+from tuner.profiles import GpuProfile
+from tuner.store import NcuMetric, TrialDetail, TrialRow
+
+
+def fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _table(title: str, columns: Sequence[tuple[str, str]], **kwargs: Any) -> Table:
+    table = Table(title=title, **kwargs)
+    for column, justify in columns:
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    return table
+
+
+def profiles_table(profiles: Iterable[GpuProfile]) -> Table:
+    table = _table("GPU profiles", (
+        ("name", "left"), ("card", "left"), ("arch", "left"), ("SMs", "right"), ("smem/block", "right"),
+        ("L2", "right"), ("peak fp16", "right"), ("bandwidth", "right"), ("problems", "right"),
+    ))  # fmt: skip
+    for p in profiles:
+        table.add_row(p.name, p.display_name, p.nvcc_arch, str(p.sm_count), f"{p.smem_per_block_optin // 1024} KiB",
+                      f"{p.l2_bytes / 2**20:g} MiB", f"{p.peak_fp16_tflops:g} TFLOP/s", f"{p.mem_bandwidth_gbs:g} GB/s",
+                      str(len(p.default_problems)))
+    return table
+
+
+def space_table(template: str, profile: GpuProfile, problem: Problem, rows: list[tuple[Variant, Feasibility]],
+                show_all: bool) -> Table:
+    feasible = sum(f.ok for _, f in rows)
+    columns = [("variant", "left"), ("smem", "left"), ("threads", "left")] + ([("reason", "left")] if show_all else [])
+    table = _table(f"{template} on {profile.name}, {problem.label}: {feasible} feasible", columns)
+    for v, f in rows:
+        cells = [v.name, f"{f.smem_bytes // 1024} KiB" if f.smem_bytes else "-", str(f.threads or "-")]
+        table.add_row(*cells, *((f.reason or "feasible",) if show_all else ()))
+    return table
+
+
+def results_table(rows: list[TrialRow], best: bool) -> Table:
+    table = _table("best trials" if best else "trials", (
+        ("id", "right"), ("GPU", "left"), ("problem", "left"), ("variant", "left"), ("status", "left"),
+        ("median µs", "right"), ("TFLOP/s", "right"), ("vs best baseline", "right"),
+    ))  # fmt: skip
+    for row in rows:
+        table.add_row(str(row.id), row.profile or row.gpu_name, row.problem.label, row.variant_name, row.status.value,
+                      fmt(row.median_us), fmt(row.tflops), fmt(row.ratio_to_best_baseline, ".2f", "x"))
+    return table
+
+
+def _line(label: str, value: object) -> Text:
+    return Text.assemble((f"{label}: ", "bold"), str(value))
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def trial_lines(d: TrialDetail) -> list[Text]:
+    """The facts of one trial, a line each."""
+    best = f" (vs {d.best_baseline_impl}, {fmt(d.best_baseline_us, '.2f')} µs)" if d.best_baseline_impl else ""
+    lines = [
+        Text(f"trial {d.id}: {d.variant_name}", style="bold"),
+        _line("status", d.status.value),
+        _line("problem", f"{d.problem.label} (layout {d.problem.layout})"),
+        _line("gpu", f"{d.gpu_name} (profile {d.profile}), run {d.run_id}"),
+        _line("template", f"{d.template} @ {d.template_hash}"),
+    ]
+    if d.study is not None:
+        lines.append(_line("study", f"{d.study} #{d.trial_number}"))
+    lines += [
+        _line("params", ", ".join(f"{k}={v}" for k, v in sorted(d.params.items())) or "-"),
+        _line("median / p20 / p80", f"{fmt(d.median_us, '.2f')} / {fmt(d.p20_us, '.2f')} / {fmt(d.p80_us, '.2f')} µs"),
+        _line("TFLOP/s", fmt(d.tflops, ".1f")),
+        _line("ratio to best baseline", fmt(d.ratio_to_best_baseline, ".3f", "x") + best),
+        _line("relative error", fmt(d.rel_error, ".2e")),
+        _line("registers / smem / spill",
+              f"{_or_dash(d.registers)} / {_or_dash(d.smem_bytes)} B / {_or_dash(d.spill_bytes)} B"),
+        _line("compile time", fmt(d.compile_s, ".2f", " s")),
+    ]
+    if d.cubin_sha256:
+        lines.append(_line("cubin sha256", d.cubin_sha256))
+    lines.append(_line("source", d.source_path or "-"))
+    return lines
+
+
+def baselines_table(d: TrialDetail) -> Table:
+    table = _table("baselines (same run)", [("impl", "left")] + [(c, "right") for c in (
+        "median µs", "p20 µs", "p80 µs", "TFLOP/s", "trial speed-up")], title_justify="left")
+    for b in d.baselines:
+        speedup = b.median_us / d.median_us if d.median_us else None
+        table.add_row(b.impl, fmt(b.median_us, ".2f"), fmt(b.p20_us, ".2f"), fmt(b.p80_us, ".2f"), fmt(b.tflops),
+                      fmt(speedup, ".3f", "x"))
+    return table
+
+
+def metrics_table(title: str, metrics: Iterable[NcuMetric], meanings: Optional[dict[str, str]] = None,
+                  spec: str = ",.6g") -> Table:
+    """ncu metrics of one trial; with `meanings`, a column that says what each counts."""
+    columns = [("metric", "left"), ("value", "right"), ("unit", "left")] + ([("meaning", "left")] if meanings else [])
+    table = _table(title, columns, title_justify="left")
+    for m in metrics:
+        table.add_row(m.name, format(m.value, spec), m.unit or "", *((meanings.get(m.name, ""),) if meanings else ()))
+    return table
+
+
+def trial_detail(d: TrialDetail) -> list[RenderableType]:
+    """Everything `tuner show` prints about one trial, in order."""
+    out: list[RenderableType] = list(trial_lines(d))
+    if d.baselines:
+        out.append(baselines_table(d))
+    if d.ncu_metrics:
+        out.append(metrics_table("ncu metrics", d.ncu_metrics, spec="g"))
+    if d.error:
+        out.append(_line("error", d.error))
+    if d.compile_log:
+        out += [Text("compile log:", style="bold"), Text(d.compile_log)]
+    return out
+
+
+def export_lines(entries: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for e in entries:
+        ratio = f"{e['ratio_to_best_baseline']:.2f}x" if e.get("ratio_to_best_baseline") else "-"
+        note = "" if e["dispatch"] else f" (shadowed by trial {e['shadowed_by']})"
+        note += " [rebuilt]" if e["rebuilt"] else ""
+        lines.append(f"  trial {e['trial_id']:>6}  {e['problem_label']:<34} {e['median_us']:>10.1f} us  {ratio:>6}  "
+                     f"{e['kernel']}{note}")
+    return lines

@@ -1,0 +1,62 @@
+"""tuner export: the store's best ok trials -> an importable package or a C++ header.
+
+    export(ExportOptions(gpu="h100", out=Path("my_attention")))
+
+The kernels are chosen and rebuilt by tuner.export.selection, written by
+tuner.export.package or tuner.export.header through tuner.export.staging.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import tuner
+from tuner.errors import TunerError
+from tuner.export.header import write_header
+from tuner.export.options import FORMATS, PACKAGE_VERSION, ExportOptions, ExportReport, package_name
+from tuner.export.package import write_package
+from tuner.export.selection import ExportedKernel, build_kernel, entry_of, resolve_collisions, select_trials
+from tuner.kernels.compiler import BASE_OPTIONS, nvcc_version
+from tuner.kernels.manifest import load_manifest
+from tuner.profiles import load_profile
+from tuner.store import open_store
+
+__all__ = ["ExportOptions", "ExportReport", "export"]
+
+
+def export(options: ExportOptions) -> ExportReport:
+    """Export the best ok trials of `options.gpu` as a package or a header (see module doc)."""
+    if options.format not in FORMATS:
+        raise TunerError(f"unknown export format {options.format!r}; expected one of {', '.join(FORMATS)}")
+    profile = load_profile(options.gpu)
+    name = package_name(options)
+    with open_store(options.db_url, create=False) as store:
+        rows = select_trials(store, profile, options.shapes, options.dtype)
+        runs = {r.run_id: store.trial_detail(r.id).run for r in rows}
+    built: dict[str, ExportedKernel] = {}
+    entries = []
+    for row in rows:
+        kernel = build_kernel(row, profile.nvcc_arch, options.allow_rebuild)
+        built.setdefault(kernel.variant.name, kernel)
+        entries.append(entry_of(row, kernel, runs[row.run_id]))
+    resolve_collisions(entries)
+    manifest: dict[str, Any] = {
+        "format": 1,
+        "package": name,
+        "version": PACKAGE_VERSION,
+        "tuner_version": tuner.__version__,
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "nvcc_version": nvcc_version(),
+        # The package's JIT path compiles with these (what the search measured, minus ptxas -v).
+        "nvcc_options": [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")],
+        "gpu": {"profile": profile.name, "display_name": profile.display_name, "arch": profile.nvcc_arch,
+                "compute_capability": list(profile.compute_capability),
+                "gpu_names": sorted({r.gpu_name for r in rows})},
+        "templates": {t: {"source_hash": load_manifest(t).source_hash} for t in sorted({r.template for r in rows})},
+        "kernels": {},
+        "entries": entries,
+    }
+    if options.format == "header":
+        return write_header(options, name, profile, manifest, built)
+    return write_package(options, name, profile, manifest, built)

@@ -1,0 +1,121 @@
+"""Which kernels an export holds: the store's best ok trials, rebuilt and checked, keyed for dispatch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# The shipped dispatch module is standard-library only: the tuner keys entries with it (one definition).
+from tuner.errors import TunerError
+from tuner.export.shipped._dispatch import Key
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.variant import Variant
+from tuner.problem import DTYPES, Problem, parse_shape
+from tuner.profiles import GpuProfile
+from tuner.runtime.build import BuiltKernel, build
+from tuner.store import TrialFilter, TrialRow
+
+
+@dataclass(frozen=True)
+class ExportedKernel:
+    """A built variant as an export ships it: the cubin's bytes, and whether they differ from the measured ones."""
+
+    built: BuiltKernel
+    cubin: bytes
+    rebuilt: bool  # the cubin differs from (or could not be checked against) the measured one
+
+    @property
+    def variant(self) -> Variant:
+        return self.built.variant
+
+    @property
+    def source(self) -> str:
+        return self.built.source
+
+
+def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtype: Optional[str]) -> list[TrialRow]:
+    """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    filters = [TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype) for s in shapes] or \
+              [TrialFilter(gpu=profile.name, dtype=dtype)]
+    rows: dict[int, TrialRow] = {}
+    for filt in filters:
+        found = [r for r in store.best_trials(filt) if r.profile == profile.name]
+        if not found:
+            what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
+            raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
+                             f"run `tuner search --gpu {profile.name}` first")
+        rows.update((r.id, r) for r in found)
+    return sorted(rows.values(), key=lambda r: r.id)
+
+
+def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKernel:
+    """Build the trial's variant; refuse when it is not the kernel the search measured."""
+    built = build(Variant.from_stored(row.template, row.params), arch)
+    variant, result = built.variant, built.compiled
+    if not result.ok:
+        raise TunerError(f"trial {row.id}: {variant.name} no longer compiles for {arch}: "
+                         f"{result.log.strip().splitlines()[-1] if result.log.strip() else 'nvcc failed'}")
+    if row.cubin_sha256:
+        same = result.cubin_sha256 == row.cubin_sha256
+        why = f"cubin sha256 {result.cubin_sha256[:12]} != stored {row.cubin_sha256[:12]}"
+    else:  # nothing to compare the cubin with: fall back on the template's hash
+        same = row.template_hash == load_manifest(row.template).source_hash
+        why = "template hash differs from the one stored with the trial"
+    if not same and not allow_rebuild:
+        raise TunerError(f"trial {row.id}: the store's kernel no longer matches the template ({why}; the template "
+                         f"or nvcc changed since the search); re-run the search, or pass --allow-rebuild to export "
+                         f"the rebuilt kernel")
+    return ExportedKernel(built, result.cubin, rebuilt=not same)
+
+
+def _dispatch_key(problem: Problem) -> dict[str, Any]:
+    key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
+                 problem.seq_q, problem.seq_k)
+    return dataclasses.asdict(key)
+
+
+def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
+    """The manifest entry of one exported trial: its dispatch key, kernel, timings and provenance."""
+    p = row.problem
+    return {
+        "key": _dispatch_key(p),
+        "kernel": kernel.variant.name,
+        "trial_id": row.id,
+        "problem": p.to_dict(),
+        "problem_label": p.label,
+        "median_us": row.median_us,
+        "p20_us": row.p20_us,
+        "p80_us": row.p80_us,
+        "tflops": row.tflops,
+        "best_baseline_impl": row.best_baseline_impl,
+        "best_baseline_us": row.best_baseline_us,
+        "ratio_to_best_baseline": row.ratio_to_best_baseline,
+        "rebuilt": kernel.rebuilt,
+        "run": {"run_id": row.run_id, "gpu_name": row.gpu_name, "profile": row.profile,
+                "driver": getattr(run, "driver", None), "cuda_version": getattr(run, "cuda_version", None),
+                "torch_version": getattr(run, "torch_version", None),
+                "tuner_version": getattr(run, "tuner_version", None)},
+        "dispatch": True,
+    }
+
+
+def resolve_collisions(entries: list[dict[str, Any]]) -> None:
+    """One entry per dispatch key: the largest tuned problem wins (long runs are where tuning pays)."""
+    winners: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        key = json.dumps(e["key"], sort_keys=True)
+        p = e["problem"]
+        work = (p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"], -e["trial_id"])
+        best = winners.get(key)
+        if best is None or work > (best["problem"]["batch"] * best["problem"]["heads"] * best["problem"]["seq_q"]
+                                   * best["problem"]["seq_k"], -best["trial_id"]):
+            winners[key] = e
+    for e in entries:
+        winner = winners[json.dumps(e["key"], sort_keys=True)]
+        e["dispatch"] = e is winner
+        if e is not winner:
+            e["shadowed_by"] = winner["trial_id"]

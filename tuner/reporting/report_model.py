@@ -1,0 +1,133 @@
+"""What the benchmark report holds: its data types, gathered by tuner.reporting.report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Optional
+
+from tuner.problem import Problem
+from tuner.reporting.markdown import run_caption
+from tuner.search.samplers import problem_key
+from tuner.store import NcuMetric, TrialRow
+
+# Shown first, in this order; other baselines follow alphabetically.
+BASELINE_ORDER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton_fa2")
+TUNED = "tuned"
+MIN_IMPORTANCE_TRIALS = 10  # fewer complete trials give importances that are noise
+
+
+
+@dataclass(frozen=True)
+class RunLabel:
+    """Which card and run produced a number."""
+
+    gpu_name: str
+    run_ids: tuple[int, ...]
+    date: str  # UTC date the run started
+    synthetic: bool = False
+
+    @property
+    def caption(self) -> str:
+        return run_caption(self.gpu_name, self.run_ids, self.date, self.synthetic)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One row of the report's run table: where and with what a run measured."""
+
+    run_id: int
+    gpu_name: str
+    started_at: Optional[datetime]
+    host: Optional[str]
+    driver: Optional[str]
+    cuda_version: Optional[str]
+    torch_version: Optional[str]
+    tuner_version: Optional[str]
+    command_line: Optional[str]
+
+
+@dataclass(frozen=True)
+class ImplTiming:
+    """One implementation's time on a problem: the tuned kernel or a baseline of its run."""
+
+    impl: str  # TUNED or a baseline name
+    median_us: float
+    tflops: Optional[float]
+
+
+@dataclass(frozen=True)
+class StudyCurve:
+    """Best-so-far µs of one study, by trial number and by seconds since its run started."""
+
+    study: str
+    run_ids: tuple[int, ...]
+    trial_numbers: tuple[int, ...]
+    best_by_number: tuple[float, ...]
+    elapsed_s: tuple[float, ...]
+    best_by_time: tuple[float, ...]
+    trials: int  # stored trials of the study (any status)
+
+
+@dataclass(frozen=True)
+class Importance:
+    study: str
+    values: dict[str, float]  # empty when unavailable (see note)
+    evaluator: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ProblemReport:
+    problem: Problem
+    best: TrialRow
+    label: RunLabel
+    timings: tuple[ImplTiming, ...]  # tuned first, then the run's baselines
+    curves: tuple[StudyCurve, ...] = ()
+    importances: tuple[Importance, ...] = ()
+    ncu: tuple[NcuMetric, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.best.profile}-{problem_key(self.problem)}"
+
+    @property
+    def curves_label(self) -> RunLabel:
+        """The label with the runs of this problem's studies (they may span several runs)."""
+        return replace(self.label, run_ids=tuple(sorted({r for c in self.curves for r in c.run_ids})))
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """Baseline µs / tuned µs per baseline: > 1 means the tuned kernel is faster."""
+        tuned = self.best.median_us
+        return {t.impl: t.median_us / tuned for t in self.timings if t.impl != TUNED and tuned}
+
+
+@dataclass(frozen=True)
+class BenchmarkReport:
+    gpu: str
+    db_url: str  # password hidden
+    generated_at: datetime
+    problems: tuple[ProblemReport, ...]
+    run_id: Optional[int] = None
+    runs: tuple[RunFacts, ...] = ()
+
+    @property
+    def baseline_impls(self) -> list[str]:
+        found = {t.impl for p in self.problems for t in p.timings if t.impl != TUNED}
+        return [i for i in BASELINE_ORDER if i in found] + sorted(found - set(BASELINE_ORDER))
+
+    @property
+    def gpu_names(self) -> list[str]:
+        return sorted({p.label.gpu_name for p in self.problems})
+
+    @property
+    def synthetic(self) -> bool:
+        return any(p.label.synthetic for p in self.problems)
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: str
+    json: str
+    figures: list[str] = field(default_factory=list)

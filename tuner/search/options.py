@@ -1,0 +1,50 @@
+"""What `tuner search` is asked to do: its options, checked before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from tuner.errors import TunerError
+from tuner.search.hooks import check_backend, check_replay_source
+from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
+
+DEFAULT_TRIALS = 100
+WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    gpu: str = "auto"
+    shapes: tuple[str, ...] = ()
+    heads_kv: Optional[int] = None
+    dtype: str = "fp16"
+    causal: bool = False
+    layout: str = "bhsd"
+    template: Optional[str] = None  # None: the profile's first template that suits every problem
+    trials: Optional[int] = None
+    time_budget_s: Optional[float] = None
+    sampler: str = DEFAULT_SAMPLER
+    seed: Optional[int] = None
+    study: Optional[str] = None
+    resume: bool = False
+    devices: tuple[int, ...] = (0,)
+    db_url: Optional[str] = None
+    backend: str = "gpu"
+    replay_from: Optional[str] = None
+    force: bool = False
+    warm_start: int = WARM_START
+
+
+def validate_options(options: SearchOptions) -> None:
+    """A one-line TunerError for the first option out of range."""
+    if options.sampler not in SAMPLERS:
+        raise TunerError(f"unknown sampler {options.sampler!r}; expected one of {', '.join(SAMPLERS)}")
+    check_backend(options.backend)
+    if options.trials is not None and options.trials < 1:
+        raise TunerError(f"--trials must be a positive integer, got {options.trials}")
+    if options.time_budget_s is not None and options.time_budget_s <= 0:
+        raise TunerError("--time-budget must be positive")
+    if not options.devices or len(set(options.devices)) != len(options.devices):
+        raise TunerError("--devices must list distinct device indices, e.g. 0,1")
+    check_replay_source(options.backend, options.replay_from)

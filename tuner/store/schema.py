@@ -1,0 +1,57 @@
+"""A store's schema: which revision it is at, and migrating it to the newest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from tuner.errors import TunerError
+from tuner.store import engine as eng
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    url: str  # redacted
+    backend: str
+    revision: Optional[str]
+    head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.revision == self.head
+
+
+def store_info(url: Optional[str] = None) -> StoreInfo:
+    """URL, backend and schema revision of a store, whatever its revision."""
+    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
+    try:
+        with eng.translate_errors(parsed, "cannot open the results store"), engine.connect() as conn:
+            revision = eng.current_revision(conn)
+        return StoreInfo(parsed.render_as_string(hide_password=True), engine.dialect.name, revision, eng.head_revision())
+    finally:
+        engine.dispose()
+
+
+def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
+    """Migrate a store (or create a new one) to the newest revision; returns (before, after)."""
+    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
+    try:
+        with eng.translate_errors(parsed, "cannot upgrade the results store"):
+            with engine.connect() as conn:
+                before = eng.current_revision(conn)
+                if before is None and eng.has_tables(conn):
+                    raise TunerError(
+                        f"the database at {parsed.render_as_string(hide_password=True)} holds tuner tables "
+                        "without a schema revision; it was not created by this tool"
+                    )
+            if before is not None and before not in eng.known_revisions():
+                raise TunerError(
+                    f"schema revision {before} is unknown to this tuner (written by a newer version?)"
+                )
+            eng.migrate(engine)
+            with engine.connect() as conn:
+                after = eng.current_revision(conn)
+        assert after is not None
+        return before, after
+    finally:
+        engine.dispose()
