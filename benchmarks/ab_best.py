@@ -17,9 +17,9 @@ import argparse
 import torch
 from ab_ratio import interleaved
 
-from tuner.runtime import driver as runtime
-from tuner.store import TrialFilter, open_store
+from tuner.runtime.driver import cuda_driver
 from tuner.status import TrialStatus
+from tuner.store import TrialFilter, open_store
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--db", required=True)
@@ -40,7 +40,7 @@ def fastest_names(store, trial, n: int) -> list[str]:
     return names[:n] or [trial.variant_name]
 
 
-runtime.cuda_driver(0)
+cuda_driver(0)
 with open_store(args.db, create=False) as store:
     best = store.best_trials(TrialFilter(gpu=args.gpu))
     candidates = {trial.id: fastest_names(store, trial, args.top) for trial in best}

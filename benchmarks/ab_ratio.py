@@ -17,16 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.runtime import driver as runtime
-from tuner.runtime.baselines import available_baselines
-from tuner.runtime.timing import time_cuda
-from tuner.kernels.compiler import compile_source
-from tuner.kernels.feasibility import launch_shape
+from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime.driver import AttentionKernel
-from tuner.kernels.variant import parse_variant_name
-from tuner.kernels.manifest import render
+from tuner.runtime.baselines import available_baselines
+from tuner.runtime.build import build
+from tuner.runtime.driver import cuda_driver
+from tuner.runtime.timing import time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
@@ -47,8 +44,7 @@ def interleaved(problem: Problem, variants: list[str], rounds: int) -> list[Row]
     calls = {}
     for name in variants:
         var = parse_variant_name(name)
-        res = compile_source(render(var), name, profile.nvcc_arch)
-        kern = AttentionKernel(res.cubin, name, launch_shape(var))
+        kern = build(var, profile.nvcc_arch).load()
         out = empty_output(q)
         kern(q, k, v, out, None, scale)
         torch.cuda.synchronize()
@@ -88,7 +84,7 @@ def main() -> None:
     ap.add_argument("--shape", required=True)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
-    runtime.cuda_driver(0)
+    cuda_driver(0)
     first = parse_variant_name(args.variants[0])
     problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal)
     print(f"{torch.cuda.get_device_name(0)} {problem.label}, {args.rounds} interleaved rounds")

@@ -20,15 +20,13 @@ import time
 import torch
 from ab_ratio import interleaved, print_rows
 
-from tuner.runtime import driver as runtime
-from tuner.runtime.timing import time_cuda
-from tuner.kernels.compiler import compile_many
-from tuner.kernels.feasibility import feasible_space, launch_shape
+from tuner.kernels.feasibility import feasible_space
+from tuner.kernels.variant import parse_variant_name
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.runtime.driver import AttentionKernel
-from tuner.kernels.variant import parse_variant_name
-from tuner.kernels.manifest import render
+from tuner.runtime.build import build_many
+from tuner.runtime.driver import cuda_driver
+from tuner.runtime.timing import time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 ap = argparse.ArgumentParser()
@@ -43,7 +41,7 @@ ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--seed", type=int, default=0)
 args = ap.parse_args()
 
-runtime.cuda_driver(0)
+cuda_driver(0)
 profile = resolve_profile("auto")
 problem = problem_from_shape(args.shape, dtype=args.dtype, causal=args.causal)
 pool = feasible_space(args.template, problem, profile)
@@ -51,7 +49,7 @@ chosen = [parse_variant_name(n) for n in args.variant]
 rest = [v for v in pool if v not in chosen]
 chosen += random.Random(args.seed).sample(rest, min(args.sample, len(rest)))
 t0 = time.time()
-compiled = compile_many([(render(v), v.name, profile.nvcc_arch) for v in chosen])
+compiled = build_many(chosen, profile.nvcc_arch)
 print(f"{torch.cuda.get_device_name(0)} {problem.label}: {len(pool)} feasible, {len(chosen)} compiled "
       f"in {time.time() - t0:.0f} s", flush=True)
 
@@ -61,9 +59,9 @@ ref, _ = reference(q, k, v, problem.causal, scale)
 screened = []
 for var, res in zip(chosen, compiled):
     if not res.ok:
-        print(f"  COMPILE ERROR {var.name}: {res.log.strip().splitlines()[-1:]}")
+        print(f"  COMPILE ERROR {var.name}: {res.compiled.log.strip().splitlines()[-1:]}")
         continue
-    kern = AttentionKernel(res.cubin, var.name, launch_shape(var))
+    kern = res.load()
     out = empty_output(q)
     kern(q, k, v, out, None, scale)
     torch.cuda.synchronize()
@@ -73,7 +71,7 @@ for var, res in zip(chosen, compiled):
         continue
     call = (lambda kern=kern, out=out: kern.launch_unchecked(q, k, v, out, None, scale))
     us = time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=30).median_us
-    screened.append((us, var.name, call, res.registers, res.spill_bytes))
+    screened.append((us, var.name, call, res.compiled.registers, res.compiled.spill_bytes))
 screened.sort(key=lambda row: row[0])
 for us, name, _, regs, spill in screened[: max(10, args.top)]:
     print(f"  {name:64s} {us:8.1f} us {problem.tflops(us):6.1f} TFLOP/s regs {regs} spill {spill}")

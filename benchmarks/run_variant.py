@@ -11,15 +11,11 @@ import argparse
 import nvtx
 import torch
 
-from tuner.runtime import driver as runtime
-from tuner.kernels.compiler import compile_source
-
+from tuner.kernels.variant import parse_variant_name
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
-from tuner.kernels.feasibility import launch_shape
-from tuner.runtime.driver import AttentionKernel
-from tuner.kernels.variant import parse_variant_name
-from tuner.kernels.manifest import render
+from tuner.runtime.build import build
+from tuner.runtime.driver import cuda_driver
 from tuner.runtime.verify import empty_output, make_inputs
 
 ap = argparse.ArgumentParser()
@@ -28,13 +24,13 @@ ap.add_argument("--shape", required=True)
 ap.add_argument("--runs", type=int, default=3)
 args = ap.parse_args()
 
-runtime.cuda_driver(0)
+cuda_driver(0)
 profile = resolve_profile("auto")
 variant = parse_variant_name(args.variant)
 problem = problem_from_shape(args.shape, dtype=variant.dtype, causal=variant.causal)
-res = compile_source(render(variant), variant.name, profile.nvcc_arch)
-assert res.ok, res.log
-kernel = AttentionKernel(res.cubin, variant.name, launch_shape(variant))
+built = build(variant, profile.nvcc_arch)
+assert built.ok, built.compiled.log
+kernel = built.load()
 q, k, v = make_inputs(problem)
 out = empty_output(q)
 for _ in range(args.runs):

@@ -122,8 +122,8 @@ def replay_recording(tmp_path_factory) -> Recording:
     from collections import Counter
 
     from tuner.problem import Problem
-    from tuner.store import TrialFilter, open_store
     from tuner.status import TrialStatus
+    from tuner.store import TrialFilter, open_store
 
     if REPLAY_RECORDING.exists():
         import shutil

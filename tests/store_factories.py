@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.problem import Problem
-from tuner.store import BaselineRecord, RunInfo, TrialRecord
 from tuner.status import TrialStatus
+from tuner.store import BaselineRecord, RunInfo, TrialRecord
 
 H100 = RunInfo(gpu_name="NVIDIA H100 80GB HBM3", profile="h100", driver="560.35", cuda_version="12.6")
 H200 = RunInfo(gpu_name="NVIDIA H200", profile="h200")

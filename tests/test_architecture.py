@@ -13,6 +13,19 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tuner"
+# The flow of a trial, bottom to top: a module may import its own layer and the ones below.
+LAYERS = (
+    ("tuner", "tuner.errors", "tuner.problem", "tuner.status", "tuner.assets"),  # domain types every layer uses
+    ("tuner.profiles",),
+    ("tuner.kernels",),
+    ("tuner.runtime",),
+    ("tuner.store",),
+    ("tuner.backends",),
+    ("tuner.search",),
+    ("tuner.export",),
+    ("tuner.reporting",),
+    ("tuner.cli", "tuner.__main__"),
+)
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -83,6 +96,25 @@ def test_cycle_finder_finds_a_hidden_cycle() -> None:
 def test_no_import_cycles_among_tuner_modules() -> None:
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the most specific entry naming `module` or a package above it."""
+    best, best_len = -1, -1
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = index, len(name)
+    return best
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in import_graph() if layer_of(m) < 0] == []
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    upward = [f"{m} -> {d}" for m, deps in import_graph().items() for d in deps if layer_of(d) > layer_of(m)]
+    assert not upward, "imports that point up the layers: " + ", ".join(sorted(upward))
 
 
 def test_the_shipped_runtime_imports_nothing_from_tuner() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from tuner.kernels.compiler import compile_many, compile_source, parse_ptxas
 from tuner.kernels.feasibility import covering_sample
+from tuner.kernels.render import render
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.kernels.render import render
 
 pytestmark = [
     pytest.mark.nvcc,

@@ -19,11 +19,11 @@ import pytest
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
 from tuner.export.run import ExportOptions, export
+from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.kernels.variant import Variant
-from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
 from tuner.status import TrialStatus
+from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
 
 # --- a results store whose ok trials carry the sha256 of real local cubins ------------------
 
@@ -603,8 +603,8 @@ def _synthetic_header_inputs():
 @pytest.mark.parametrize("source", ["synthetic", "store"])
 def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -> None:
     """The header's nearest_bucket, compiled into a host program, picks what _dispatch.choose picks."""
-    from tuner.export.shipped._dispatch import DispatchTable, Key
     from tuner.export.header import render_header
+    from tuner.export.shipped._dispatch import DispatchTable, Key
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
 from tuner.kernels.feasibility import check, covering_sample, resources, space_report
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import list_profiles, load_profile
-from tuner.kernels.variant import Variant
-from tuner.kernels.manifest import load_manifest
 
 TEMPLATE = "attn_fwd_mma"
 MANIFEST = load_manifest(TEMPLATE)

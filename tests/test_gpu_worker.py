@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from tuner.kernels.compiler import CompileResult
-from tuner.errors import NoGpuError, TunerError
 from tuner.backends.gpu import GpuBackend
 from tuner.backends.gpu_child import RequestError, RunnerOptions
-from tuner.runtime.build import BuiltKernel, launch_shape
+from tuner.errors import NoGpuError, TunerError
+from tuner.kernels.compiler import CompileResult
+from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.kernels.variant import parse_variant_name
+from tuner.runtime.build import BuiltKernel, launch_shape
 from tuner.status import TrialStatus
 
 PROBLEM = Problem(1, 2, 128, 128, 64)

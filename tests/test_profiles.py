@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tuner.assets import asset_dir
 from tuner.cli.app import build_app
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
@@ -27,7 +28,6 @@ from tuner.profiles import (
     profile_names,
     resolve_profile,
 )
-from tuner.assets import asset_dir
 
 SHIPPED = ["a100", "h100", "h200", "l4"]
 

@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import run_tuner
+
 from tuner.errors import TunerError
-from tuner.runtime.nvtx import ncu_include, range_name
+from tuner.kernels.variant import Variant, parse_variant_name
 from tuner.problem import Problem
 from tuner.reporting.profiling import METRICS, ncu_command, parse_ncu_csv, profile_top, profile_trial, trial_range_name
-from tuner.kernels.variant import Variant, parse_variant_name
-from tuner.store import RunInfo, TrialRecord, open_store
+from tuner.runtime.nvtx import ncu_include, range_name
 from tuner.status import TrialStatus
+from tuner.store import RunInfo, TrialRecord, open_store
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = (DATA / "ncu_raw_sample.csv").read_text()

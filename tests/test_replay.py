@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.backends.replay import NOT_RECORDED, ReplayBackend, recording_profile
 from tuner.errors import TunerError
+from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.backends.replay import NOT_RECORDED, ReplayBackend, recording_profile
-from tuner.kernels.variant import Variant
-from tuner.store import TrialFilter, open_store
 from tuner.status import TrialStatus
+from tuner.store import TrialFilter, open_store
 
 
 def test_replays_recorded_results_baselines_and_card(replay_recording):

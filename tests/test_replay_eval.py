@@ -11,12 +11,12 @@ import pytest
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import check
+from tuner.kernels.variant import Variant
 from tuner.profiles import load_profile
 from tuner.reporting.replay_eval import evaluate_samplers, load_recording, summarise
 from tuner.reporting.replay_eval_model import EvalOptions, SeedRun
-from tuner.kernels.variant import Variant
-from tuner.store import TrialFilter, open_store
 from tuner.status import TrialStatus
+from tuner.store import TrialFilter, open_store
 
 
 def _shape(problem) -> str:

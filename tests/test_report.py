@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, open_store
 from tuner.status import TrialStatus
+from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, open_store
 
 NCU = [NcuMetric("sm__throughput.avg.pct_of_peak_sustained_elapsed", 71.25, "%"),
        NcuMetric("dram__bytes_read.sum", 12345678.0, "byte")]

@@ -13,23 +13,30 @@ import pytest
 from cli_helpers import run_tuner
 from optuna.trial import TrialState
 
-from tuner.kernels.compiler import CompileResult
-from tuner.errors import TunerError
 from tuner.backends.base import Measurement
+from tuner.backends.replay import ReplayBackend
+from tuner.errors import TunerError
+from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import check
+from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.backends.replay import ReplayBackend
 from tuner.runtime.build import BuiltKernel, launch_shape
 from tuner.search.hooks import Hooks
 from tuner.search.options import SearchOptions
 from tuner.search.prepare import prepare_study, warm_start_points
 from tuner.search.run import run_join, run_search
 from tuner.search.samplers import study_name
-from tuner.search.study import ATTR_BUDGET, ATTR_INFEASIBLE, ATTR_SOURCE, counts_toward_budget, finished_trials, storage_for
-from tuner.store import RunInfo, TrialFilter, TrialRecord, open_store
+from tuner.search.study import (
+    ATTR_BUDGET,
+    ATTR_INFEASIBLE,
+    ATTR_SOURCE,
+    counts_toward_budget,
+    finished_trials,
+    storage_for,
+)
 from tuner.status import TrialStatus
-from tuner.kernels.manifest import load_manifest
+from tuner.store import RunInfo, TrialFilter, TrialRecord, open_store
 
 
 def with_backend(backend) -> Hooks:
@@ -394,10 +401,10 @@ def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):
 def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recording, sqlite_url):
     import threading
 
+    from tuner.kernels.variant import variant_from_params
     from tuner.search.loop import Context, ProblemSearch, WorkerJob, _Pending
     from tuner.search.samplers import distributions
     from tuner.search.study import ATTR_INTERRUPTED, load_study, study_info
-    from tuner.kernels.variant import variant_from_params
 
     rec = replay_recording
     run_search(options(rec, sqlite_url, trials=1, warm_start=0), hooks=with_backend(CountingBackend(rec)))

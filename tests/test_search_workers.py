@@ -18,8 +18,8 @@ from cli_helpers import run_tuner
 from tuner.backends.replay import DELAY_ENV
 from tuner.search.samplers import study_name
 from tuner.search.study import finished_trials, storage_for
-from tuner.store import TrialFilter, open_store
 from tuner.status import TrialStatus
+from tuner.store import TrialFilter, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,10 +257,10 @@ def test_a_worker_process_that_fails_ends_the_search_without_waiting_for_the_oth
     from rich.console import Console
 
     from tuner.errors import TunerError
-    from tuner.search.options import SearchOptions
-    from tuner.search.run import run_search
     from tuner.search.loop import WorkerJob
+    from tuner.search.options import SearchOptions
     from tuner.search.progress import SearchProgress
+    from tuner.search.run import run_search
     from tuner.search.workers import WorkerSpec, run_processes
 
     rec = replay_recording

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
-from tuner.kernels.variant import Variant, enumerate_space, parse_variant_name, validate_variant
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
+from tuner.kernels.variant import Variant, enumerate_space, parse_variant_name, validate_variant
+from tuner.problem import Problem
 
 TEMPLATE = "attn_fwd_mma"
 MANIFEST = load_manifest(TEMPLATE)

@@ -10,8 +10,8 @@ from store_factories import BIG, H100, H200, SMALL, baseline, trial
 
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.store import NcuMetric, TrialFilter, open_store
 from tuner.status import TrialStatus
+from tuner.store import NcuMetric, TrialFilter, open_store
 
 
 def test_new_store_is_at_head(store):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from store_factories import H100
 
 from tuner.problem import Problem
-from tuner.store import TrialRecord, canonical_json
 from tuner.status import TrialStatus
+from tuner.store import TrialRecord, canonical_json
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

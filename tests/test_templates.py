@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.errors import TunerError
 from tuner.assets import asset_dir
+from tuner.errors import TunerError
 from tuner.kernels.manifest import list_templates, load_manifest, load_manifest_file
 
 

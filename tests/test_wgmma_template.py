@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 from tuner.kernels.compiler import compile_many, compile_source
 from tuner.kernels.feasibility import check, covering_sample, feasible_space, resources
-from tuner.runtime.build import launch_shape
-from tuner.problem import Problem
-from tuner.profiles import load_profile
-from tuner.search.options import SearchOptions
-from tuner.search.prepare import choose_template
-from tuner.kernels.variant import enumerate_space, parse_variant_name
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
+from tuner.kernels.variant import enumerate_space, parse_variant_name
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.runtime.build import launch_shape
+from tuner.search.options import SearchOptions
+from tuner.search.prepare import choose_template
 
 TEMPLATE = "attn_fwd_wgmma"
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's note (C75xx) when it gives up overlap

@@ -24,8 +24,8 @@ def gpu_profile():
     reason = gpu_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from tuner.runtime.driver import cuda_driver
     from tuner.profiles import resolve_profile
+    from tuner.runtime.driver import cuda_driver
 
     cuda_driver(0)
     return resolve_profile("auto")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.problem import Problem
 from tuner.kernels.variant import Variant
-from tuner.status import TrialStatus
+from tuner.problem import Problem
 from tuner.runtime.build import build
 from tuner.runtime.verify import TOLERANCE
+from tuner.status import TrialStatus
 
 pytestmark = pytest.mark.gpu
 FAULT_TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "kernel_templates"
@@ -26,7 +26,8 @@ PROBLEM = Problem(2, 4, 512, 512, 64)
 
 @pytest.fixture
 def fault_templates(monkeypatch):
-    from tuner.kernels import manifest as templates, variant as space
+    from tuner.kernels import manifest as templates
+    from tuner.kernels import variant as space
 
     monkeypatch.setenv("TUNER_TEMPLATE_PATH", str(FAULT_TEMPLATES))
     templates.load_manifest.cache_clear()
@@ -101,9 +102,9 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
     import torch
 
     from tuner.backends.gpu import GpuBackend
+    from tuner.kernels.manifest import load_manifest
     from tuner.reporting.profiling import METRICS, profile_trial
     from tuner.store import RunInfo, TrialRecord, open_store
-    from tuner.kernels.manifest import load_manifest
 
     variant = real_variant(gpu_profile)
     kernel = built(variant, gpu_profile)

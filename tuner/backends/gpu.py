@@ -178,7 +178,7 @@ class GpuBackend:
         self.watchdog_s = float(watchdog_s)
         self.timing_budget_s = float(timing_budget_s)
         self.start_timeout_s = float(start_timeout_s)
-        self.range_prefix = range_prefix  # the search sets e.g. "run3/trial17" before each measure
+        self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
         self._options = RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)

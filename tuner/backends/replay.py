@@ -135,11 +135,6 @@ class ReplayBackend:
     def close(self) -> None:
         pass
 
-    # --- helpers ------------------------------------------------------------------------------
-
-    def recorded_variants(self) -> int:
-        return len(self._trials)
-
 
 def recording_profile(url: str) -> GpuProfile:
     """The GPU profile of a recording's card (for --gpu auto with --backend replay)."""

@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.errors import NoGpuError
-from tuner.runtime.launcher import AttentionKernel, GpuUnavailableError, LaunchShape, bind_torch_context
-
-__all__ = ["AttentionKernel", "LaunchShape", "cuda_driver"]
+from tuner.runtime.launcher import GpuUnavailableError, bind_torch_context
 
 
 def cuda_driver(device: int = 0) -> Any:

@@ -14,11 +14,6 @@ class Timing:
     p80_us: float
     reps: int
 
-    @property
-    def spread(self) -> float:
-        """(p80 - p20) / median: how stable the figure is."""
-        return (self.p80_us - self.p20_us) / self.median_us if self.median_us else 0.0
-
 
 def _quantile(sorted_values: list[float], q: float) -> float:
     if len(sorted_values) == 1:

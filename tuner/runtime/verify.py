@@ -7,7 +7,7 @@ from typing import Any
 
 from tuner.problem import Problem
 
-# Relative L2 error allowed against the fp32 reference (DESIGN.md: measurement).
+# Relative L2 error allowed against the fp32 reference (README, "How a trial runs").
 TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
 
 
