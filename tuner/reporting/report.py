@@ -36,10 +36,9 @@ from tuner.reporting.report_model import (
     RunLabel,
     StudyCurve,
 )  # fmt: skip
-from tuner.search.study import JOURNAL_SUFFIX, storage_for
+from tuner.search.study import storage_for
 from tuner.status import TrialStatus
 from tuner.store import Store, TrialFilter, TrialRow, default_db_url, open_store
-from tuner.store.engine import parse_url, sqlite_file
 from tuner.store.redact import redact_url
 
 
@@ -78,15 +77,8 @@ def study_curves(rows: list[TrialRow], run_starts: dict[int, Optional[datetime]]
 
 def _optuna_storage(db_url: str) -> tuple[Optional[Any], str]:
     """The search's Optuna storage for this results store, or None and why (never creates one)."""
-    parsed = parse_url(db_url)
-    if parsed.get_backend_name() == "sqlite":
-        database = sqlite_file(parsed)
-        if database is None:
-            return None, "an in-memory results store has no Optuna storage"
-        if not os.path.exists(database + JOURNAL_SUFFIX):
-            return None, f"no Optuna storage ({os.path.basename(database)}{JOURNAL_SUFFIX}) next to the results store"
     try:
-        return storage_for(db_url), ""
+        return storage_for(db_url, create=False), ""
     except TunerError as exc:
         return None, str(exc)
 
@@ -124,28 +116,35 @@ def gather_report(store: Store, gpu: str, *, db_url: str, run_id: Optional[int] 
         scope = f" in run {run_id}" if run_id is not None else ""
         raise TunerError(f"no ok trials for GPU {gpu!r}{scope} in {store.url}")
     storage, why_none = _optuna_storage(db_url)
-    problems = []
     runs: dict[int, RunFacts] = {}
-    for best in sorted(best_rows, key=lambda r: (r.profile, r.problem)):
-        detail = store.trial_detail(best.id)
-        label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at),
-                         synthetic=is_synthetic_run(detail.run))
-        baselines = {b.impl: b for b in detail.baselines}
-        timings = [ImplTiming(TUNED, float(best.median_us), best.tflops)] + [
-            ImplTiming(i, baselines[i].median_us, baselines[i].tflops) for i in _ordered(list(baselines))
-        ]
-        rows = [r for r in store.query_trials(TrialFilter(gpu=gpu, problem=best.problem, run_id=run_id))
-                if r.profile == best.profile]
-        for rid in sorted({r.run_id for r in rows} - set(runs)):
-            runs[rid] = _run_facts(store, next(r.id for r in rows if r.run_id == rid))
-        curves = study_curves(rows, {rid: runs[rid].started_at for rid in runs})
-        problems.append(ProblemReport(
-            problem=best.problem, best=best, label=label, timings=tuple(timings), curves=tuple(curves),
-            importances=tuple(param_importance(storage, c.study, why_none) for c in curves),
-            ncu=tuple(detail.ncu_metrics),
-        ))  # fmt: skip
+    try:
+        problems = [_problem_report(store, best, gpu, run_id, runs, storage, why_none)
+                    for best in sorted(best_rows, key=lambda r: (r.profile, r.problem))]
+    finally:
+        getattr(storage, "close", lambda: None)()
     return BenchmarkReport(gpu, redact_url(db_url), datetime.now(timezone.utc), tuple(problems), run_id,
                            tuple(runs[r] for r in sorted(runs)))
+
+
+def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int], runs: dict[int, RunFacts],
+                    storage: Optional[Any], why_none: str) -> ProblemReport:
+    """One problem's section; adds the runs its studies span to `runs`."""
+    detail = store.trial_detail(best.id)
+    label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at), synthetic=is_synthetic_run(detail.run))
+    baselines = {b.impl: b for b in detail.baselines}
+    timings = [ImplTiming(TUNED, float(best.median_us), best.tflops)] + [
+        ImplTiming(i, baselines[i].median_us, baselines[i].tflops) for i in _ordered(list(baselines))
+    ]
+    rows = [r for r in store.query_trials(TrialFilter(gpu=gpu, problem=best.problem, run_id=run_id))
+            if r.profile == best.profile]
+    for rid in sorted({r.run_id for r in rows} - set(runs)):
+        runs[rid] = _run_facts(store, next(r.id for r in rows if r.run_id == rid))
+    curves = study_curves(rows, {rid: runs[rid].started_at for rid in runs})
+    return ProblemReport(
+        problem=best.problem, best=best, label=label, timings=tuple(timings), curves=tuple(curves),
+        importances=tuple(param_importance(storage, c.study, why_none) for c in curves),
+        ncu=tuple(detail.ncu_metrics),
+    )  # fmt: skip
 
 
 def _run_facts(store: Store, trial_id: int) -> RunFacts:

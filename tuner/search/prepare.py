@@ -119,6 +119,19 @@ def study_name_for(options: SearchOptions, profile: GpuProfile, problem: Problem
     return study_name(profile.name, options.template, problem)
 
 
+def _check_new_study(options: SearchOptions, store: Store, name: str) -> None:
+    """Refuse to start `name` afresh where that would be a mistake: --resume of a study that is not
+    there, or a store that holds trials of the study while the Optuna storage lacks it (a store copied
+    without its old journal file: starting again would give duplicate trial numbers)."""
+    stored = store.query_trials(TrialFilter(study=name, limit=1))
+    if stored:
+        raise TunerError(f"the store holds trials of study {name!r} but its Optuna storage has no such study "
+                         f"(a store copied without its .optuna.journal file?); restore the journal, or pass "
+                         f"--study NAME for a new study")
+    if options.resume and options.study:
+        raise TunerError(f"no study {name!r} to resume; drop --resume to start it")
+
+
 def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: GpuProfile, manifest: Manifest,
                   problem: Problem, name: str) -> tuple[optuna.Study, Optional[int]]:
     """Create (or with --resume, load) the study; returns it and its total trial budget."""
@@ -133,6 +146,7 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
                              f"not {options.template} for {problem.label} on {profile.name}")
         budget = options.trials if options.trials is not None else info.budget
     else:
+        _check_new_study(options, store, name)
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
         budget = options.trials
         if budget is None and options.sampler == "grid":

@@ -33,7 +33,7 @@ from tuner.search.loop import WorkerJob, WorkerResult
 from tuner.search.options import SearchOptions, validate_options
 from tuner.search.prepare import choose_template, prepare_study, problems_of, study_name_for
 from tuner.search.progress import SearchProgress
-from tuner.search.study import finished_trials, load_study, results_url_for, split_budget, storage_for, study_info
+from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, split_budget, study_info
 from tuner.search.summary import ProblemSummary, summarize
 from tuner.search.workers import WorkerSpec, run_here, run_processes
 from tuner.store import Store, default_db_url, open_store
@@ -91,7 +91,12 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     validate_options(options)
     profile = _resolve(options)
     db_url = options.db_url or default_db_url()
-    storage = storage_for(db_url)
+    with opened_storage(db_url) as storage:
+        return _search(options, profile, db_url, storage, console, hooks)
+
+
+def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,
+            hooks: Hooks) -> SearchReport:
     options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
@@ -140,9 +145,16 @@ def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = No
     check_backend(backend)
     if backend == "gpu":
         require_gpus((device,))
-    storage = storage_for(storage_url)
     if db_url is None:  # results go next to the study (never to the default store of this host)
         db_url = results_url_for(storage_url)
+    with opened_storage(storage_url) as storage:
+        return _join(studies, storage, storage_url, db_url, backend, replay_from, trials, device, time_budget_s, seed,
+                     force, console, hooks)
+
+
+def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backend: str, replay_from: Optional[str],
+          trials: Optional[int], device: int, time_budget_s: Optional[float], seed: Optional[int], force: bool,
+          console: Console, hooks: Hooks) -> SearchReport:
     loaded = [load_study(storage, name) for name in studies]
     infos = [study_info(s) for s in loaded]
     if len({i.profile for i in infos}) > 1:

@@ -1,10 +1,11 @@
 """Where Optuna keeps its studies, and the study-level bookkeeping of a search.
 
 Storage follows the results store:
-- SQLite results (sqlite:///path/results.db): a JournalStorage file next to it,
-  path/results.db.optuna.journal. Journal appends are file-locked, so several
-  worker processes on one host can share it (plain SQLite cannot take Optuna's
-  concurrent writers reliably).
+- SQLite results (sqlite:///path/results.db): a JournalStorage whose journal is
+  a table of the store itself (tuner.search.journal), so a store is one file to
+  back up or copy, and each append is one transaction. Several worker processes
+  on one host share it (plain SQLite cannot take Optuna's RDBStorage writers
+  reliably).
 - PostgreSQL results: Optuna's RDBStorage on the same database, in its own
   schema ("optuna"), so its tables (trials, alembic_version, ...) never meet
   the results store's.
@@ -13,19 +14,21 @@ Storage follows the results store:
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import TunerError
 from tuner.problem import Problem
+from tuner.search.journal import LEGACY_SUFFIX, StoreJournalStorage, import_legacy_journal
+from tuner.store import open_store
 from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, sqlite_file
 from tuner.store.redact import redact_url
 
 OPTUNA_PG_SCHEMA = "optuna"
-JOURNAL_SUFFIX = ".optuna.journal"
 
 # Study user attributes written by `tuner search` when it creates a study;
 # `tuner worker` recovers what to tune from them.
@@ -48,37 +51,44 @@ ATTR_INFEASIBLE = "infeasible"  # pruned before compiling (feasibility rules): f
 optuna.logging.set_verbosity(logging.WARNING)
 
 
-def storage_for(url: str) -> optuna.storages.BaseStorage:
-    """Optuna storage for a results-store URL (or a journal file path, or a postgresql URL)."""
-    text = url.strip()
-    if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
-        return _journal(text)
+def storage_for(url: str, *, create: bool = True) -> optuna.storages.BaseStorage:
+    """Optuna storage for a results-store URL (SQLite or PostgreSQL; a bare path to an old journal
+    file next to a SQLite store stands for that store). With create=False a store that is not
+    there is an error, and nothing is created."""
+    text = results_url_for(url)
     parsed = parse_url(text)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         database = sqlite_file(parsed)
         if database is None:
             raise TunerError("a search needs a results store in a file or on PostgreSQL, not an in-memory SQLite database")
-        return _journal(database + JOURNAL_SUFFIX)
+        store = open_store(text, create=create)  # creates its folder and schema on first use
+        import_legacy_journal(store, database)
+        return StoreJournalStorage(store)
     if backend == "postgresql":
         return _postgres(parsed)
     raise TunerError(f"no Optuna storage for {backend} databases; use SQLite or PostgreSQL")
 
 
+@contextmanager
+def opened_storage(url: str, *, create: bool = True) -> Iterator[optuna.storages.BaseStorage]:
+    """storage_for(url), closed (its connections released) on the way out."""
+    storage = storage_for(url, create=create)
+    try:
+        yield storage
+    finally:
+        close = getattr(storage, "close", None)
+        if close is not None:
+            close()
+
+
 def results_url_for(storage_url: str) -> str:
     """The results store that goes with an Optuna storage: the SQLite or PostgreSQL URL itself,
-    or for a bare journal file path, the SQLite file it sits next to."""
+    or for a bare path to an old journal file, the SQLite file it sits next to."""
     text = storage_url.strip()
-    if text.endswith(JOURNAL_SUFFIX) and "://" not in text:
-        return f"sqlite:///{text[:-len(JOURNAL_SUFFIX)]}"
+    if text.endswith(LEGACY_SUFFIX) and "://" not in text:
+        return f"sqlite:///{text[:-len(LEGACY_SUFFIX)]}"
     return text
-
-
-def _journal(path: str) -> optuna.storages.BaseStorage:
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
-
-    # A process killed while holding the lock leaves it behind: take it over after 10 s.
-    return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path, grace_period=10)))
 
 
 def _postgres(parsed: Any) -> optuna.storages.BaseStorage:

@@ -30,7 +30,7 @@ from tuner.search.hooks import Hooks
 from tuner.search.loop import Context, Events, ProblemSearch, WorkerJob, WorkerResult
 from tuner.search.progress import SearchProgress
 from tuner.search.samplers import make_sampler
-from tuner.search.study import load_study, storage_for, study_info
+from tuner.search.study import load_study, opened_storage, study_info
 from tuner.store import BaselineRecord, RunInfo, open_store
 
 
@@ -101,7 +101,11 @@ class StopOnSigint(_SigintHandler):
 
 def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks()) -> WorkerResult:
     """Run a worker's jobs on its device; returns what it did (its run id included)."""
-    storage = storage_for(spec.storage_url)
+    with opened_storage(spec.storage_url) as storage:
+        return _run_jobs(spec, events, stop, hooks, storage)
+
+
+def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage: Any) -> WorkerResult:
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
     backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force)

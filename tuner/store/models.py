@@ -169,3 +169,14 @@ class NcuMetricTable(Base):
     name: Mapped[str] = mapped_column(String)
     value: Mapped[float] = mapped_column(Float)
     unit: Mapped[Optional[str]] = mapped_column(String)
+
+
+class OptunaJournalTable(Base):
+    """Optuna's journal of the studies searched into this store (SQLite stores): one JSON log per row,
+    in order. Keeping it here makes a store one file to back up or copy, and each append one
+    transaction, so a full disk or a killed process never leaves half a record."""
+
+    __tablename__ = "optuna_journal"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    log: Mapped[str] = mapped_column(Text)

@@ -17,7 +17,16 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import engine as eng
 from tuner.store import queries as q
-from tuner.store.models import BaselineTable, NcuMetricTable, ProblemTable, RunTable, TrialTable, VariantTable, utcnow
+from tuner.store.models import (
+    BaselineTable,
+    NcuMetricTable,
+    OptunaJournalTable,
+    ProblemTable,
+    RunTable,
+    TrialTable,
+    VariantTable,
+    utcnow,
+)
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
@@ -331,6 +340,19 @@ class Store:
                 ncu_metrics=metrics,
                 baselines=baselines,
             )
+
+    # --- Optuna's journal (JSON lines, appended in order) -------------------------------------
+
+    def append_journal(self, lines: list[str]) -> None:
+        """Append log lines in one transaction: all of them or none."""
+        with self._write("cannot write the Optuna journal") as session:
+            session.execute(insert(OptunaJournalTable), [{"log": line} for line in lines])
+
+    def journal_lines(self, start: int = 0) -> list[str]:
+        """The log lines from number `start` (0-based) on, in the order they were appended."""
+        stmt = select(OptunaJournalTable.log).order_by(OptunaJournalTable.id).offset(start)
+        with self._read("cannot read the Optuna journal") as session:
+            return list(session.scalars(stmt))
 
     def baselines_for(self, run_id: int, problem_id: int) -> list[BaselineRow]:
         """Baselines of one run and problem, fastest first."""

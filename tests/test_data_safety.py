@@ -1,0 +1,184 @@
+"""First run and data safety: a fresh machine, a full disk, a copied store, an old journal file.
+
+The store is one file: Optuna's journal lives in it (tuner.search.journal),
+so it is backed up, copied and recovered as one thing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from cli_helpers import run_tuner
+
+from tuner.errors import TunerError
+from tuner.search.journal import IMPORTED_SUFFIX, LEGACY_SUFFIX
+from tuner.search.study import finished_trials, load_study, opened_storage
+from tuner.store import TrialFilter, open_store
+
+
+def _search_args(rec, db_url: str | None, trials: int, *extra: str) -> list[str]:
+    p = rec.problem
+    args = (["--db", db_url] if db_url else []) + [
+        "search", "--gpu", rec.profile, "--shape", f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",
+        "--dtype", p.dtype, "--backend", "replay", "--from", rec.url, "--trials", str(trials), "--seed", "1",
+        "--study", "s"]
+    return args + (["--causal"] if p.causal else []) + list(extra)
+
+
+def _numbers_are_unique(db_url: str) -> None:
+    with open_store(db_url, create=False) as store:
+        rows = store.query_trials(TrialFilter(study="s"))
+    pairs = Counter((r.study, r.trial_number) for r in rows)
+    assert rows and max(pairs.values()) == 1, [p for p, n in pairs.items() if n > 1]
+
+
+def test_the_first_search_on_a_fresh_machine_creates_its_store(replay_recording, tmp_path) -> None:
+    """A fresh HOME, no earlier tuner command, no folder made beforehand: the README's replay command works."""
+    home = tmp_path / "home"  # does not exist yet
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNER_", "XDG_"))}
+    env["HOME"] = str(home)
+    cmd = [sys.executable, "-m", "tuner", *_search_args(replay_recording, None, 5)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = home / ".local" / "share" / "flashcore-tuner" / "results.db"
+    assert store.is_file() and not list(store.parent.glob("*journal*"))
+    # The same for a --db whose folder does not exist yet.
+    deep = tmp_path / "new" / "deeper" / "x.db"
+    proc = subprocess.run([sys.executable, "-m", "tuner", *_search_args(replay_recording, f"sqlite:///{deep}", 5)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert deep.is_file()
+
+
+def test_a_copied_store_resumes_where_it_left_off(replay_recording, tmp_path) -> None:
+    first = f"sqlite:///{tmp_path / 'a.db'}"
+    assert run_tuner(*_search_args(replay_recording, first, 8)).exit_code == 0
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")  # the store alone: nothing beside it to forget
+    copy = f"sqlite:///{tmp_path / 'b.db'}"
+    result = run_tuner(*_search_args(replay_recording, copy, 16, "--resume"))
+    assert result.exit_code == 0, result.stderr
+    with opened_storage(copy) as storage:
+        assert finished_trials(load_study(storage, "s")) == 16
+    _numbers_are_unique(copy)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (CI runs as root); skipped where this process cannot mount one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {exc}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+def _fill(folder: Path) -> Path:
+    filler = folder / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(os.urandom(64 * 1024))
+                handle.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_full_disk_stops_the_search_with_one_line_and_the_store_resumes(replay_recording, small_disk) -> None:
+    url = f"sqlite:///{small_disk / 'results.db'}"
+    assert run_tuner(*_search_args(replay_recording, url, 6)).exit_code == 0
+    filler = _fill(small_disk)
+    full = run_tuner(*_search_args(replay_recording, url, 40, "--resume"))
+    assert full.exit_code == 2, full.stderr
+    lines = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and ("full" in lines[0] or "space" in lines[0]), full.stderr
+    assert "Traceback" not in full.stderr
+    filler.unlink()  # space is back: the same store resumes and finishes its budget
+    again = run_tuner(*_search_args(replay_recording, url, 40, "--resume"))
+    assert again.exit_code == 0, again.stderr
+    with opened_storage(url) as storage:
+        assert finished_trials(load_study(storage, "s")) == 40
+    _numbers_are_unique(url)
+
+
+def _legacy_journal(path: str, trials: int) -> None:
+    """A journal file as stores before revision 0003 kept it, with `trials` finished trials of study 's'."""
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(path))
+    study = optuna.create_study(study_name="s", storage=storage)
+    for i in range(trials):
+        study.add_trial(optuna.trial.create_trial(params={"x": float(i)},
+                                                  distributions={"x": optuna.distributions.FloatDistribution(0, 99)},
+                                                  value=float(i)))
+
+
+def test_an_old_journal_file_is_imported_once_even_with_a_torn_last_record(tmp_path) -> None:
+    db = tmp_path / "old.db"
+    open_store(f"sqlite:///{db}").close()
+    journal = str(db) + LEGACY_SUFFIX
+    _legacy_journal(journal, 3)
+    with open(journal, "ab") as handle:  # a record cut off by a full disk
+        handle.write(b'{"op_code": 6, "worker_id": "x", "study_id": 0, "trial_id": 9, "st')
+    with pytest.warns(RuntimeWarning, match="torn last record"), opened_storage(f"sqlite:///{db}") as storage:
+        assert len(load_study(storage, "s").trials) == 3
+    assert not os.path.exists(journal) and os.path.exists(journal + IMPORTED_SUFFIX)
+    with opened_storage(f"sqlite:///{db}") as storage:  # read from the store now, not imported twice
+        assert len(load_study(storage, "s").trials) == 3
+
+
+def test_damage_before_the_last_record_is_refused(tmp_path) -> None:
+    db = tmp_path / "old.db"
+    open_store(f"sqlite:///{db}").close()
+    journal = str(db) + LEGACY_SUFFIX
+    _legacy_journal(journal, 2)
+    lines = Path(journal).read_bytes().splitlines()
+    Path(journal).write_bytes(b"\n".join([lines[0], b"{broken", *lines[1:]]) + b"\n")
+    with pytest.raises(TunerError, match="is damaged"):
+        with opened_storage(f"sqlite:///{db}"):
+            pass
+    assert os.path.exists(journal)  # nothing was consumed
+
+
+def test_a_store_whose_studies_are_missing_is_refused_not_restarted(replay_recording, tmp_path) -> None:
+    """An old store copied without its journal file: starting again at trial 0 would duplicate trial numbers."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert run_tuner(*_search_args(replay_recording, url, 5)).exit_code == 0
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        conn.execute("DELETE FROM optuna_journal")
+    for extra in ((), ("--resume",)):
+        result = run_tuner(*_search_args(replay_recording, url, 10, *extra))
+        assert result.exit_code == 2 and "holds trials of study 's'" in result.stderr, result.stderr
+    _numbers_are_unique(url)
+
+
+def test_resume_of_a_study_that_does_not_exist_is_refused(replay_recording, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    result = run_tuner(*_search_args(replay_recording, url, 5, "--resume"))
+    assert result.exit_code == 2 and "no study 's' to resume" in result.stderr, result.stderr
+
+
+def test_journal_records_are_whole_json_lines(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    with opened_storage(url) as storage:
+        optuna.create_study(study_name=f"s-{uuid.uuid4().hex[:6]}", storage=storage)
+    with sqlite3.connect(tmp_path / "j.db") as conn:
+        logs = [json.loads(row[0]) for row in conn.execute("SELECT log FROM optuna_journal ORDER BY id")]
+    assert logs and all(isinstance(log, dict) and "op_code" in log for log in logs)
