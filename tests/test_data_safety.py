@@ -182,3 +182,89 @@ def test_journal_records_are_whole_json_lines(tmp_path) -> None:
     with sqlite3.connect(tmp_path / "j.db") as conn:
         logs = [json.loads(row[0]) for row in conn.execute("SELECT log FROM optuna_journal ORDER BY id")]
     assert logs and all(isinstance(log, dict) and "op_code" in log for log in logs)
+
+
+# --- several processes, SIGTERM, dead workers --------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tuner(*args: str, delay: str = "0.05") -> subprocess.Popen:
+    from tuner.backends.replay import DELAY_ENV
+
+    env = {**os.environ, DELAY_ENV: delay, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rows(url: str, n: int, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open_store(url, create=False) as store:
+                if len(store.query_trials(TrialFilter(study="s"))) >= n:
+                    return
+        except TunerError:  # not created yet
+            pass
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {n} trials after {timeout_s} s")
+
+
+def test_sigterm_stops_after_the_current_trial_and_ends_the_run(replay_recording, tmp_path) -> None:
+    import signal
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    proc = _tuner(*_search_args(replay_recording, url, 200))
+    try:
+        _wait_for_rows(url, 5, proc)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "continue with --resume" in err
+    with opened_storage(url) as storage:
+        study = load_study(storage, "s")
+        assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))  # every trial was told
+    with open_store(url, create=False) as store:
+        [row] = store.query_trials(TrialFilter(study="s", limit=1))
+        assert store.trial_detail(row.id).run_ended_at is not None  # the run was ended
+
+
+def test_processes_on_one_study_share_its_budget(replay_recording, tmp_path) -> None:
+    """`--resume` in three processes at once runs the study's 30 trials once, not three times."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert run_tuner(*_search_args(replay_recording, url, 30, "--trials", "1")).exit_code == 0  # budget 1 first
+    procs = [_tuner(*_search_args(replay_recording, url, 30, "--resume", "--seed", str(i)), delay="0.02")
+             for i in range(3)]
+    for proc in procs:
+        _out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    with opened_storage(url) as storage:
+        assert finished_trials(load_study(storage, "s")) == 30
+    _numbers_are_unique(url)
+
+
+def test_a_dead_processes_trial_is_reaped_and_frees_its_budget(tmp_path) -> None:
+    import time
+
+    from tuner.search.liveness import ATTR_HEARTBEAT, ATTR_WORKER, STALE_S, abandoned, budget_taken, reap
+
+    with opened_storage(f"sqlite:///{tmp_path / 'r.db'}") as storage:
+        study = optuna.create_study(study_name="s", storage=storage)
+        gone, alive = study.ask(), study.ask()
+        for trial, beat in ((gone, time.time() - STALE_S - 5), (alive, time.time())):
+            trial.set_user_attr(ATTR_WORKER, "another-host:1234")  # not this host: only the heartbeat tells
+            trial.set_user_attr(ATTR_HEARTBEAT, beat)
+        running = {t.number: t for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))}
+        assert abandoned(running[gone.number]) and not abandoned(running[alive.number])
+        assert budget_taken(study) == 1
+        assert reap(study) == [gone.number]
+        states = {t.number: t.state for t in study.get_trials()}
+        assert states[gone.number] == optuna.trial.TrialState.FAIL
+        assert states[alive.number] == optuna.trial.TrialState.RUNNING
+        assert budget_taken(study) == 1  # a reaped trial is marked interrupted: it does not count

@@ -14,8 +14,6 @@ Per asked point:
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +31,7 @@ from tuner.kernels.variant import Variant, variant_from_params
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
 from tuner.search.hooks import Hooks
+from tuner.search.liveness import ATTR_HEARTBEAT, ATTR_WORKER, WORKER_ID, Heartbeat, abandoned, budget_taken, reap
 from tuner.search.samplers import distributions
 from tuner.search.study import (
     ATTR_INFEASIBLE,
@@ -50,12 +49,8 @@ from tuner.store import Store, TrialRecord, TrialRow
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
 MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
-ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
 
 Events = Callable[[tuple], None]
-
-_WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -98,22 +93,6 @@ class Context:
         self.result.interrupted = True
 
 
-def abandoned(trial: FrozenTrial) -> bool:
-    """A running trial nobody will finish: told interrupted, or asked by a dead process of this host."""
-    if trial.user_attrs.get(ATTR_INTERRUPTED):
-        return True
-    host, _, pid = str(trial.user_attrs.get(ATTR_WORKER, "")).rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def lookahead_for(pool: Optional[ThreadPoolExecutor]) -> int:
     """Trials asked ahead: enough to keep the compile pool busy, capped (each asked trial is a
     pending point the sampler must lie about)."""
@@ -146,13 +125,22 @@ class ProblemSearch:
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
+        self._pending: deque[_Pending] = deque()  # asked ahead, compiling
+        self._current: Optional[_Pending] = None  # being measured
 
     # The loop ----------------------------------------------------------------------------------
 
     def run(self) -> None:
-        pending: deque[_Pending] = deque()
-        lookahead = lookahead_for(self.ctx.compile_pool)
-        current: Optional[_Pending] = None
+        reap(self.study)  # trials of dead processes neither block nor count any more
+        with Heartbeat(self.study, self._in_hand):
+            self._loop(lookahead_for(self.ctx.compile_pool))
+
+    def _in_hand(self) -> list[int]:
+        """Storage ids of the trials this worker asked and has not told yet."""
+        return [item.trial._trial_id for item in ([self._current] if self._current else []) + list(self._pending)]
+
+    def _loop(self, lookahead: int) -> None:
+        pending = self._pending
         try:
             while not self.ctx.stop.is_set():
                 while len(pending) < lookahead and self._may_ask():
@@ -161,14 +149,15 @@ class ProblemSearch:
                         pending.append(item)
                 if not pending or self.ctx.stop.is_set():
                     break
-                current = pending.popleft()
-                self._finish(current)
-                current = None
+                self._current = pending.popleft()
+                self._finish(self._current)
+                self._current = None
         except KeyboardInterrupt:
             self.ctx.interrupt()
         finally:
-            for item in ([current] if current else []) + list(pending):
+            for item in ([self._current] if self._current else []) + list(pending):
                 self._tell_interrupted(item)
+            self._current = None
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
 
@@ -177,6 +166,8 @@ class ProblemSearch:
             return False
         if self.job.trials is not None and self.asked >= self.job.trials:
             return False
+        if self.info.budget is not None and budget_taken(self.study) >= self.info.budget:
+            return False  # the study's budget is shared with every other process working on it
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK:  # the sampler finds nothing feasible any more
             return False
         if self.job.deadline is not None and self.ctx.hooks.now() >= self.job.deadline:
@@ -189,7 +180,8 @@ class ProblemSearch:
     def _ask(self) -> Optional[_Pending]:
         """Ask one point; settle it at once when it needs no GPU, else start its compile."""
         trial = self.study.ask(self.distributions)
-        trial.set_user_attr(ATTR_WORKER, _WORKER_ID)
+        trial.set_user_attr(ATTR_WORKER, WORKER_ID)
+        trial.set_user_attr(ATTR_HEARTBEAT, time.time())
         variant = variant_from_params(self.info.template, self.problem, trial.params)
         trial.set_user_attr(ATTR_VARIANT, variant.name)
         feasibility = check(variant, self.problem, self.ctx.profile)

@@ -25,7 +25,7 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.search.journal import LEGACY_SUFFIX, StoreJournalStorage, import_legacy_journal
 from tuner.store import open_store
-from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, sqlite_file
+from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, scrub, sqlite_file
 from tuner.store.redact import redact_url
 
 OPTUNA_PG_SCHEMA = "optuna"
@@ -116,8 +116,7 @@ def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
     except TunerError:
         raise
     except Exception as exc:  # connection refused, bad password, no permission
-        first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
-        raise TunerError(f"cannot open the Optuna storage at {where}: {first.replace(url, where)}") from None
+        raise TunerError(f"cannot open the Optuna storage at {where}: {scrub(str(getattr(exc, 'orig', exc)), parsed)}") from None
 
 
 def study_exists(storage: optuna.storages.BaseStorage, name: str) -> bool:

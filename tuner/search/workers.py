@@ -64,8 +64,13 @@ def worker_seed(seed: Optional[int], worker: int, existing: int) -> Optional[int
     return None if seed is None else seed + worker + RESEED_STRIDE * existing
 
 
+# SIGTERM (a scheduler, `kill`, a closed session) is handled like Ctrl-C: the trial in hand
+# finishes and is stored, the run is ended; a second one aborts.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _SigintHandler:
-    """Installs `_handler` for SIGINT while entered (main thread only), restores the previous one."""
+    """Installs `_handler` for SIGINT and SIGTERM while entered (main thread only), restores the previous ones."""
 
     previous: Any = None
 
@@ -74,12 +79,12 @@ class _SigintHandler:
 
     def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
+            self.previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *_exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in (self.previous or {}).items():
+            signal.signal(sig, handler)
 
 
 class StopOnSigint(_SigintHandler):

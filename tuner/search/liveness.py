@@ -1,0 +1,117 @@
+"""Which running trials are alive, and the budget several processes on one study share.
+
+A worker stamps each trial it asked with its host:pid and a heartbeat (a
+user attribute refreshed every HEARTBEAT_S while the trial is in its hands).
+A running trial is abandoned when it was told interrupted, when its process
+on this host is gone, or when its heartbeat is older than STALE_S (a process
+killed on another host, or by SIGKILL). Any worker reaps abandoned trials:
+they are told FAIL, marked interrupted, and no longer count toward the
+budget or make others wait for them.
+
+The budget of a study is shared: a worker asks a trial only while the
+finished trials that count plus the live running ones are below it, so
+three processes on a 300-trial study run 300 trials, not 900.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.search.study import ATTR_INFEASIBLE, ATTR_INTERRUPTED, counts_toward_budget
+
+ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
+ATTR_HEARTBEAT = "heartbeat"  # unix time the asking process last vouched for the trial
+HEARTBEAT_S = 15.0
+STALE_S = 120.0  # eight missed heartbeats: the process is gone
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(worker: str) -> bool:
+    """The process named host:pid is on this host and gone."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
+    """A running trial nobody will finish (see the module doc)."""
+    if trial.user_attrs.get(ATTR_INTERRUPTED):
+        return True
+    worker = str(trial.user_attrs.get(ATTR_WORKER, ""))
+    if worker == WORKER_ID:
+        return False
+    if _dead_here(worker):
+        return True
+    beat = trial.user_attrs.get(ATTR_HEARTBEAT)
+    if beat is None and trial.datetime_start is not None:
+        beat = trial.datetime_start.timestamp()
+    return beat is not None and (time.time() if now is None else now) - float(beat) > STALE_S
+
+
+def reap(study: optuna.Study, now: Optional[float] = None) -> list[int]:
+    """Tell every abandoned running trial FAIL (marked interrupted); returns their numbers."""
+    reaped = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not abandoned(trial, now):
+            continue
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (RuntimeError, ValueError):  # finished meanwhile (its process was alive after all)
+            continue
+        reaped.append(trial.number)
+    return reaped
+
+
+def budget_taken(study: optuna.Study) -> int:
+    """Trials of the budget spent or in hand: finished ones that count, and live running ones."""
+    taken = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == TrialState.RUNNING:
+            # No worker yet: being asked right now, or its process died mid-ask; neither holds a budgeted trial.
+            taken += (ATTR_WORKER in trial.user_attrs and not trial.user_attrs.get(ATTR_INFEASIBLE)
+                      and not abandoned(trial))
+        elif trial.state != TrialState.WAITING:
+            taken += counts_toward_budget(trial)
+    return taken
+
+
+class Heartbeat:
+    """A daemon thread that refreshes the heartbeat of the trials `in_hand()` names, every HEARTBEAT_S."""
+
+    def __init__(self, study: optuna.Study, in_hand: Callable[[], Iterable[int]],
+                 interval_s: float = HEARTBEAT_S) -> None:
+        self._study, self._in_hand, self._interval = study, in_hand, interval_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self._interval):
+            for trial_id in list(self._in_hand()):
+                try:
+                    self._study._storage.set_trial_user_attr(trial_id, ATTR_HEARTBEAT, time.time())
+                except Exception:  # noqa: BLE001 - told meanwhile, or the store is busy: the next beat retries
+                    pass
