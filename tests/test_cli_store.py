@@ -202,13 +202,25 @@ def test_unwritable_path():
     assert_one_line_error(tuner("sqlite:////proc/nope/x.db", "results"), "/proc/nope")
 
 
+@pytest.mark.parametrize("url", [PG_WITH_PASSWORD, f"postgresql://tuner@127.0.0.1:1/tuner?password={SECRET}",
+                                 f"postgresql://tuner@127.0.0.1:1/tuner?sslmode=prefer&sslpassword={SECRET}"])
 @pytest.mark.parametrize(
     "args", [("results",), ("results", "--format", "json"), ("show", "1"), ("db", "info"), ("db", "upgrade")]
 )
-def test_password_is_never_printed(args):
-    result = tuner(PG_WITH_PASSWORD, *args)
+def test_password_is_never_printed(url, args):
+    """Every form of credential libpq and SQLAlchemy accept: in the userinfo, or as a query parameter."""
+    result = tuner(url, *args)
     assert_one_line_error(result, "127.0.0.1", "***")
     assert SECRET not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("arg", [f"--db=postgresql://u:{SECRET}@h/db", f"postgresql://u@h/db?password={SECRET}",
+                                 f"postgresql://u@h/db?sslmode=require&sslpassword={SECRET}", f"password={SECRET}"])
+def test_stored_command_lines_hold_no_secret(arg):
+    from tuner.store.redact import redact_command_line
+
+    [shown] = redact_command_line([arg])
+    assert SECRET not in shown and "***" in shown
 
 
 def test_password_hidden_in_help(monkeypatch):
@@ -216,3 +228,22 @@ def test_password_hidden_in_help(monkeypatch):
     result = run_tuner("results", "--help")
     assert "tuner:***@127.0.0.1:1" in result.stdout.replace("\n", "")
     assert SECRET not in result.stdout
+
+
+def test_show_and_results_never_send_stored_escape_sequences_to_the_terminal(sqlite_url):
+    """Stored text is data: an escape sequence in an error or log is shown as \\x1b, not executed."""
+    from store_factories import H100, trial
+
+    from tuner.status import TrialStatus
+    from tuner.store import open_store
+
+    with open_store(sqlite_url) as store:
+        run = store.start_run(H100)
+        tid = store.add_trial(trial(run, status=TrialStatus.COMPILE_ERROR, median_us=None,
+                                    error="boom \x1b[2J\x1b]0;pwned\x07", compile_log="log \x1b[31mred\x1b[0m\nline2"))
+    shown = tuner(sqlite_url, "show", str(tid))
+    assert shown.exit_code == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "boom \\x1b[2J" in shown.stdout and "line2" in shown.stdout
+    listed = tuner(sqlite_url, "results")
+    assert listed.exit_code == 0 and "\x1b" not in listed.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Optional, Sequence
 
 from rich.console import RenderableType
@@ -13,6 +14,15 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.store import NcuMetric, TrialDetail, TrialRow
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value: object) -> str:
+    """Stored text made safe for a terminal: control characters (escape sequences among them) shown
+    as \\xNN instead of acting on the screen; newlines and tabs kept."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
 def fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
@@ -55,13 +65,14 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
         ("median µs", "right"), ("TFLOP/s", "right"), ("vs best baseline", "right"),
     ))  # fmt: skip
     for row in rows:
-        table.add_row(str(row.id), row.profile or row.gpu_name, row.problem.label, row.variant_name, row.status.value,
+        table.add_row(str(row.id), printable(row.profile or row.gpu_name), row.problem.label, printable(row.variant_name),
+                      row.status.value,
                       fmt(row.median_us), fmt(row.tflops), fmt(row.ratio_to_best_baseline, ".2f", "x"))
     return table
 
 
 def _line(label: str, value: object) -> Text:
-    return Text.assemble((f"{label}: ", "bold"), str(value))
+    return Text.assemble((f"{label}: ", "bold"), printable(value))
 
 
 def _or_dash(value: object) -> str:
@@ -72,7 +83,7 @@ def trial_lines(d: TrialDetail) -> list[Text]:
     """The facts of one trial, a line each."""
     best = f" (vs {d.best_baseline_impl}, {fmt(d.best_baseline_us, '.2f')} µs)" if d.best_baseline_impl else ""
     lines = [
-        Text(f"trial {d.id}: {d.variant_name}", style="bold"),
+        Text(f"trial {d.id}: {printable(d.variant_name)}", style="bold"),
         _line("status", d.status.value),
         _line("problem", f"{d.problem.label} (layout {d.problem.layout})"),
         _line("gpu", f"{d.gpu_name} (profile {d.profile}), run {d.run_id}"),
@@ -101,7 +112,7 @@ def baselines_table(d: TrialDetail) -> Table:
         "median µs", "p20 µs", "p80 µs", "TFLOP/s", "trial speed-up")], title_justify="left")
     for b in d.baselines:
         speedup = b.median_us / d.median_us if d.median_us else None
-        table.add_row(b.impl, fmt(b.median_us, ".2f"), fmt(b.p20_us, ".2f"), fmt(b.p80_us, ".2f"), fmt(b.tflops),
+        table.add_row(printable(b.impl), fmt(b.median_us, ".2f"), fmt(b.p20_us, ".2f"), fmt(b.p80_us, ".2f"), fmt(b.tflops),
                       fmt(speedup, ".3f", "x"))
     return table
 
@@ -112,7 +123,7 @@ def metrics_table(title: str, metrics: Iterable[NcuMetric], meanings: Optional[d
     columns = [("metric", "left"), ("value", "right"), ("unit", "left")] + ([("meaning", "left")] if meanings else [])
     table = _table(title, columns, title_justify="left")
     for m in metrics:
-        table.add_row(m.name, format(m.value, spec), m.unit or "", *((meanings.get(m.name, ""),) if meanings else ()))
+        table.add_row(printable(m.name), format(m.value, spec), printable(m.unit or ""), *((meanings.get(m.name, ""),) if meanings else ()))
     return table
 
 
@@ -126,7 +137,7 @@ def trial_detail(d: TrialDetail) -> list[RenderableType]:
     if d.error:
         out.append(_line("error", d.error))
     if d.compile_log:
-        out += [Text("compile log:", style="bold"), Text(d.compile_log)]
+        out += [Text("compile log:", style="bold"), Text(printable(d.compile_log))]
     return out
 
 

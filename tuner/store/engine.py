@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, make_url
 from tuner.assets import asset_dir
 from tuner.errors import TunerError
 from tuner.store.models import Base
-from tuner.store.redact import redacted
+from tuner.store.redact import redact_text, redacted, secrets_of
 
 APP_NAME = "flashcore-tuner"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -70,12 +70,12 @@ def _installed_pg_driver() -> str:
 
 
 def scrub(message: str, url: URL) -> str:
-    """First line of a driver message, with the password removed should it appear."""
+    """First line of a driver message, with the URL's secrets removed should they appear."""
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
     first = lines[0] if lines else "unknown error"
-    if url.password:
-        first = first.replace(str(url.password), "***")
-    return first
+    for secret in secrets_of(url):
+        first = first.replace(secret, "***")
+    return redact_text(first)
 
 
 def db_error_message(exc: BaseException, url: URL) -> str:

@@ -7,6 +7,7 @@ from typing import Optional
 
 from tuner.errors import TunerError
 from tuner.store import engine as eng
+from tuner.store.redact import redacted
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ def store_info(url: Optional[str] = None) -> StoreInfo:
     try:
         with eng.translate_errors(parsed, "cannot open the results store"), engine.connect() as conn:
             revision = eng.current_revision(conn)
-        return StoreInfo(parsed.render_as_string(hide_password=True), engine.dialect.name, revision, eng.head_revision())
+        return StoreInfo(redacted(parsed), engine.dialect.name, revision, eng.head_revision())
     finally:
         engine.dispose()
 
@@ -41,7 +42,7 @@ def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
                 before = eng.current_revision(conn)
                 if before is None and eng.has_tables(conn):
                     raise TunerError(
-                        f"the database at {parsed.render_as_string(hide_password=True)} holds tuner tables "
+                        f"the database at {redacted(parsed)} holds tuner tables "
                         "without a schema revision; it was not created by this tool"
                     )
             if before is not None and before not in eng.known_revisions():

@@ -39,6 +39,7 @@ from tuner.store.records import (
     TrialStatus,
     canonical_json,
 )
+from tuner.store.redact import redacted
 
 
 def _text(value: Optional[str]) -> Optional[str]:
@@ -119,7 +120,7 @@ class Store:
     @property
     def url(self) -> str:
         """The store's URL with the password hidden."""
-        return self._url.render_as_string(hide_password=True)
+        return redacted(self._url)
 
     @property
     def backend(self) -> str:
