@@ -222,3 +222,20 @@ def test_report_out_that_is_a_file_is_a_one_line_error(report_store, tmp_path):
     result = run_tuner("report", "--gpu", report_store.gpu, "--db", report_store.url, "--out", str(out))
     _assert_one_line_error(result, str(out))
     assert "not a folder" in result.stderr and out.read_text() == "not a folder"
+
+
+def test_nothing_read_from_the_store_chooses_a_path(report_store, tmp_path):
+    """A hostile runs.profile (`../../x`) cannot make the report write outside --out."""
+    import sqlite3
+
+    source = report_store.url.removeprefix("sqlite:///")
+    shutil.copy(source, tmp_path / "evil.db")
+    with sqlite3.connect(tmp_path / "evil.db") as conn:
+        conn.execute("UPDATE runs SET profile = '../../escaped'")
+        gpu_name = conn.execute("SELECT gpu_name FROM runs LIMIT 1").fetchone()[0]
+    out = tmp_path / "a" / "b" / "out"
+    result = run_tuner("report", "--gpu", gpu_name, "--db", f"sqlite:///{tmp_path / 'evil.db'}", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert not list(tmp_path.rglob("escaped*")) or all(out in p.parents for p in tmp_path.rglob("*escaped*"))
+    written = [p for p in tmp_path.rglob("*.png")]
+    assert written and all(p.parent == out for p in written)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 from tuner.errors import TunerError
@@ -27,3 +28,10 @@ def ensure_out_dir(path: str) -> None:
             pass
     except OSError as exc:
         raise TunerError(os_error_text(exc, path)) from None
+
+
+def safe_file_name(text: str) -> str:
+    """A file name made from text that may come from a store: letters, digits, '.', '_' and '-' only,
+    never starting with a dot, so nothing read from a store can choose a path (../, /, ~)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".")
+    return name or "_"

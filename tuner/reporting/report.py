@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from tuner.backends.replay import is_synthetic_run
 from tuner.errors import TunerError
 from tuner.reporting import plots
-from tuner.reporting.files import ensure_out_dir, os_error_text
+from tuner.reporting.files import ensure_out_dir, os_error_text, safe_file_name
 from tuner.reporting.report_markdown import render_markdown, report_json
 from tuner.reporting.report_model import (
     BASELINE_ORDER,
@@ -172,6 +172,7 @@ def _write_files(report: BenchmarkReport, out_dir: str) -> ReportFiles:
     figures: dict[str, str] = {}
 
     def draw(key: str, name: str, fn: Any, *args: Any) -> None:
+        name = safe_file_name(name)  # p.key holds the profile name read from the store
         fn(*args, os.path.join(out_dir, name))
         figures[key] = name
 
