@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from tuner.errors import TunerError
 
 DTYPES = ("fp16", "bf16")
+MAX_EXTENT = 2**31 - 1  # a batch, head count or length beyond this fits no CUDA grid (nor a 32-bit index)
 LAYOUTS = ("bhsd", "bshd")
 
 
@@ -84,6 +85,8 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
         numbers = [b, h, s, s, d]
     if len(numbers) != 5 or any(n < 1 for n in numbers):
         raise TunerError(f"malformed shape {text!r}: expected B,H,S,D or B,H,Sq,Sk,D with positive integers")
+    if any(n > MAX_EXTENT for n in numbers):
+        raise TunerError(f"malformed shape {text!r}: every extent must be at most {MAX_EXTENT} (a CUDA grid's limit)")
     return tuple(numbers)  # type: ignore[return-value]
 
 

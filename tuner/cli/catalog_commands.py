@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import console, output_format
+from tuner.cli.state import MAX_ID, console, output_format
 from tuner.cli.tables import profiles_table, space_table
-from tuner.kernels.feasibility import default_template, space_report
+from tuner.errors import TunerError
+from tuner.kernels.feasibility import Feasibility, default_template, space_report
 from tuner.kernels.render import render
-from tuner.kernels.variant import parse_variant_name
+from tuner.kernels.variant import Variant, parse_variant_name
 from tuner.problem import problem_from_shape
 from tuner.profiles import list_profiles, load_profile, resolve_profile
 
@@ -41,7 +43,7 @@ def space_command(
     shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA); default: same as heads.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA); default: same as heads.")] = None,
     template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -52,12 +54,22 @@ def space_command(
     profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
     problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv)
     template = template or default_template(profile, [problem])
-    rows = [(v, f) for v, f in space_report(template, problem, profile) if f.ok or show_all]
+    report = space_report(template, problem, profile)
+    if not show_all and not any(f.ok for _, f in report):
+        raise TunerError(f"no variant of {template} fits {problem.label} on {profile.name}; "
+                         f"the commonest reasons: {commonest_reasons(report)} (--all lists every variant)")
+    rows = [(v, f) for v, f in report if f.ok or show_all]
     if fmt == "json":
         typer.echo(json.dumps([{**v.to_dict(), "feasible": f.ok, "reason": f.reason or None,
                                 "smem_bytes": f.smem_bytes, "threads": f.threads} for v, f in rows], indent=2))
         return
     console.print(space_table(template, profile, problem, rows, show_all))
+
+
+def commonest_reasons(report: list[tuple[Variant, Feasibility]], k: int = 3) -> str:
+    """The k most frequent infeasibility reasons, with how many variants each rules out."""
+    counts = Counter(f.reason for _, f in report if not f.ok)
+    return "; ".join(f"{reason} ({n} of {len(report)})" for reason, n in counts.most_common(k))
 
 
 def render_command(

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import console, err_console, say, state
+from tuner.cli.state import MAX_ID, MAX_SEED, console, err_console, say, state
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
 from tuner.search.options import SearchOptions
@@ -57,20 +57,20 @@ def print_search_report(report: SearchReport) -> None:
 def search_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
     shape: Annotated[Optional[list[str]], typer.Option(help="Problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: the profile's problems.")] = None,
-    hkv: Annotated[Optional[int], typer.Option(help="K/V heads (GQA/MQA); default: same as H.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA/MQA); default: same as H.")] = None,
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
-    trials: Annotated[Optional[int], typer.Option(help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
     sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",
-    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0, max=MAX_SEED, help="Sampler seed.")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: <gpu>-<template>-<problem>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study up to its trial budget.")] = False,
     devices: Annotated[str, typer.Option(help="GPU indices, one worker process each, e.g. 0,1.")] = "0",
     db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
-    top: Annotated[int, typer.Option("--profile-top", min=0, help="Profile the K best trials with ncu afterwards.")] = 0,
+    top: Annotated[int, typer.Option("--profile-top", min=0, max=MAX_ID, help="Profile the K best trials with ncu afterwards.")] = 0,
     backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
@@ -96,10 +96,10 @@ def worker_command(
     db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (default: the storage's database when PostgreSQL).")] = None,
     backend: Annotated[str, typer.Option(help="gpu or replay.")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
-    trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run per study (default: what is left of its budget).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Trials to run per study (default: what is left of its budget).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long.")] = None,
-    device: Annotated[int, typer.Option(min=0, help="GPU index.")] = 0,
-    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    device: Annotated[int, typer.Option(min=0, max=1024, help="GPU index.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(min=0, max=MAX_SEED, help="Sampler seed.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replay a recording from another card than the study's profile.")] = False,
 ) -> None:
     """Join existing studies from this host (shared PostgreSQL storage) and work on them."""

@@ -15,6 +15,10 @@ from tuner.store.redact import redact_url
 console = Console()
 err_console = Console(stderr=True)
 OUTPUT_FORMATS = ("table", "json", "csv")
+# Bounds of numbers a command line may give (beyond them, a one-line usage error instead of an
+# overflow deep in SQLite or NumPy): ids and counts fit a 64-bit column, seeds NumPy's 32 bits.
+MAX_ID = 2**63 - 1
+MAX_SEED = 2**32 - 1
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tuner.cli.state import OUTPUT_FORMATS, console, may_create_store, output_format, say, state
+from tuner.cli.state import MAX_ID, OUTPUT_FORMATS, console, may_create_store, output_format, say, state
 from tuner.cli.tables import results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
@@ -27,7 +27,7 @@ def results_command(
         Optional[str], typer.Option(help="ok, pruned, compile_error, launch_error, timeout or incorrect.")
     ] = None,
     best: Annotated[bool, typer.Option("--best", help="Only the fastest ok trial per problem and GPU profile.")] = False,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_ID, help="At most this many rows.")] = 50,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
 ) -> None:
     """List stored trials (newest first), or the best one per problem with --best."""
@@ -51,7 +51,7 @@ def results_command(
 
 
 def show_command(
-    trial_id: Annotated[int, typer.Argument(help="Trial id (see `tuner results`).")],
+    trial_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="Trial id (see `tuner results`).")],
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
 ) -> None:
     """Everything stored about one trial: parameters, timings, baselines, ncu metrics, errors."""

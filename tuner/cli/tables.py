@@ -15,7 +15,6 @@ from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.store import NcuMetric, TrialDetail, TrialRow
 
-
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 

@@ -41,6 +41,10 @@ def validate_options(options: SearchOptions) -> None:
     if options.sampler not in SAMPLERS:
         raise TunerError(f"unknown sampler {options.sampler!r}; expected one of {', '.join(SAMPLERS)}")
     check_backend(options.backend)
+    if options.seed is not None and not 0 <= options.seed < 2**32:
+        raise TunerError(f"--seed must be between 0 and {2**32 - 1}, got {options.seed}")
+    if options.heads_kv is not None and options.heads_kv < 1:
+        raise TunerError(f"--hkv must be a positive integer, got {options.heads_kv}")
     if options.trials is not None and options.trials < 1:
         raise TunerError(f"--trials must be a positive integer, got {options.trials}")
     if options.time_budget_s is not None and options.time_budget_s <= 0:

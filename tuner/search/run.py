@@ -58,6 +58,8 @@ def _printer(console: Console) -> Callable[[str], None]:
 def _resolve(options: SearchOptions) -> GpuProfile:
     if options.backend == "replay":
         return recording_profile(options.replay_from) if options.gpu.strip().lower() == "auto" else load_profile(options.gpu)
+    if options.gpu.strip().lower() != "auto":
+        load_profile(options.gpu)  # an unknown profile is named as such, GPU or not
     require_gpus(options.devices)
     return resolve_profile(options.gpu, force=options.force, device=options.devices[0])
 

@@ -34,6 +34,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     fallback="sdpa" sends inputs the kernels cannot take to torch's SDPA
     instead of raising AttentionInputError.
     """
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
+                                  f"{type(v).__name__})")
     if torch.compiler.is_compiling():
         return _op(q, k, v, causal, scale, fallback)
     return _forward(q, k, v, causal, scale, fallback)
@@ -91,9 +94,25 @@ def _launch_in_order(launch: Callable[..., Optional[bool]], q: torch.Tensor, k: 
     return launched
 
 
+def _check_structure(q: Any, k: Any, v: Any) -> None:
+    """What no implementation can compute, so that even fallback='sdpa' raises (SDPA would return NaN
+    or zeros): ranks, matching k/v shapes, at least one k/v head and one key."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise AttentionInputError(f"q, k and v must have rank 4 [B, H, S, D] (got {tuple(q.shape)}, "
+                                  f"{tuple(k.shape)}, {tuple(v.shape)})")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise AttentionInputError(f"k and v must both be [B, Hkv, Sk, D] with q's B and D (q {tuple(q.shape)}, "
+                                  f"k {tuple(k.shape)}, v {tuple(v.shape)})")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise AttentionInputError(f"q heads ({q.shape[1]}) must be a positive multiple of k/v heads ({k.shape[1]})")
+    if k.shape[2] == 0:
+        raise AttentionInputError("k and v must have at least one key (Sk = 0)")
+
+
 def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str]) -> torch.Tensor:
     if fallback not in _FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+    _check_structure(q, k, v)
     try:
         launch = _resolve(q, k, v, causal)
     except (AttentionInputError, GpuUnavailableError):
