@@ -359,6 +359,70 @@ def test_tampered_cubin_is_refused(export_store, tmp_path) -> None:
     assert "refusing to load it" in bad.stderr
 
 
+@pytest.mark.parametrize("damage", ["no_manifest", "not_json", "no_kernels", "path_outside"])
+def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage) -> None:
+    name = _unique("broken")
+    out = tmp_path / name
+    export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, shapes=("2,8,256,64",)))
+    manifest_path = out / name / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    if damage == "no_manifest":
+        manifest_path.unlink()
+    elif damage == "not_json":
+        manifest_path.write_text(manifest_path.read_text()[:-40])
+    elif damage == "no_kernels":
+        del manifest["kernels"]
+        manifest_path.write_text(json.dumps(manifest))
+    else:  # a path that leaves the package, with the hash of what is there
+        outside = tmp_path / "outside.bin"
+        outside.write_bytes(b"not a cubin")
+        kernel = next(iter(manifest["kernels"].values()))
+        kernel["source"] = str(outside)
+        kernel["source_sha256"] = hashlib.sha256(b"not a cubin").hexdigest()
+        manifest_path.write_text(json.dumps(manifest))
+    bad = _import_in_subprocess(out, name)
+    assert bad.returncode != 0
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{name}._kernels.IntegrityError: ") or "IntegrityError" in last, bad.stderr
+    assert "JSONDecodeError" not in bad.stderr and "FileNotFoundError" not in bad.stderr and "KeyError" not in last
+
+
+def test_the_jit_path_checks_the_source_it_compiles(exported) -> None:
+    """After import, a changed source is refused before it reaches the compiler (like a changed cubin)."""
+    report, mod = exported
+    meta = next(iter(mod.MANIFEST["kernels"].values()))
+    source = report.out / report.package / meta["source"]
+    original = source.read_bytes()
+    try:
+        source.write_bytes(original + b"\n// injected\n")
+        with pytest.raises(mod.IntegrityError, match="fails its integrity check"):
+            mod._kernels.verified_bytes(meta["source"], meta["source_sha256"])
+    finally:
+        source.write_bytes(original)
+    assert mod._kernels.verified_bytes(meta["source"], meta["source_sha256"]) == original
+
+
+def test_a_cubin_changed_in_the_compile_cache_is_not_exported(export_store, tmp_path) -> None:
+    """Export hashes the bytes it ships, not the cache's record of them."""
+    from tuner.kernels.variant import Variant
+    from tuner.runtime.build import build
+    from tuner.store import open_store
+
+    with open_store(export_store.url, create=False) as store:
+        row = store.trial_detail(export_store.trial_ids["small"])
+    built = build(Variant.from_stored(row.template, row.params), load_profile(PROFILE).nvcc_arch)
+    cached = built.compiled.cubin_path
+    original = cached.read_bytes()
+    try:
+        tampered = bytearray(original)
+        tampered[len(tampered) // 2] ^= 0xFF
+        cached.write_bytes(bytes(tampered))
+        with pytest.raises(TunerError, match="no longer matches"):
+            export(ExportOptions(gpu="h100", out=tmp_path / "a", db_url=export_store.url, shapes=("2,8,256,64",)))
+    finally:
+        cached.write_bytes(original)
+
+
 def test_pip_install_elsewhere(export_store, tmp_path) -> None:
     """pip install DIR (no deps, no build isolation: offline) into a fresh folder, import from there."""
     pytest.importorskip("hatchling", reason="hatchling builds the exported package")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -59,9 +60,11 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
     if not result.ok:
         raise TunerError(f"trial {row.id}: {variant.name} no longer compiles for {arch}: "
                          f"{result.log.strip().splitlines()[-1] if result.log.strip() else 'nvcc failed'}")
+    cubin = result.cubin  # the bytes that will be shipped, hashed here: the cache's record is not trusted
+    shipped_sha = hashlib.sha256(cubin).hexdigest()
     if row.cubin_sha256:
-        same = result.cubin_sha256 == row.cubin_sha256
-        why = f"cubin sha256 {result.cubin_sha256[:12]} != stored {row.cubin_sha256[:12]}"
+        same = shipped_sha == row.cubin_sha256
+        why = f"cubin sha256 {shipped_sha[:12]} != stored {row.cubin_sha256[:12]}"
     else:  # nothing to compare the cubin with: fall back on the template's hash
         same = row.template_hash == load_manifest(row.template).source_hash
         why = "template hash differs from the one stored with the trial"
@@ -69,7 +72,7 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
         raise TunerError(f"trial {row.id}: the store's kernel no longer matches the template ({why}; the template "
                          f"or nvcc changed since the search); re-run the search, or pass --allow-rebuild to export "
                          f"the rebuilt kernel")
-    return ExportedKernel(built, result.cubin, rebuilt=not same)
+    return ExportedKernel(built, cubin, rebuilt=not same)
 
 
 def _dispatch_key(problem: Problem) -> dict[str, Any]:

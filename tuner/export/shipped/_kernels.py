@@ -18,16 +18,51 @@ from typing import Any, Optional
 from ._launcher import AttentionKernel, LaunchShape, bind_torch_context
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-MANIFEST: dict[str, Any] = json.loads((PACKAGE_DIR / "manifest.json").read_text())
-_loaded: dict[str, AttentionKernel] = {}
 
 
 class IntegrityError(ImportError):
-    """A shipped file does not match the sha256 recorded in manifest.json."""
+    """manifest.json is missing or malformed, or a shipped file does not match the sha256 it records."""
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _read_manifest() -> dict[str, Any]:
+    where = f"{PACKAGE_DIR.name}: manifest.json"
+    try:
+        manifest = json.loads((PACKAGE_DIR / "manifest.json").read_text())
+    except OSError as exc:
+        raise IntegrityError(f"{where} cannot be read ({exc.strerror or exc}); reinstall or re-export") from None
+    except ValueError as exc:
+        raise IntegrityError(f"{where} is not valid JSON ({exc}); reinstall or re-export") from None
+    required = ("package", "version", "kernels", "entries", "nvcc_options")
+    if not isinstance(manifest, dict) or any(key not in manifest for key in required):
+        raise IntegrityError(f"{where} lacks {', '.join(k for k in required if k not in manifest)}; re-export")
+    return manifest
+
+
+MANIFEST: dict[str, Any] = _read_manifest()
+_loaded: dict[str, AttentionKernel] = {}
+
+
+def package_path(rel: Any) -> Path:
+    """A file named by the manifest, which must lie inside the package (no absolute path, no '..')."""
+    path = (PACKAGE_DIR / str(rel)).resolve()
+    if not isinstance(rel, str) or PACKAGE_DIR not in path.parents:
+        raise IntegrityError(f"{MANIFEST['package']}: manifest.json names {rel!r}, outside the package; refusing it")
+    return path
+
+
+def verified_bytes(rel: str, expected: str) -> bytes:
+    """The bytes of a shipped file, read once and checked against its sha256 (what is checked is what is used)."""
+    path = package_path(rel)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise IntegrityError(f"{MANIFEST['package']}: {rel} is missing; reinstall or re-export the package") from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise IntegrityError(
+            f"{MANIFEST['package']}: {rel} fails its integrity check (sha256 {actual[:16]}... != {expected[:16]}... in "
+            f"manifest.json): the file was changed after export; refusing to load it. Reinstall or re-export.")
+    return data
 
 
 def shipped_files() -> list[tuple[str, str]]:
@@ -40,17 +75,13 @@ def shipped_files() -> list[tuple[str, str]]:
 
 
 def verify_package() -> None:
-    """Raise IntegrityError naming the first file that is missing or altered."""
-    name = MANIFEST["package"]
-    for rel, expected in shipped_files():
-        path = PACKAGE_DIR / rel
-        if not path.is_file():
-            raise IntegrityError(f"{name}: {rel} is missing; reinstall or re-export the package")
-        actual = _sha256(path)
-        if actual != expected:
-            raise IntegrityError(
-                f"{name}: {rel} fails its integrity check (sha256 {actual[:16]}... != {expected[:16]}... in "
-                f"manifest.json): the file was changed after export; refusing to load it. Reinstall or re-export.")
+    """Raise IntegrityError naming the first file that is missing, altered or outside the package."""
+    try:
+        files = shipped_files()
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise IntegrityError(f"{MANIFEST['package']}: manifest.json is malformed ({exc!r}); re-export") from None
+    for rel, expected in files:
+        verified_bytes(rel, expected)
 
 
 def _arch_parts(arch: str) -> tuple[int, int, bool]:
@@ -110,13 +141,10 @@ def load_kernel(kernel: str, device: int) -> AttentionKernel:
     if limit and smem > limit:
         raise RuntimeError(f"{kernel} needs {smem} B shared memory per block; cuda:{device} allows {limit} B")
     arch = cubin_arch_for(meta["cubins"], cc)
-    if arch:
-        path = PACKAGE_DIR / meta["cubins"][arch]["path"]
-        cubin = path.read_bytes()
-        if hashlib.sha256(cubin).hexdigest() != meta["cubins"][arch]["sha256"]:  # changed since import
-            raise IntegrityError(f"{MANIFEST['package']}: {meta['cubins'][arch]['path']} changed after import; refusing it")
-    else:
-        cubin = _jit_cubin((PACKAGE_DIR / meta["source"]).read_text(), cc)
+    if arch:  # checked again: the file may have changed since import
+        cubin = verified_bytes(meta["cubins"][arch]["path"], meta["cubins"][arch]["sha256"])
+    else:  # the source is checked like a cubin: it is what the JIT turns into machine code
+        cubin = _jit_cubin(verified_bytes(meta["source"], meta["source_sha256"]).decode(), cc)
     shape = LaunchShape(**meta["launch"])
     _loaded[kernel] = AttentionKernel(cubin, meta["entry"], shape, device)
     return _loaded[kernel]
