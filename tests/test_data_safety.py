@@ -268,3 +268,41 @@ def test_a_dead_processes_trial_is_reaped_and_frees_its_budget(tmp_path) -> None
         assert states[gone.number] == optuna.trial.TrialState.FAIL
         assert states[alive.number] == optuna.trial.TrialState.RUNNING
         assert budget_taken(study) == 1  # a reaped trial is marked interrupted: it does not count
+
+
+# --- readers change nothing -----------------------------------------------------------------------
+
+
+def test_db_info_creates_nothing(tmp_path) -> None:
+    target = tmp_path / "a" / "b" / "x.db"
+    result = run_tuner("db", "info", "--db", f"sqlite:///{target}")
+    assert result.exit_code == 0 and "created on first use" in result.stdout, result.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_foreign_sqlite_file_is_refused_untouched(tmp_path) -> None:
+    foreign = tmp_path / "notes.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE notes (text TEXT)")
+    before = foreign.read_bytes()
+    result = run_tuner("results", "--db", f"sqlite:///{foreign}")
+    assert result.exit_code == 2 and "holds no tuner tables" in result.stderr, result.stderr
+    with sqlite3.connect(foreign) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # not switched to WAL
+    assert foreign.read_bytes() == before and not list(tmp_path.glob("notes.db-*"))
+
+
+def test_a_store_on_read_only_media_can_be_read(replay_recording, small_disk) -> None:
+    url = f"sqlite:///{small_disk / 'r.db'}"
+    assert run_tuner(*_search_args(replay_recording, url, 5)).exit_code == 0
+    conn = sqlite3.connect(small_disk / "r.db")  # as a copy to an archive would be: complete
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True, timeout=30)
+    if remount.returncode:
+        pytest.skip(f"cannot remount read-only: {remount.stderr.decode().strip()}")
+    listed = run_tuner("results", "--db", url, "--format", "json")
+    assert listed.exit_code == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) >= 5
+    info = run_tuner("db", "info", "--db", url)
+    assert info.exit_code == 0 and "revision: 0003" in info.stdout, info.stderr

@@ -449,3 +449,20 @@ def test_resume_without_template_continues_the_existing_studys_template(replay_r
     assert choose_template(replace(fresh, resume=True), profile, storage) == "attn_fwd_mma"
     named = study_name(rec.profile, "attn_fwd_mma", rec.problem)
     assert choose_template(replace(fresh, resume=True, study=named), profile, storage) == "attn_fwd_mma"
+
+
+def test_the_bar_counts_what_the_budget_counts_and_a_first_run_reuses_nothing(replay_recording, sqlite_url):
+    """Infeasible points are free: they never push the bar past --trials; a first search has nothing to reuse."""
+    rec = replay_recording
+    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem),
+            "--dtype", rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "30", "--seed", "3"]
+    if rec.problem.causal:
+        args.append("--causal")
+    result = run_tuner(*args, env=WIDE)
+    assert result.exit_code == 0, result.stderr
+    shown = [int(done) for done, total in re.findall(r"(\d+)/(\d+)", result.stderr) if total == "30"]
+    assert shown and max(shown) == 30, result.stderr
+    assert "reused" not in result.stdout  # repeats within this search are said as such, not as reuse
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    assert any(t.user_attrs.get(ATTR_INFEASIBLE) for t in study.trials)  # there were free points to count wrong

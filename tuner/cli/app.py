@@ -26,6 +26,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        rich_markup_mode=None,  # click's plain help: a flag reads `--causal`, not `--causal <bool>`
     )
     app.callback()(_root)
     epilog = store_epilog()
@@ -43,7 +44,8 @@ def build_app() -> typer.Typer:
         ("replay-eval", output_commands.replay_eval_command, False),
     ):
         app.command(name, epilog=epilog if needs_store else None)(command)
-    db_app = typer.Typer(help="The results store: schema revision and migrations.", no_args_is_help=True)
+    db_app = typer.Typer(help="The results store: schema revision and migrations.", no_args_is_help=True,
+                         rich_markup_mode=None)
     db_app.command("info", epilog=epilog)(store_commands.db_info_command)
     db_app.command("upgrade", epilog=epilog)(store_commands.db_upgrade_command)
     app.add_typer(db_app, name="db", epilog=epilog)

@@ -8,7 +8,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, MAX_SEED, console, err_console, may_create_store, output_format, say, state
+from tuner.cli.state import (
+    MAX_ID,
+    MAX_SEED,
+    DbOption,
+    console,
+    err_console,
+    may_create_store,
+    output_format,
+    say,
+    state,
+    use_db,
+)
 from tuner.cli.tables import export_lines, metrics_table
 from tuner.errors import TunerError
 from tuner.export.run import ExportOptions, export
@@ -28,8 +39,10 @@ def profile_command(
     ncu: Annotated[str, typer.Option("--ncu", help="The ncu executable (Nsight Compute).")] = "ncu",
     launches: Annotated[int, typer.Option(min=1, max=10_000, help="Kernel launches profiled per trial (metrics are averaged).")] = 3,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    db: DbOption = None,
 ) -> None:
     """Nsight Compute counters of stored trials (on this machine's GPU), stored with each trial."""
+    use_db(db)
     fmt = output_format(fmt, ("table", "json"))
     if (trial_id is None) == (top is None):
         raise TunerError("give either a TRIAL_ID or --top K")
@@ -58,8 +71,10 @@ def export_command(
     fmt: Annotated[str, typer.Option("--format", help="package (Python, importable) or header (C++ constants).")] = "package",
     allow_rebuild: Annotated[bool, typer.Option("--allow-rebuild", help="Accept kernels whose rebuilt cubin differs from the one measured.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an earlier export in --out.")] = False,
+    db: DbOption = None,
 ) -> None:
     """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
+    use_db(db)
     if all_ and shape:
         raise TunerError("give --shape or --all, not both")
     report = export(ExportOptions(
@@ -75,11 +90,12 @@ def export_command(
 def report_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, ...) or part of the GPU name.")],
     out: Annotated[str, typer.Option(help="Folder for report.md, report.json and the PNG figures.")],
-    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    db: DbOption = None,
     run: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Only trials of this run id.")] = None,
 ) -> None:
     """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
-    files = write_report(db or state.db_url, gpu, out, run_id=run)
+    use_db(db)
+    files = write_report(state.db_url, gpu, out, run_id=run)
     say(f"wrote {files.markdown}, {files.json} and {len(files.figures)} figures")
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, MAX_SEED, console, err_console, say, state
+from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, say, state
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
 from tuner.search.options import SearchOptions
@@ -45,8 +45,13 @@ def parse_devices(text: str) -> tuple[int, ...]:
 def print_search_report(report: SearchReport) -> None:
     """The summary table and one line of counts; exit 130 when the search was interrupted."""
     console.print(summary_table(report.summaries))
-    say(f"measured {report.measured} trials, reused {report.reused} from the store, "
-        f"skipped {report.infeasible} infeasible points; "
+    counts = [f"measured {report.measured} trials"]
+    if report.repeated:
+        counts.append(f"{report.repeated} repeated proposals answered from this search")
+    if report.reused:
+        counts.append(f"{report.reused} reused from earlier runs")
+    counts.append(f"skipped {report.infeasible} infeasible points")
+    say(", ".join(counts) + "; "
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
     if report.interrupted:
         say("interrupted: every finished trial is stored; continue with --resume", stderr=True)
@@ -69,7 +74,7 @@ def search_command(
     study: Annotated[Optional[str], typer.Option(help="Study name (default: <gpu>-<template>-<problem>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study up to its trial budget.")] = False,
     devices: Annotated[str, typer.Option(help="GPU indices, one worker process each, e.g. 0,1.")] = "0",
-    db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (overrides tuner --db / TUNER_DB).")] = None,
+    db: DbOption = None,
     top: Annotated[int, typer.Option("--profile-top", min=0, max=MAX_ID, help="Profile the K best trials with ncu afterwards.")] = 0,
     backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Optional
 
+import typer
 from rich.console import Console
 
 from tuner.errors import TunerError
@@ -31,6 +32,18 @@ class State:
 
 
 state = State()
+
+
+# One rule for every command that reads or writes the store: `--db URL` after the command, or
+# `tuner --db URL` before it, or TUNER_DB; the one after the command wins.
+DbOption = Annotated[Optional[str], typer.Option(
+    "--db", help="Results store URL (also `tuner --db URL <command>` or TUNER_DB).", show_default=False)]
+
+
+def use_db(db: Optional[str]) -> None:
+    """A command's own --db overrides the global one."""
+    if db is not None:
+        state.db_url = db
 
 
 def store_epilog() -> str:

@@ -10,7 +10,17 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tuner.cli.state import MAX_ID, OUTPUT_FORMATS, console, may_create_store, output_format, say, state
+from tuner.cli.state import (
+    MAX_ID,
+    OUTPUT_FORMATS,
+    DbOption,
+    console,
+    may_create_store,
+    output_format,
+    say,
+    state,
+    use_db,
+)
 from tuner.cli.tables import results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
@@ -29,8 +39,10 @@ def results_command(
     best: Annotated[bool, typer.Option("--best", help="Only the fastest ok trial per problem and GPU profile.")] = False,
     limit: Annotated[int, typer.Option(min=1, max=MAX_ID, help="At most this many rows.")] = 50,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
+    db: DbOption = None,
 ) -> None:
     """List stored trials (newest first), or the best one per problem with --best."""
+    use_db(db)
     fmt = output_format(fmt, OUTPUT_FORMATS)
     filt = TrialFilter(gpu=gpu, shape=parse_shape(shape) if shape else None, dtype=dtype, causal=causal,
                        template=template, status=status, limit=limit)
@@ -53,8 +65,10 @@ def results_command(
 def show_command(
     trial_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="Trial id (see `tuner results`).")],
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    db: DbOption = None,
 ) -> None:
     """Everything stored about one trial: parameters, timings, baselines, ncu metrics, errors."""
+    use_db(db)
     fmt = output_format(fmt, ("table", "json"))
     with open_store(state.db_url, create=may_create_store()) as store:
         detail = store.trial_detail(trial_id)
@@ -65,8 +79,9 @@ def show_command(
         console.print(part, soft_wrap=not isinstance(part, Table))
 
 
-def db_info_command() -> None:
+def db_info_command(db: DbOption = None) -> None:
     """Print the store URL (password hidden), backend and schema revision."""
+    use_db(db)
     info = store_info(state.db_url)
     line = "up to date" if info.up_to_date else "outdated: run `tuner db upgrade`"
     if info.revision is None:
@@ -76,8 +91,9 @@ def db_info_command() -> None:
         say(text)
 
 
-def db_upgrade_command() -> None:
+def db_upgrade_command(db: DbOption = None) -> None:
     """Migrate the store's schema to the newest revision (creates a new store)."""
+    use_db(db)
     before, after = upgrade_store(state.db_url)
     where = redact_url(state.db_url or default_db_url())
     if before == after:

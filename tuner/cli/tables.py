@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional, Sequence
 
+from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -58,15 +59,33 @@ def space_table(template: str, profile: GpuProfile, problem: Problem, rows: list
     return table
 
 
+_VARIANT_PREFIX = re.compile(r"^[A-Za-z0-9_]+?_d\d+_(?:fp16|bf16)_")
+
+
+def short_variant(name: str) -> str:
+    """The tunables part of a variant name (template, head dim and dtype are in other columns)."""
+    return _VARIANT_PREFIX.sub("", name)
+
+
 def results_table(rows: list[TrialRow], best: bool) -> Table:
-    table = _table("best trials" if best else "trials", (
-        ("id", "right"), ("GPU", "left"), ("problem", "left"), ("variant", "left"), ("status", "left"),
-        ("median µs", "right"), ("TFLOP/s", "right"), ("vs best baseline", "right"),
-    ))  # fmt: skip
-    for row in rows:
-        table.add_row(str(row.id), printable(row.profile or row.gpu_name), row.problem.label, printable(row.variant_name),
-                      row.status.value,
-                      fmt(row.median_us), fmt(row.tflops), fmt(row.ratio_to_best_baseline, ".2f", "x"))
+    """One or two lines per trial in 80 columns: the variant by its tunables (`tuner show ID` has
+    everything), the card in the title when all rows share one."""
+    gpus = {printable(r.profile or r.gpu_name) for r in rows}
+    title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
+                  caption="variant: its tunables; `tuner show ID` has the full name")
+    names = [short_variant(r.variant_name) for r in rows]  # zipped with rows below
+    columns = [("id", "right")] + ([("gpu", "left")] if len(gpus) > 1 else []) + [
+        ("problem", "left"), ("variant", "left"), ("status", "left"), ("µs", "right"), ("TFLOP/s", "right"),
+        ("x best", "right")]
+    for column, justify in columns:
+        # The variant keeps its width (it is what a user copies); the problem label wraps first.
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "variant")  # type: ignore[arg-type]
+    for row, name in zip(rows, names):
+        cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
+            row.problem.label, printable(name), row.status.value, fmt(row.median_us), fmt(row.tflops),
+            fmt(row.ratio_to_best_baseline, ".2f", "x")]
+        table.add_row(*cells)
     return table
 
 

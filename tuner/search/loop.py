@@ -66,7 +66,8 @@ class WorkerJob:
 class WorkerResult:
     run_id: Optional[int] = None
     measured: int = 0  # trials the backend measured
-    reused: int = 0  # trials served from the store
+    reused: int = 0  # trials served from the store, measured by an earlier run
+    repeated: int = 0  # proposals of a variant this run measured already (answered from the store)
     asked: int = 0  # feasible points asked (the --trials budget counts these)
     infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
     interrupted: bool = False
@@ -192,7 +193,7 @@ class ProblemSearch:
             trial.set_user_attr(ATTR_INFEASIBLE, True)
             self._store(trial, variant, TrialStatus.PRUNED, error=feasibility.reason,
                         smem_bytes=feasibility.smem_bytes or None)
-            self._tell_pruned(trial, feasibility.reason)
+            self._tell_pruned(trial, feasibility.reason, budgeted=False)
             return None
         self.infeasible_streak = 0
         self.asked += 1
@@ -323,25 +324,28 @@ class ProblemSearch:
 
     def _tell_known(self, trial: Trial, row: TrialRow) -> None:
         trial.set_user_attr(ATTR_STORE_ID, row.id)
-        self.ctx.result.reused += 1
+        if row.run_id == self.ctx.run_id:
+            self.ctx.result.repeated += 1
+        else:
+            self.ctx.result.reused += 1
         if row.status is TrialStatus.OK and row.median_us is not None:
             self._tell(trial, TrialState.COMPLETE, row.status, "store", row.median_us)
         else:
             self._tell(trial, TrialState.FAIL, row.status, "store")
 
-    def _tell_pruned(self, trial: Trial, reason: str) -> None:
+    def _tell_pruned(self, trial: Trial, reason: str, budgeted: bool = True) -> None:
         trial.set_user_attr(ATTR_REASON, reason)
-        self._tell(trial, TrialState.PRUNED, TrialStatus.PRUNED, "pruned")
+        self._tell(trial, TrialState.PRUNED, TrialStatus.PRUNED, "pruned", budgeted=budgeted)
 
     def _tell(self, trial: Trial, state: TrialState, status: TrialStatus, source: str,
-              value: Optional[float] = None) -> None:
+              value: Optional[float] = None, budgeted: bool = True) -> None:
         trial.set_user_attr(ATTR_STATUS, status.value)
         trial.set_user_attr(ATTR_SOURCE, source)
         if state == TrialState.COMPLETE:
             self.study.tell(trial, value)
         else:
             self.study.tell(trial, state=state)
-        self.ctx.events(("trial", self.job.index, value))
+        self.ctx.events(("trial", self.job.index, value, budgeted))  # the bar counts what the budget counts
 
     def _store(self, trial: Trial, variant: Variant, status: TrialStatus, *, error: Optional[str] = None,
                measurement: Optional[Measurement] = None, compiled: Optional[CompileResult] = None,

@@ -4,7 +4,7 @@ Workers (in this process or in child processes, through a queue) send plain
 tuples, so the same display serves one device or many:
 
     ("baseline", problem_index, median_us, impl)
-    ("trial", problem_index, median_us_or_None)
+    ("trial", problem_index, median_us_or_None, budgeted)   budgeted: counts toward --trials
 """
 
 from __future__ import annotations
@@ -66,5 +66,6 @@ class SearchProgress:
             value = event[2]
             if value is not None and (self._best[index] is None or value < self._best[index]):
                 self._best[index] = value
-            self._progress.advance(self._tasks[index])
+            if len(event) < 4 or event[3]:  # infeasible points are free: they do not fill the bar
+                self._progress.advance(self._tasks[index])
         self._progress.update(self._tasks[index], best=self.best_text(index))

@@ -46,9 +46,10 @@ class SearchReport:
     studies: list[str]
     interrupted: bool
     measured: int
-    reused: int
+    reused: int  # measured by an earlier run, served from the store
     asked: int  # feasible points (the --trials budget)
     infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
+    repeated: int = 0  # proposals of a variant measured earlier in this search
 
 
 def _printer(console: Console) -> Callable[[str], None]:
@@ -81,6 +82,7 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         reused=sum(r.reused for r in results),
         asked=sum(r.asked for r in results),
         infeasible=sum(r.infeasible for r in results),
+        repeated=sum(r.repeated for r in results),
     )
 
 

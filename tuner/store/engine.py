@@ -120,7 +120,7 @@ def _prepare_sqlite_path(url: URL, create: bool = True) -> URL:
     return url.set(database=str(path))
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+def _install_sqlite_hooks(engine: Engine, writer: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy (below) emit BEGIN, instead of pysqlite's implicit one.
@@ -129,11 +129,12 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA foreign_keys = ON")
-            try:
-                cursor.execute("PRAGMA journal_mode = WAL")
-                cursor.execute("PRAGMA synchronous = NORMAL")
-            except Exception:  # read-only media or an odd file system: keep the default journal
-                pass
+            if writer:  # WAL changes the file: never for a reader (a file that is not ours, read-only media)
+                try:
+                    cursor.execute("PRAGMA journal_mode = WAL")
+                    cursor.execute("PRAGMA synchronous = NORMAL")
+                except Exception:  # an odd file system: keep the default journal
+                    pass
         finally:
             cursor.close()
 
@@ -155,6 +156,9 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
     if backend == "sqlite":
         parsed = _prepare_sqlite_path(parsed, create)
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        readonly = _readonly_sqlite_uri(parsed, create)
+        if readonly is not None:
+            kwargs["creator"] = readonly
     elif backend == "postgresql":
         driver = parsed.get_driver_name()
         if driver in ("psycopg2", "psycopg") and "connect_timeout" not in parsed.query:
@@ -170,8 +174,21 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
     except sqlalchemy.exc.ArgumentError as exc:
         raise TunerError(f"invalid database URL {redacted(parsed)}: {scrub(str(exc), parsed)}") from None
     if backend == "sqlite":
-        _install_sqlite_hooks(engine)
+        _install_sqlite_hooks(engine, writer=create)
     return engine, parsed
+
+
+def _readonly_sqlite_uri(url: URL, create: bool) -> Optional[Any]:
+    """For a reader of a store in a folder it cannot write (read-only media, a shared archive): a
+    connection factory opening the file immutable, since SQLite cannot otherwise read a WAL-mode
+    file there. None where the folder is writable (or the store is to be written)."""
+    database = sqlite_file(url)
+    if create or database is None or os.access(os.path.dirname(database) or ".", os.W_OK):
+        return None
+    import sqlite3
+
+    uri = Path(database).resolve().as_uri() + "?mode=ro&immutable=1"
+    return lambda: sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
 
 # --- schema version (Alembic) ---------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,8 +24,13 @@ class StoreInfo:
 
 
 def store_info(url: Optional[str] = None) -> StoreInfo:
-    """URL, backend and schema revision of a store, whatever its revision."""
-    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
+    """URL, backend and schema revision of a store, whatever its revision; creates nothing."""
+    text = url if url is not None else eng.default_db_url()
+    parsed = eng.parse_url(text)
+    database = eng.sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
+    if database is not None and not os.path.exists(os.path.expanduser(database)):
+        return StoreInfo(redacted(parsed), "sqlite", None, eng.head_revision())
+    engine, parsed = eng.create_store_engine(text, create=False)
     try:
         with eng.translate_errors(parsed, "cannot open the results store"), engine.connect() as conn:
             revision = eng.current_revision(conn)
