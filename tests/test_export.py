@@ -728,3 +728,12 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
     mismatches = [(k, g, w) for k, g, w in zip(keys, got, want) if g != w]
     assert not mismatches, mismatches[:5]
     assert len(set(want)) > 3  # the grid reaches several entries
+
+
+def test_the_readme_example_calls_a_tuned_combination(export_store, tmp_path) -> None:
+    """Only non-causal fp16 D64 was tuned in this export: the README must not show a causal call."""
+    name = _unique("readme")
+    report = export(ExportOptions(gpu="h100", out=tmp_path / name, db_url=export_store.url, shapes=("2,8,256,64",)))
+    readme = (report.out / "README.md").read_text()
+    assert "causal=False" in readme and "causal=True" not in readme
+    assert "dtype=torch.float16" in readme and "1024, 64," in readme

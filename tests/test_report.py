@@ -239,3 +239,14 @@ def test_nothing_read_from_the_store_chooses_a_path(report_store, tmp_path):
     assert not list(tmp_path.rglob("escaped*")) or all(out in p.parents for p in tmp_path.rglob("*escaped*"))
     written = [p for p in tmp_path.rglob("*.png")]
     assert written and all(p.parent == out for p in written)
+
+
+def test_a_report_of_a_replayed_search_says_so(report_store, tmp_path):
+    """report_store was filled by `tuner search --backend replay`: its numbers were measured by the recording."""
+    out = tmp_path / "out"
+    result = run_tuner("report", "--gpu", report_store.gpu, "--db", report_store.url, "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    md = (out / "report.md").read_text()
+    assert "**REPLAYED**" in md and "REPLAYED from a recording" in md
+    data = json.loads((out / "report.json").read_text())
+    assert all(p["replayed_from"] for p in data["problems"])

@@ -58,9 +58,14 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """4*B*H*Sq*Sk*D, halved for causal (FlashAttention's benchmark convention)."""
-        total = 4.0 * self.batch * self.heads * self.seq_q * self.seq_k * self.head_dim
-        return total / 2 if self.causal else total
+        """4*B*H*Sq*Sk*D, as FlashAttention's benchmarks count; causal with Sq = Sk counts half of it, and
+        causal with Sq != Sk counts the (query, key) pairs the bottom-right aligned mask keeps."""
+        per_pair = 4.0 * self.batch * self.heads * self.head_dim
+        if not self.causal:
+            return per_pair * self.seq_q * self.seq_k
+        if self.seq_q == self.seq_k:
+            return per_pair * self.seq_q * self.seq_k / 2
+        return per_pair * causal_pairs(self.seq_q, self.seq_k)
 
     def tflops(self, microseconds: float) -> float:
         return self.flops / (microseconds * 1e-6) / 1e12
@@ -71,6 +76,24 @@ class Problem:
         gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
         causal = " causal" if self.causal else ""
         return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}"
+
+
+def causal_pairs(seq_q: int, seq_k: int) -> int:
+    """(query, key) pairs kept by the bottom-right aligned causal mask: query i sees keys
+    0 .. i + Sk - Sq, so row i keeps clamp(i + Sk - Sq + 1, 0, Sk) keys (summed in closed form)."""
+
+    def positive_sum(first: int) -> int:
+        """Sum of max(x, 0) for x = first .. first + Sq - 1."""
+        last = first + seq_q - 1
+        if last <= 0:
+            return 0
+        if first >= 1:
+            return (first + last) * seq_q // 2
+        return last * (last + 1) // 2
+
+    start = seq_k - seq_q + 1  # keys row 0 keeps, before clamping to [0, Sk]
+    # min(max(x, 0), Sk) = max(x, 0) - max(x - Sk, 0)
+    return positive_sum(start) - positive_sum(start - seq_k)
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int, int]:

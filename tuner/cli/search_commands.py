@@ -50,7 +50,7 @@ def print_search_report(report: SearchReport) -> None:
         counts.append(f"{report.repeated} repeated proposals answered from this search")
     if report.reused:
         counts.append(f"{report.reused} reused from earlier runs")
-    counts.append(f"skipped {report.infeasible} infeasible points")
+    counts.append(f"pruned {report.infeasible} infeasible points")  # the status `tuner results` shows them with
     say(", ".join(counts) + "; "
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
     if report.interrupted:

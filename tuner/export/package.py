@@ -72,12 +72,20 @@ ignore-vcs = true
 
 
 def _readme(name: str, manifest: dict[str, Any]) -> str:
+    chosen = [e for e in manifest["entries"] if e["dispatch"]]
     rows = "\n".join(f"- {e['problem_label']}: `{e['kernel']}` (trial {e['trial_id']}, {e['median_us']:.1f} us)"
-                     for e in manifest["entries"] if e["dispatch"])
+                     for e in chosen)
+    # The example calls a combination that was tuned (dtype, head dim, causality of the first entry).
+    key = chosen[0]["key"] if chosen else {"dtype": "fp16", "head_dim": 64, "causal": False}
+    dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
+    call = f"causal={key['causal']}"
     return (f"# {name}\n\nTuned attention kernels for {manifest['gpu']['display_name']} "
             f"({manifest['gpu']['arch']}), exported by FlashCore tuner {manifest['tuner_version']}.\n\n"
-            f"```python\nfrom {name} import attention\nout = attention(q, k, v, causal=True)\n"
-            f"print(attention.explain(q, k, v, causal=True))\n```\n\nTuned problems:\n\n{rows}\n\n"
+            f"```python\nimport torch\nfrom {name} import attention\n"
+            f"q = k = v = torch.randn(1, 8, 1024, {key['head_dim']}, dtype={dtype}, device=\"cuda\")\n"
+            f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n```\n\n"
+            f"Tuned problems (other shapes use the nearest tuned one; `fallback=\"sdpa\"` sends what no "
+            f"kernel takes to torch SDPA):\n\n{rows}\n\n"
             "Needs torch, numpy and pycuda. manifest.json holds the provenance and the sha256 of every kernel.\n")
 
 

@@ -25,7 +25,8 @@ def runs_text(run_ids: Iterable[int]) -> str:
     return ("run " if len(ids) == 1 else "runs ") + ", ".join(map(str, ids))
 
 
-def run_caption(gpu_name: str, run_ids: Iterable[int], date: str, synthetic: bool) -> str:
+def run_caption(gpu_name: str, run_ids: Iterable[int], date: str, synthetic: bool, replayed: bool = False) -> str:
     """Which card and run(s) produced a number: 'NVIDIA H100, runs 3, 4, 2025-01-31'."""
     note = " (SYNTHETIC data, not measured)" if synthetic else ""
+    note += " (REPLAYED from a recording, not measured in this run)" if replayed else ""
     return f"{gpu_name}, {runs_text(run_ids)}, {date}{note}"

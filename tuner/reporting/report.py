@@ -130,7 +130,8 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
                     storage: Optional[Any], why_none: str) -> ProblemReport:
     """One problem's section; adds the runs its studies span to `runs`."""
     detail = store.trial_detail(best.id)
-    label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at), synthetic=is_synthetic_run(detail.run))
+    label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at), synthetic=is_synthetic_run(detail.run),
+                     replayed_from=detail.run.replayed_from if detail.run is not None else None)
     baselines = {b.impl: b for b in detail.baselines}
     timings = [ImplTiming(TUNED, float(best.median_us), best.tflops)] + [
         ImplTiming(i, baselines[i].median_us, baselines[i].tflops) for i in _ordered(list(baselines))

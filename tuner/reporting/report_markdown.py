@@ -25,6 +25,10 @@ def render_markdown(report: BenchmarkReport, figures: Optional[dict[str, str]] =
     if report.synthetic:
         lines += ["> **SYNTHETIC data**: some runs below come from a synthetic recording (made-up timings, "
                   "host \"synthetic\"), not from a GPU.", ""]
+    if report.replayed_from:
+        lines += [f"> **REPLAYED**: some runs below were answered from a recording ({', '.join(report.replayed_from)}) "
+                  "by `tuner search --backend replay`: their timings were measured by the recording's run, not "
+                  "by them.", ""]
     scope = f", run {report.run_id} only" if report.run_id is not None else ""
     lines += [f"Results store {report.db_url}{scope}; generated {report.generated_at:%Y-%m-%d %H:%M} UTC by "
               f"tuner {tuner.__version__}. Each row compares numbers of one card and one run, named in the row; "
@@ -109,6 +113,7 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
         "problems": [{
             "problem": p.problem.label, "profile": p.best.profile, "gpu_name": p.label.gpu_name,
             "run_id": p.best.run_id, "date": p.label.date, "synthetic": p.label.synthetic,
+            "replayed_from": p.label.replayed_from,
             "best_trial_id": p.best.id, "best_variant": p.best.variant_name, "best_us": p.best.median_us,
             "best_tflops": p.best.tflops, "best_baseline_impl": p.best.best_baseline_impl,
             "ratio_to_best_baseline": p.best.ratio_to_best_baseline,

@@ -26,10 +26,11 @@ class RunLabel:
     run_ids: tuple[int, ...]
     date: str  # UTC date the run started
     synthetic: bool = False
+    replayed_from: Optional[str] = None  # the recording a replayed run answered from
 
     @property
     def caption(self) -> str:
-        return run_caption(self.gpu_name, self.run_ids, self.date, self.synthetic)
+        return run_caption(self.gpu_name, self.run_ids, self.date, self.synthetic, self.replayed_from is not None)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ class BenchmarkReport:
     @property
     def synthetic(self) -> bool:
         return any(p.label.synthetic for p in self.problems)
+
+    @property
+    def replayed_from(self) -> list[str]:
+        """The recordings that replayed runs of this report answered from."""
+        return sorted({p.label.replayed_from for p in self.problems if p.label.replayed_from})
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,8 @@ def _stored_row(store: Store, problem: Problem, variant: Optional[str], median_u
     """The stored ok measurement behind the study's best value (it may come from an earlier run)."""
     if variant is None or median_us is None:
         return None
-    shape = (problem.batch, problem.heads, problem.seq_q, problem.seq_k, problem.head_dim)
-    rows = store.query_trials(TrialFilter(shape=shape, dtype=problem.dtype, causal=problem.causal,
-                                          status=TrialStatus.OK))
-    rows = [r for r in rows if r.problem == problem and r.variant_name == variant]
+    rows = store.query_trials(TrialFilter(problem=problem, status=TrialStatus.OK))
+    rows = [r for r in rows if r.variant_name == variant]
     return min(rows, key=lambda r: abs((r.median_us or 0.0) - median_us), default=None)
 
 

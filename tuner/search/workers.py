@@ -32,6 +32,7 @@ from tuner.search.progress import SearchProgress
 from tuner.search.samplers import make_sampler
 from tuner.search.study import load_study, opened_storage, study_info
 from tuner.store import BaselineRecord, RunInfo, open_store
+from tuner.store.redact import redact_url
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
             run_id = store.start_run(RunInfo.for_this_process(
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
                 cuda_version=facts.cuda_version,
+                replayed_from=redact_url(spec.replay_from) if spec.backend == "replay" and spec.replay_from else None,
             ))
             ctx = Context(store, backend, run_id, profile, facts.gpu_name, compile_pool, stop, events, hooks)
             ctx.result.run_id = run_id

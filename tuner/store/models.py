@@ -70,6 +70,8 @@ class RunTable(Base):
     tuner_version: Mapped[Optional[str]] = mapped_column(String)
     host: Mapped[Optional[str]] = mapped_column(String)
     command_line: Mapped[Optional[str]] = mapped_column(Text)
+    # The recording a replayed run answered from (`--backend replay`): its numbers were not measured here.
+    replayed_from: Mapped[Optional[str]] = mapped_column(String)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     ended_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 

@@ -39,6 +39,7 @@ class RunInfo:
     tuner_version: Optional[str] = None
     host: Optional[str] = None
     command_line: Optional[str] = None
+    replayed_from: Optional[str] = None  # URL (secrets hidden) of the recording a replayed run answered from
 
     @classmethod
     def for_this_process(cls, *, gpu_name: str, profile: str, **gpu_facts: Optional[str]) -> "RunInfo":

@@ -6,6 +6,7 @@ import json
 import math
 from contextlib import contextmanager
 from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 from typing import Any, Iterator, Mapping, Optional
 
 from sqlalchemy import Engine, insert, select, update
@@ -325,17 +326,7 @@ class Store:
                 **fields,
                 compile_log=trial.compile_log,
                 source_path=trial.source_path,
-                run=RunInfo(
-                    gpu_name=run.gpu_name,
-                    profile=run.profile,
-                    gpu_uuid=run.gpu_uuid,
-                    driver=run.driver,
-                    cuda_version=run.cuda_version,
-                    torch_version=run.torch_version,
-                    tuner_version=run.tuner_version,
-                    host=run.host,
-                    command_line=run.command_line,
-                ),
+                run=RunInfo(**{f.name: getattr(run, f.name) for f in dataclass_fields(RunInfo)}),
                 run_started_at=q.utc(run.started_at),
                 run_ended_at=q.utc(run.ended_at),
                 ncu_metrics=metrics,

@@ -1,0 +1,43 @@
+"""The problem: FLOP counts (FlashAttention's convention, exact pairs for causal Sq != Sk) and serialisation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.errors import TunerError
+from tuner.problem import Problem, causal_pairs
+
+
+def _kept(seq_q: int, seq_k: int) -> int:
+    """Pairs the bottom-right causal mask keeps, counted one row at a time."""
+    return sum(min(max(i + seq_k - seq_q + 1, 0), seq_k) for i in range(seq_q))
+
+
+@given(st.integers(1, 400), st.integers(1, 400))
+def test_causal_pairs_count_what_the_mask_keeps(seq_q: int, seq_k: int) -> None:
+    assert causal_pairs(seq_q, seq_k) == _kept(seq_q, seq_k)
+
+
+def test_causal_flops_with_sq_ne_sk_count_the_kept_pairs() -> None:
+    p = Problem(2, 4, 777, 1333, 64, causal=True)
+    assert p.flops == 4 * 2 * 4 * 64 * _kept(777, 1333)
+    assert 0.70 < p.flops / Problem(2, 4, 777, 1333, 64).flops < 0.72  # not the half that was counted before
+    # Sq = Sk keeps FlashAttention's convention (half of the dense count), so ratios stay comparable with it.
+    assert Problem(1, 1, 2048, 2048, 64, causal=True).flops == Problem(1, 1, 2048, 2048, 64).flops / 2
+    assert Problem(1, 1, 4096, 16, 64, causal=True).flops == 4 * 64 * _kept(4096, 16)  # rows that see no key
+
+
+@given(st.builds(Problem, st.integers(1, 64), st.sampled_from([8, 16, 32]), st.integers(1, 9000), st.integers(1, 9000),
+                 st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16"]), st.booleans(),
+                 st.sampled_from([1, 2, 8]), st.sampled_from(["bhsd", "bshd"])))
+def test_to_dict_round_trips(problem: Problem) -> None:
+    assert Problem.from_dict(problem.to_dict()) == problem
+
+
+def test_from_dict_names_what_is_wrong() -> None:
+    with pytest.raises(TunerError, match="unknown problem field"):
+        Problem.from_dict({**Problem(1, 1, 1, 1, 64).to_dict(), "extra": 1})
+    with pytest.raises(TunerError, match="incomplete problem"):
+        Problem.from_dict({"batch": 1})
