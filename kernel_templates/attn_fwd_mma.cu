@@ -1,264 +1,33 @@
 // FlashAttention-2-style fused attention forward pass for sm_80 and newer.
 //
 // Tensor cores through mma.sync m16n8k16 (fp32 accumulation) fed by ldmatrix;
-// K/V tiles brought into shared memory by cp.async in a STAGES-deep ring;
-// online softmax in registers with exp2. Every tunable is a template
-// parameter: the tuner appends one `extern "C"` instantiation per variant
-// (see tuner/templates.py), so the compiler type-checks each of them.
+// K/V tiles brought into shared memory by cp.async in a STAGES-deep ring
+// (attn_fwd_mma/load_tile.h); online softmax in registers with exp2. Every
+// tunable is a template parameter (attn_fwd_mma/config.h): the tuner appends
+// one `extern "C"` instantiation per variant (see tuner/kernels/render.py),
+// so the compiler type-checks each of them.
 //
-// Problem: Q [B, H, Sq, D], K/V [B, Hkv, Sk, D], O like Q, all given by
-// element strides (batch, head, sequence; the head dim is contiguous), so
-// BHSD and BSHD both work without a copy. H must be a multiple of Hkv (GQA).
-// Causal masking is bottom-right aligned: query i sees key j iff
-// j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf.
+// Problem: see common/attn_args.h. Causal masking is bottom-right aligned:
+// query i sees key j iff j <= i + (Sk - Sq). Rows that see no key produce 0
+// and lse = -inf.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "attn_fwd_mma/config.h"
+#include "attn_fwd_mma/load_tile.h"
+#include "attn_fwd_mma/ptx_sm80.h"
+#include "attn_fwd_mma/tree_reduce.h"
+#include "common/attn_args.h"
+#include "common/utils.h"
 
 namespace fc {
 
-enum Swizzle { SWIZZLE_NONE = 0, SWIZZLE_PAD = 1, SWIZZLE_XOR = 2 };
-
-// ---------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; when `valid` is false the destination is zero-filled
-// (src-size 0), so tails never feed garbage (or NaN) into the tensor cores.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// 2^x on the special-function unit, flushing denormals: exp2f() adds range
-// fix-ups around the same instruction that softmax does not need.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Pairwise reduction of v[0 .. 2W) into v[0], by compile-time recursion so
-// every index is a constant (a run-time loop would put v in local memory).
-template <int W>
-struct TreeReduce {
-  template <class Op>
-  __device__ static __forceinline__ void run(float* v, Op op) {
-#pragma unroll
-    for (int i = 0; i < W; ++i) v[i] = op(v[i], v[i + W]);
-    TreeReduce<W / 2>::run(v, op);
-  }
-};
-template <>
-struct TreeReduce<0> {
-  template <class Op>
-  __device__ static __forceinline__ void run(float*, Op) {}
-};
-struct MaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct AddOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
-};
-
-template <typename T>
-struct Mma;
-
-template <>
-struct Mma<half> {
-  __device__ static __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16> {
-  __device__ static __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-
-// ------------------------------------------------------ shared-memory layout
-
-// A tile of `rows` x D elements, addressed in 16-byte chunks (8 elements).
-// NONE: dense rows (a row of 128 bytes puts the 8 rows an ldmatrix phase reads
-//   in one bank group: 8-way conflicts). PAD: each row padded by one chunk.
-// XOR: chunk index XOR (row % 8), conflict-free without padding (D % 64 == 0).
-template <int D, int SWIZZLE>
-struct TileLayout {
-  static constexpr int ROW_ELEMS = (SWIZZLE == SWIZZLE_PAD) ? D + 8 : D;
-  static_assert(SWIZZLE != SWIZZLE_XOR || D % 64 == 0, "XOR swizzle needs D a multiple of 64");
-  static constexpr int ROW_BYTES = ROW_ELEMS * 2;  // 16-bit elements
-  __device__ static __forceinline__ int offset(int row, int col) {  // col: multiple of 8
-    if constexpr (SWIZZLE == SWIZZLE_XOR) {
-      return row * ROW_ELEMS + ((((col >> 3) ^ (row & 7))) << 3);
-    } else {
-      return row * ROW_ELEMS + col;
-    }
-  }
-  // ldmatrix addressing without a register per fragment: a thread keeps the
-  // byte address of its base row and the (swizzled) byte offset of its base
-  // chunk (0 or 1); moving by dr rows (dr % 8 == 0, so row & 7 is unchanged)
-  // and dc columns (dc % 16 == 0) is then an add and an XOR of constants,
-  // which fold into the instruction's immediate offset.
-  __device__ static __forceinline__ uint32_t chunk_bytes(int row0, int chunk0) {
-    return SWIZZLE == SWIZZLE_XOR ? (uint32_t)((chunk0 ^ (row0 & 7)) << 4) : (uint32_t)(chunk0 << 4);
-  }
-  __device__ static __forceinline__ uint32_t addr(uint32_t row_base, uint32_t cb, int dr, int dc) {
-    if constexpr (SWIZZLE == SWIZZLE_XOR) {
-      return row_base + dr * ROW_BYTES + (cb ^ (uint32_t)(dc * 2));
-    } else {
-      return row_base + dr * ROW_BYTES + cb + dc * 2;
-    }
-  }
-};
-
-// --------------------------------------------------------------- the kernel
-
-template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int KV_SPLIT_, int SWIZZLE_,
-          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool LAZY_RESCALE_, bool CAUSAL_>
-struct AttnConfig {
-  using T = T_;
-  static constexpr int D = HEAD_DIM_;
-  static constexpr int BM = BLOCK_M_;
-  static constexpr int BN = BLOCK_N_;
-  static constexpr int NUM_WARPS = NUM_WARPS_;
-  static constexpr int KV_SPLIT = KV_SPLIT_;
-  static constexpr int SWIZZLE = SWIZZLE_;
-  static constexpr int STAGES = STAGES_;
-  static constexpr bool Q_IN_REGS = Q_IN_REGS_;
-  static constexpr bool CAUSAL = CAUSAL_;
-  // CTAs per SM the register allocation must allow (__launch_bounds__'s
-  // second argument): 2 caps registers at 65536 / (2 * THREADS) per thread.
-  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
-  // Skip the O rescale of a tile when no row max of the warp moved (a vote
-  // and a branch per m-tile, against DT*4 multiplies).
-  static constexpr bool LAZY_RESCALE = LAZY_RESCALE_;
-
-  static constexpr int THREADS = NUM_WARPS * 32;
-  static constexpr int WARPS_M = NUM_WARPS / KV_SPLIT;  // warps stacked along query rows
-  static constexpr int ROWS_PER_WARP = BM / WARPS_M;
-  static constexpr int MT = ROWS_PER_WARP / 16;  // m16 tiles per warp
-  static constexpr int KEYS_PER_WARP = BN / KV_SPLIT;
-  static constexpr int NT = KEYS_PER_WARP / 8;  // n8 tiles of S per warp
-  static constexpr int KD = D / 16;             // k16 steps of Q.K^T
-  static constexpr int KN = KEYS_PER_WARP / 16;  // k16 steps of P.V
-  static constexpr int DT = D / 8;              // n8 tiles of O
-
-  static_assert(NUM_WARPS % KV_SPLIT == 0, "KV_SPLIT must divide NUM_WARPS");
-  static_assert(BM % (16 * WARPS_M) == 0, "each warp needs a multiple of 16 query rows");
-  static_assert(BN % (16 * KV_SPLIT) == 0, "each warp needs a multiple of 16 keys per tile");
-  static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-  static_assert(STAGES >= 1 && STAGES <= 4, "1-4 cp.async stages");
-  static_assert((NT & (NT - 1)) == 0, "TreeReduce needs a power-of-two number of n8 tiles per warp");
-
-  using Layout = TileLayout<D, SWIZZLE>;
-  static constexpr int Q_TILE = BM * Layout::ROW_ELEMS;  // elements
-  static constexpr int KV_TILE = BN * Layout::ROW_ELEMS;
-  static constexpr int MAIN_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * (int)sizeof(T);
-  // The key-split reduction reuses the K/V ring: fp32 O partials + row stats.
-  static constexpr int COMBINE_BYTES =
-      KV_SPLIT > 1 ? Q_TILE * (int)sizeof(T) + (BM * D + 2 * KV_SPLIT * BM) * 4 : 0;
-  static constexpr int SMEM_BYTES = MAIN_BYTES > COMBINE_BYTES ? MAIN_BYTES : COMBINE_BYTES;
-};
-
-struct AttnArgs {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  float* lse;  // [B, H, Sq] contiguous, or null
-  long long q_sb, q_sh, q_ss;
-  long long k_sb, k_sh, k_ss;
-  long long v_sb, v_sh, v_ss;
-  long long o_sb, o_sh, o_ss;
-  int sq, sk, h_per_kv;
-  float scale;  // softmax scale (natural units)
-};
-
-// Copy `ROWS` x D elements from global rows [row0, row0 + ROWS) into a tile;
-// rows at or past `row_end` are zero-filled.
-template <class C, int ROWS>
-__device__ __forceinline__ void load_tile(typename C::T* tile, const typename C::T* base, long long row_stride,
-                                          int row0, int row_end) {
-  constexpr int CHUNKS_PER_ROW = C::D / 8;
-  constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
-  constexpr int ITERS = (TOTAL + C::THREADS - 1) / C::THREADS;
-  if constexpr (C::THREADS % CHUNKS_PER_ROW == 0) {
-    // Each thread keeps one column chunk and steps down the rows: the global
-    // address advances by a constant stride instead of a fresh 64-bit product.
-    constexpr int ROWS_PER_ITER = C::THREADS / CHUNKS_PER_ROW;
-    const int r0 = (int)threadIdx.x / CHUNKS_PER_ROW;
-    const int c = ((int)threadIdx.x % CHUNKS_PER_ROW) * 8;
-    const typename C::T* src = base + (long long)(row0 + r0) * row_stride + c;
-    const long long step = (long long)ROWS_PER_ITER * row_stride;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int r = r0 + it * ROWS_PER_ITER;
-      if (TOTAL % C::THREADS == 0 || r < ROWS) {
-        const bool valid = row0 + r < row_end;
-        cp_async_16(tile + C::Layout::offset(r, c), valid ? src : base, valid);
-      }
-      src += step;
-    }
-  } else {
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int i = it * C::THREADS + (int)threadIdx.x;
-      if (TOTAL % C::THREADS == 0 || i < TOTAL) {
-        const int r = i / CHUNKS_PER_ROW;
-        const int c = (i % CHUNKS_PER_ROW) * 8;
-        const bool valid = row0 + r < row_end;
-        const typename C::T* src = base + (valid ? (long long)(row0 + r) * row_stride + c : 0);
-        cp_async_16(tile + C::Layout::offset(r, c), src, valid);
-      }
-    }
-  }
-}
-
+// Main loop and epilogue in one function on purpose: an epilogue function
+// taking the accumulators by reference changed the registers and SASS nvcc
+// produced for most variants.
 template <class C>
 __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
   using T = typename C::T;
   using L = typename C::Layout;
   using M = Mma<T>;
-  const float NEG_INF = -INFINITY;
-  constexpr float LOG2E = 1.4426950408889634f;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -304,11 +73,11 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
   // two 8-row halves, chunks k..k+1; B of Q.K^T (K, non-transposed): two
   // 8-key groups; B of P.V (V, transposed): two 8-key halves, two d chunks.
   const int q_row0 = row_base + (lane % 8) + ((lane / 8) % 2) * 8;
-  const uint32_t q_rb = smem_addr(sQ) + q_row0 * L::ROW_BYTES, q_cb = L::chunk_bytes(q_row0, lane / 16);
+  const uint32_t q_rb = smem_u32(sQ) + q_row0 * L::ROW_BYTES, q_cb = L::chunk_bytes(q_row0, lane / 16);
   const int k_row0 = key_base + (lane / 16) * 8 + (lane % 8);
-  const uint32_t k_rb = smem_addr(sK) + k_row0 * L::ROW_BYTES, k_cb = L::chunk_bytes(k_row0, (lane / 8) % 2);
+  const uint32_t k_rb = smem_u32(sK) + k_row0 * L::ROW_BYTES, k_cb = L::chunk_bytes(k_row0, (lane / 8) % 2);
   const int v_row0 = key_base + ((lane / 8) % 2) * 8 + (lane % 8);
-  const uint32_t v_rb = smem_addr(sV) + v_row0 * L::ROW_BYTES, v_cb = L::chunk_bytes(v_row0, lane / 16);
+  const uint32_t v_rb = smem_u32(sV) + v_row0 * L::ROW_BYTES, v_cb = L::chunk_bytes(v_row0, lane / 16);
   constexpr uint32_t KV_TILE_BYTES = C::KV_TILE * 2;
 
   uint32_t q_frag[C::Q_IN_REGS ? C::MT : 1][C::Q_IN_REGS ? C::KD : 1][4];
@@ -476,10 +245,10 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
       uint32_t p_frag[C::MT][4];
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
-        p_frag[mt][0] = M::pack(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        p_frag[mt][1] = M::pack(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        p_frag[mt][2] = M::pack(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        p_frag[mt][3] = M::pack(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+        p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
       }
 #pragma unroll
       for (int dp = 0; dp < C::DT / 2; ++dp) {
@@ -520,7 +289,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
         for (int dt = 0; dt < C::DT; ++dt) {
           const int col = dt * 8 + 2 * t;
           *reinterpret_cast<uint32_t*>(sQ + L::offset(row_t, col & ~7) + (col & 7)) =
-              M::pack(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+              pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
         }
         const int row = m0 + row_t;
         if (a.lse != nullptr && t == 0 && row < a.sq)
@@ -579,10 +348,10 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
       if (m0 + r < a.sq) {
         const float* src = s_acc + r * C::D + c;
         uint4 packed;
-        packed.x = M::pack(src[0], src[1]);
-        packed.y = M::pack(src[2], src[3]);
-        packed.z = M::pack(src[4], src[5]);
-        packed.w = M::pack(src[6], src[7]);
+        packed.x = pack2<T>(src[0], src[1]);
+        packed.y = pack2<T>(src[2], src[3]);
+        packed.z = pack2<T>(src[4], src[5]);
+        packed.w = pack2<T>(src[6], src[7]);
         *reinterpret_cast<uint4*>(o + (long long)(m0 + r) * a.o_ss + c) = packed;
       }
     }
@@ -591,17 +360,10 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
 
 }  // namespace fc
 
-// The tuner appends, for one variant:
-//   using Cfg = fc::AttnConfig<...>;
-//   extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) <variant name>(ATTN_FWD_PARAMS)
-//   { ATTN_FWD_BODY(Cfg) }
-#define ATTN_FWD_PARAMS                                                                                   \
-  const void *q, const void *k, const void *v, void *o, float *lse, long long q_sb, long long q_sh,      \
-      long long q_ss, long long k_sb, long long k_sh, long long k_ss, long long v_sb, long long v_sh,     \
-      long long v_ss, long long o_sb, long long o_sh, long long o_ss, int sq, int sk, int h_per_kv,       \
-      float scale
+// The tuner appends, for one variant (tuner/kernels/render.py):
+//   using TunerCfg = fc::AttnConfig<...>;
+//   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS) <name>(ATTN_FWD_PARAMS)
+//   { ATTN_FWD_BODY(TunerCfg) }
+#define ATTN_FWD_PARAMS ATTN_FWD_TENSOR_PARAMS
 
-#define ATTN_FWD_BODY(CFG)                                                                                 \
-  fc::AttnArgs args{q,    k,    v,    o,    lse,  q_sb, q_sh, q_ss, k_sb, k_sh,     k_ss,                  \
-                    v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, sq,   sk,   h_per_kv, scale};                      \
-  fc::attn_fwd<CFG>(args);
+#define ATTN_FWD_BODY(CFG) fc::attn_fwd<CFG>(ATTN_FWD_ARGS((int)gridDim.y, (int)gridDim.z));

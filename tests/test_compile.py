@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.kernels.compiler import compile_many, compile_source, parse_ptxas
+from tuner.kernels.compiler import compile_source, parse_ptxas
 from tuner.kernels.feasibility import covering_sample
 from tuner.kernels.render import render
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.build import build_many
 
 pytestmark = [
     pytest.mark.nvcc,
@@ -42,7 +43,7 @@ def test_covering_sample_compiles(arch: str) -> None:
     for name in variants[0].params:
         values = {repr(v.params[name]) for v in variants}
         assert len(values) >= 2 or name == "Q_IN_REGS", (name, values)
-    results = compile_many([(render(v), v.name, arch) for v in variants], workers=2)
+    results = [b.compiled for b in build_many(variants, arch, workers=2)]
     failures = [f"{v.name}:\n{r.log[-1500:]}" for v, r in zip(variants, results) if not r.ok]
     assert not failures, "\n".join(failures)
     figures = {v.name: {"registers": r.registers, "spill_bytes": r.spill_bytes, "compile_s": round(r.seconds, 2)}
@@ -101,9 +102,35 @@ def test_winning_shapes_keep_everything_in_registers(name: str) -> None:
 
 def test_same_source_gives_the_same_cubin_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Export compares cubin hashes with the ones the search stored; that only
-    # works if nvcc output is reproducible (no random paths in -lineinfo).
+    # works if nvcc output does not depend on the (private, random) build folder.
     src = 'extern "C" __global__ void tiny2(float* x) { x[threadIdx.x] = 2.0f; }\n'
     first = compile_source(src, "tiny2", "sm_80", use_cache=False)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "other-cache"))
     second = compile_source(src, "tiny2", "sm_80", use_cache=False)
     assert first.ok and second.ok and first.cubin_sha256 == second.cubin_sha256
+
+
+def test_nvcc_builds_in_a_private_folder_not_a_shared_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path another user could plant under /tmp (a symlink to their folder) is never written through."""
+    shared_tmp = tmp_path / "tmp"
+    planted = tmp_path / "attacker"
+    shared_tmp.mkdir()
+    planted.mkdir()
+    (shared_tmp / "tuner-nvcc").symlink_to(planted)
+    monkeypatch.setenv("TMPDIR", str(shared_tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    src = 'extern "C" __global__ void tiny3(float* x) { x[threadIdx.x] = 3.0f; }\n'
+    assert compile_source(src, "tiny3", "sm_80", use_cache=False).ok
+    assert list(planted.iterdir()) == []
+    build_root = tmp_path / "cache" / "build"  # beside the cubin cache, the user's own
+    assert build_root.is_dir() and (build_root.stat().st_mode & 0o077) == 0 and list(build_root.iterdir()) == []
+
+
+def test_lineinfo_builds_keep_the_machine_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profiling builds with -lineinfo (ncu's source view): another cache entry, the same .text."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    src = 'extern "C" __global__ void tiny4(float* x) { x[threadIdx.x] = 4.0f; }\n'
+    plain, lined = compile_source(src, "tiny4", "sm_80"), compile_source(src, "tiny4", "sm_80", lineinfo=True)
+    assert plain.ok and lined.ok and plain.cubin_path != lined.cubin_path
+    assert plain.registers == lined.registers

@@ -502,7 +502,7 @@ def test_header_export(export_store, tmp_path) -> None:
     assert (out / "attn_fwd_mma.cu").is_file()
     assert "namespace fc_tuned {" in header and "namespace h100 {" in header
     assert "struct fp16_d64_noncausal_g1_sq11_sk11 {" in header
-    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, 2, 2, true, 1, false, false>;" in header
+    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::Xor, 2, true, 1, false, false>;" in header
     assert "struct bf16_d128_causal_g4_sq10_sk10 {" in header and "static constexpr int BLOCK_N = 32;" in header
     assert "sq11" in header and "sq8" in header
 
@@ -650,8 +650,8 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> Non
     assert options == [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")] and "-O3" in options
     seen = {}
 
-    def fake_compile(source, options=None, arch=None, no_extern_c=False):
-        seen.update(options=options, arch=arch)
+    def fake_compile(source, options=None, arch=None, no_extern_c=False, include_dirs=()):
+        seen.update(options=options, arch=arch, include_dirs=list(include_dirs))
         return b"cubin"
 
     compiler = ModuleType("pycuda.compiler")
@@ -659,7 +659,25 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> Non
     monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
     monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
     assert mod._kernels._jit_cubin("src", (8, 9)) == b"cubin"
-    assert seen == {"options": options, "arch": "sm_89"}
+    assert seen == {"options": options, "arch": "sm_89",
+                    "include_dirs": [str(report.out.resolve() / report.package / "kernels")]}
+
+
+def test_a_shipped_source_compiles_with_the_shipped_headers_alone(exported, tmp_path) -> None:
+    """The package carries every header its sources include (hashed like them): nvcc needs nothing else."""
+    report, mod = exported
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(report.out / report.package / "kernels", moved)  # away from kernel_templates/
+    headers = json.loads((report.out / report.package / "manifest.json").read_text())["headers"]
+    assert any(rel.startswith("kernels/common/") for rel in headers)
+    meta = next(iter(mod.MANIFEST["kernels"].values()))
+    source = moved / Path(meta["source"]).name
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not on PATH")
+    out = subprocess.run([nvcc, "-cubin", "-std=c++17", "-gencode", "arch=compute_80,code=sm_80", "-o",
+                          str(tmp_path / "k.cubin"), str(source)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def _synthetic_header_inputs():
@@ -705,7 +723,7 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
     # Host only: stand-ins for the CUDA types the Config aliases name.
     (tmp_path / "main.cpp").write_text(
         "struct half; struct __nv_bfloat16;\n"
-        "namespace fc { template <class T, auto... V> struct AttnConfig {}; }\n"
+        "namespace fc { enum class Swizzle { None, Pad, Xor }; template <class T, auto... V> struct AttnConfig {}; }\n"
         '#include "fc_tuned.h"\n#include <cstdio>\n'
         "int main() { int dt, hd, c, g, sq, sk;\n"
         '  while (std::scanf("%d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk) == 6)\n'

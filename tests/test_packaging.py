@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -96,6 +97,44 @@ def test_installed_wheel_finds_its_assets(installed, tmp_path):
 
     result = _run([sys.executable, "-m", "tuner", "profiles", "--format", "json"], cwd=tmp_path, env=env)
     assert [p["name"] for p in json.loads(result.stdout)] == ["a100", "h100", "h200", "l4"]
+
+
+def test_installed_wheel_compiles_from_its_own_headers(installed, tmp_path, monkeypatch):
+    """The installed templates list (and hash) the same files as the checkout, all inside the install; with nvcc,
+    a variant compiled from the install is byte for byte the checkout's cubin (headers are hashed and copied by
+    content, so where the templates are installed does not matter)."""
+    from tuner.kernels.manifest import load_manifest
+
+    env = {**os.environ, "PYTHONPATH": str(installed), "TUNER_CACHE_DIR": str(tmp_path / "installed-cache")}
+    env.pop("TUNER_TEMPLATE_PATH", None)
+    name = "attn_fwd_wgmma_d64_fp16_m128n128_s2_sw128_r24_ov_pp_p_causal"
+    code = (
+        "import json, shutil\n"
+        "from tuner.kernels.manifest import load_manifest\n"
+        "m = load_manifest('attn_fwd_wgmma')\n"
+        "out = {'files': {r: str(p) for r, p in m.files.items()}, 'hash': m.source_hash}\n"
+        "if shutil.which('nvcc'):\n"
+        "    from tuner.kernels.compiler import compile_source\n"
+        "    from tuner.kernels.render import render\n"
+        "    from tuner.kernels.variant import parse_variant_name\n"
+        f"    r = compile_source(render(parse_variant_name({name!r})), {name!r}, 'sm_90a')\n"
+        "    out['cubin'] = r.cubin_sha256 if r.ok else r.log\n"
+        "print(json.dumps(out))\n"
+    )
+    got = json.loads(_run([sys.executable, "-c", code], cwd=tmp_path, env=env, timeout=300).stdout)
+    assets = installed / "tuner" / "_assets" / "kernel_templates"
+    assert {r: Path(p) for r, p in got["files"].items()} == {r: assets / r for r in load_manifest("attn_fwd_wgmma").files}
+    assert all(Path(p).is_file() for p in got["files"].values())
+    assert got["hash"] == load_manifest("attn_fwd_wgmma").source_hash
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: compile from the install not checked")
+    from tuner.kernels.compiler import compile_source
+    from tuner.kernels.render import render
+    from tuner.kernels.variant import parse_variant_name
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "checkout-cache"))
+    mine = compile_source(render(parse_variant_name(name)), name, "sm_90a")
+    assert mine.ok and got["cubin"] == mine.cubin_sha256
 
 
 def test_python_m_tuner_help():

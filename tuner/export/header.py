@@ -155,16 +155,23 @@ def write_header(options: ExportOptions, name: str, profile: GpuProfile, manifes
     templates = {k.variant.template for k in built.values()}
     if len(templates) != 1:
         raise TunerError(f"a header export takes kernels of one template; these come from {sorted(templates)}")
-    template_path = load_manifest(templates.pop()).source_path
+    template = load_manifest(templates.pop())
+    template_path = template.source_path
     header = f"{name}.h"
-    names = [header, template_path.name]
+    # The template source and the headers it includes (common/, <template>/), laid out as under
+    # kernel_templates/: `#include "<template>.cu"` then compiles with no -I.
+    names = [header, *sorted({rel.split("/")[0] for rel in template.files})]
     check_out(options.out, options.force, names, is_header_export(options.out, name))
     text = render_header(name, profile, manifest, built, template_path.name)
 
     def write(root: Path) -> list[Path]:
-        shutil.copyfile(template_path, root / template_path.name)
+        copied = []
+        for rel, path in template.files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, root / rel)
+            copied.append(root / rel)
         (root / header).write_text(text)
-        return [root / header, root / template_path.name]
+        return [root / header, *copied]
 
     files = write_staged(options.out, names, write)
     return ExportReport(options.out, "header", name, manifest["entries"], len(built), files)

@@ -111,6 +111,17 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),
                 "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},
             }
+        # The headers the kernel sources include (common/, <template>/), beside them, each with its sha256:
+        # a JIT compile (or a user's nvcc) of kernels/<name>.cu needs them. One copy per path.
+        headers = {rel: path for k in built.values()
+                   for rel, path in list(load_manifest(k.variant.template).files.items())[1:]}
+        manifest["headers"] = {}
+        for rel, path in sorted(headers.items()):
+            data = path.read_bytes()
+            (pkg / "kernels" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (pkg / "kernels" / rel).write_bytes(data)
+            manifest["headers"][f"kernels/{rel}"] = _sha(data)
+            files.append(pkg / "kernels" / rel)
         tuner_dir = Path(__file__).resolve().parent.parent
         for src, dest in _RUNTIME_FILES:
             shutil.copyfile(tuner_dir / src, pkg / dest)

@@ -4,6 +4,14 @@ We call nvcc the way PyCUDA's compiler does (source -> cubin), but directly,
 because we also need ptxas's resource report (registers, spills) and because
 compiling must work on machines without a GPU driver (CI, a compile pool).
 The cubin is loaded with PyCUDA in tuner.runtime.driver.
+
+Headers: a rendered template `#include`s headers by paths relative to the
+templates folders (e.g. "common/utils.h", "attn_fwd_wgmma/config.h"). The
+headers reachable from the source (tuner.kernels.manifest.find_headers) are
+part of the cache key, by name and content, and are copied into the build
+folder, which nvcc gets as its include dir: nvcc sees exactly the hashed
+files, and the paths -lineinfo records do not depend on where the templates
+are installed.
 """
 
 from __future__ import annotations
@@ -17,7 +25,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,8 +32,13 @@ from pathlib import Path
 import platformdirs
 
 from tuner.errors import TunerError
+from tuner.kernels.manifest import find_headers, template_folders
 
-BASE_OPTIONS = ("-O3", "-std=c++17", "--ptxas-options=-v", "-lineinfo")
+BASE_OPTIONS = ("-O3", "-std=c++17", "--ptxas-options=-v")
+# -lineinfo maps SASS to source lines for ncu's source view (tuner profile builds with it). It only adds
+# debug sections (the .text is the same), but those record the build folder, so a search's cubins,
+# whose hashes export compares across machines, are built without it.
+LINEINFO = "-lineinfo"
 
 
 @dataclass(frozen=True)
@@ -78,9 +90,24 @@ def cache_dir() -> Path:
     return path
 
 
-def cache_key(source: str, arch: str, options: tuple[str, ...] = BASE_OPTIONS) -> str:
+def cache_key(source: str, arch: str, options: tuple[str, ...] = BASE_OPTIONS,
+              headers: dict[str, bytes] | None = None) -> str:
+    """Content hash of one compile: source, arch, options, nvcc's version and
+    the headers the source includes (relative name -> content)."""
     text = "\0".join([source, arch, *options, nvcc_version()])
+    for rel, content in sorted((headers or {}).items()):
+        text += f"\0{rel}\0{hashlib.sha256(content).hexdigest()}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write_pinned(path: Path, data: bytes) -> None:
+    """Write atomically with a fixed mtime: -lineinfo records files' mtimes, and
+    concurrent compiles of one key write the same bytes (whoever wins)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_bytes(data)
+    os.utime(tmp, (0, 0))
+    os.replace(tmp, path)
 
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -109,9 +136,28 @@ def parse_ptxas(log: str, entry: str) -> dict[str, int]:
     return stats
 
 
-def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True, timeout_s: float = 300.0) -> CompileResult:
-    """Compile CUDA source to a cubin for `arch`; failures are a result, not an exception."""
-    key = cache_key(source, arch)
+def _private_build_folder() -> Path:
+    """A fresh folder only this user can enter, under the user's cache (never a shared, guessable /tmp
+    path that another user could have planted as a symlink)."""
+    root = cache_dir().parent / "build"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="nvcc-", dir=root))
+
+
+def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True, timeout_s: float = 300.0,
+                   include_dirs: tuple[str | os.PathLike, ...] | None = None, lineinfo: bool = False) -> CompileResult:
+    """Compile CUDA source to a cubin for `arch`; failures are a result, not an exception.
+
+    Quoted #includes resolve in `include_dirs` (overlaid, earlier ones win;
+    default: the templates folders, tuner.kernels.manifest.template_folders()).
+    """
+    dirs = template_folders() if include_dirs is None else tuple(Path(d) for d in include_dirs)
+    try:
+        headers = {rel: path.read_bytes() for rel, path in find_headers(source, dirs).items()}
+    except (OSError, TunerError) as exc:
+        return CompileResult(False, entry, arch, None, "", 0, 0, 0, 0, 0.0, f"cannot read the included headers: {exc}")
+    options = BASE_OPTIONS + ((LINEINFO,) if lineinfo else ())
+    key = cache_key(source, arch, options, headers=headers)
     cdir = cache_dir()
     cubin_path, meta_path = cdir / f"{key}.cubin", cdir / f"{key}.json"
     if use_cache and cubin_path.exists() and meta_path.exists():
@@ -119,18 +165,24 @@ def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True
         meta.update(cubin_path=cubin_path, cached=True)
         return CompileResult(**meta)
     start = time.perf_counter()
-    # -lineinfo embeds the source path in the cubin: build in a directory named
-    # after the content key so the same source always yields the same bytes
-    # (export compares cubin hashes across machines and cache wipes).
-    build = Path(tempfile.gettempdir()) / "tuner-nvcc" / key[:32]
-    build.mkdir(parents=True, exist_ok=True)
+    build = _private_build_folder()
+    try:
+        return _compile_in(build, source, headers, entry, arch, options, timeout_s, start, cubin_path, meta_path)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def _compile_in(build: Path, source: str, headers: dict[str, bytes], entry: str, arch: str, options: tuple[str, ...],
+                timeout_s: float, start: float, cubin_path: Path, meta_path: Path) -> CompileResult:
+    """nvcc in `build`; the result (cubin and ptxas statistics) is written to the cache atomically."""
     src = build / f"{entry}.cu"
-    tmp_src = build / f"{entry}.cu.{os.getpid()}.{threading.get_ident()}"
-    tmp_src.write_text(source)
-    os.utime(tmp_src, (0, 0))  # the line table records the source's mtime: pin it
-    os.replace(tmp_src, src)  # identical content (and mtime) whoever wins
+    _write_pinned(src, source.encode())
+    include = build / "include"
+    for rel, content in headers.items():
+        _write_pinned(include / rel, content)
     out = build / f"{entry}.{os.getpid()}.{threading.get_ident()}.cubin"
-    cmd = [find_nvcc(), "-cubin", *BASE_OPTIONS, *arch_flags(arch), "-o", str(out), str(src)]
+    cmd = [find_nvcc(), "-cubin", *options, *arch_flags(arch), *(["-I", str(include)] if headers else []),
+           "-o", str(out), str(src)]
     try:
         # Own session: a Ctrl-C at the terminal stops the search after the current
         # trial, and must not kill nvcc mid-compile (that would store a bogus compile_error).
@@ -153,16 +205,3 @@ def compile_source(source: str, entry: str, arch: str, *, use_cache: bool = True
         tmp_path.write_bytes(payload)
         os.replace(tmp_path, path)
     return CompileResult(**{**asdict(result), "cubin_path": cubin_path})
-
-
-def compile_many(jobs: list[tuple[str, str, str]], workers: int | None = None) -> list[CompileResult]:
-    """Compile (source, entry, arch) jobs in a process pool, results in order."""
-    workers = workers or max(1, (os.cpu_count() or 2))
-    if workers == 1 or len(jobs) <= 1:
-        return [compile_source(*job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_compile_job, jobs))
-
-
-def _compile_job(job: tuple[str, str, str]) -> CompileResult:
-    return compile_source(*job)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,11 @@ from tuner.errors import TunerError
 ParamValue = int | bool | str
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What a `cxx` spelling may be: a (qualified) C++ name such as fc::Swizzle::Pad,
+# or an integer literal; it is pasted into the rendered source.
+_CXX_SPELLING = re.compile(r"^(?:(?:::)?[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*|-?[0-9]+)$")
+# A quoted #include; angle-bracket includes are the toolkit's, covered by its version.
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -25,9 +31,15 @@ class ParamSpec:
     values: tuple[ParamValue, ...]
     doc: str
     labels: tuple[str, ...]  # how each value appears in a variant name, same order as values
+    # How each value is spelled in the C++ instantiation, same order as values;
+    # None: the value itself (an int, true/false). String values always have one.
+    cxx: tuple[str | None, ...] = ()
 
     def label(self, value: ParamValue) -> str:
         return self.labels[self.values.index(value)]
+
+    def cxx_spelling(self, value: ParamValue) -> str | None:
+        return self.cxx[self.values.index(value)] if self.cxx else None
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,19 @@ class Manifest:
     name_format: str
     constraints: tuple[Constraint, ...]
     resources: dict[str, str]
-    source_hash: str  # sha256 of the template source and manifest: identifies the code measured
+    # sha256 of the manifest, the template source and every header it includes
+    # (with their names): identifies the code measured
+    source_hash: str
+    # The source and every header it includes, recursively: path relative to
+    # the templates folder (posix) -> file. The source comes first, then the
+    # headers by name. Copying each file to <dest>/<relative path> gives a
+    # folder in which the source (or a rendered variant of it placed there)
+    # compiles with no -I.
+    files: dict[str, Path] = field(default_factory=dict)
+    # Where its quoted #includes resolve (overlaid, earlier first): the
+    # templates folders (template_folders()), then the manifest's own folder
+    # if it is not one of them.
+    include_dirs: tuple[Path, ...] = ()
 
     @property
     def source(self) -> str:
@@ -70,6 +94,32 @@ def _default_label(value: ParamValue) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
+
+
+def _value_key(value: ParamValue) -> str:
+    """How a value is named as a key of a manifest's `labels` and `cxx` tables."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _cxx_spellings(spec: dict[str, Any], values: tuple[ParamValue, ...], where: str) -> tuple[str | None, ...]:
+    """The `cxx` table of one parameter, in the order of its values; every string value needs a spelling."""
+    table = spec.get("cxx", {})
+    if not isinstance(table, dict):
+        raise TunerError(f"{where} cxx must be a table of value = \"C++ spelling\"")
+    keys = {_value_key(v) for v in values}
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        raise TunerError(f"{where} cxx names {', '.join(map(repr, unknown))}, not among its values")
+    missing = [v for v in values if isinstance(v, str) and _value_key(v) not in table]
+    if missing:
+        raise TunerError(f"{where} string value(s) {', '.join(map(repr, missing))} have no C++ spelling: "
+                         f"add them to its cxx table (e.g. cxx = {{ {missing[0]} = \"ns::Enum::Name\" }})")
+    bad = [str(s) for s in table.values() if not isinstance(s, str) or not _CXX_SPELLING.match(s)]
+    if bad:
+        raise TunerError(f"{where} cxx spelling(s) {', '.join(map(repr, bad))} are not C++ names or integers")
+    if not table:
+        return ()
+    return tuple(table.get(_value_key(v)) for v in values)
 
 
 def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -100,11 +150,11 @@ def load_manifest_file(path: Path) -> Manifest:
         if not values or not all(isinstance(v, (int, str)) for v in values):
             raise TunerError(f"{where}: [params.{pname}] values must be a non-empty list of ints, bools or strings")
         labels_map = spec.get("labels", {})
-        labels = tuple(str(labels_map.get(str(v).lower() if isinstance(v, bool) else str(v), _default_label(v)))
-                       for v in values)
+        labels = tuple(str(labels_map.get(_value_key(v), _default_label(v))) for v in values)
         if len(set(labels)) != len(labels) or not all(_IDENT.match("x" + lab) for lab in labels):
             raise TunerError(f"{where}: [params.{pname}] labels must be distinct identifier fragments")
-        params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels)
+        cxx = _cxx_spellings(spec, values, f"{where}: [params.{pname}]")
+        params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx)
     config_args = tuple(_require(data, "config_args", list, where))
     for arg in config_args:
         if arg not in params and arg not in ("dtype", "head_dim", "causal"):
@@ -113,7 +163,18 @@ def load_manifest_file(path: Path) -> Manifest:
     for pname in params:
         if "{" + pname + "}" not in name_format:
             raise TunerError(f"{where}: name_format must contain {{{pname}}}")
-    text = path.read_text() + "\0" + source_path.read_text()
+    include_dirs = template_folders()
+    if not any(_same_dir(path.parent, d) for d in include_dirs):
+        include_dirs += (path.parent,)
+    try:
+        files = template_files(source_path, include_dirs)
+    except TunerError as exc:
+        raise TunerError(f"{where}: {exc}") from None
+    for rel, found in list(files.items())[1:]:
+        mine = path.parent / rel
+        if mine.is_file() and not mine.samefile(found):
+            raise TunerError(f"{where}: header {rel} of this template is shadowed by {found} (header paths, like "
+                             f"template names, come from the first templates folder that has them); rename yours")
     return Manifest(
         name=name,
         source_path=source_path,
@@ -136,17 +197,94 @@ def load_manifest_file(path: Path) -> Manifest:
             for c in data.get("constraints", [])
         ),
         resources={k: str(v) for k, v in _require(data, "resources", dict, where).items()},
-        source_hash=hashlib.sha256(text.encode()).hexdigest(),
+        source_hash=_source_hash(path, files),
+        files=files,
+        include_dirs=include_dirs,
     )
 
 
-def _manifest_paths() -> dict[str, Path]:
-    """Template name -> manifest: the shipped folder first, then the folders of
-    TUNER_TEMPLATE_PATH (os.pathsep-separated) in order; the first one found wins."""
+def template_folders() -> tuple[Path, ...]:
+    """The folders templates come from: the shipped one, then those of
+    TUNER_TEMPLATE_PATH (os.pathsep-separated) in order.
+
+    They are also the include path of every template (and compile_source's
+    default), overlaid in this order: `#include "common/utils.h"` in a
+    template of any of them finds the shipped common/ headers, and where two
+    folders hold the same relative path the earlier one wins, as for
+    template names (loading a template whose own copy of a header is
+    shadowed that way is an error, not a silent surprise).
+    """
     folders = [asset_dir("kernel_templates")]
     folders += [Path(entry) for entry in os.environ.get("TUNER_TEMPLATE_PATH", "").split(os.pathsep) if entry.strip()]
+    return tuple(folders)
+
+
+def find_headers(text: str, include_dirs: tuple[Path, ...]) -> dict[str, Path]:
+    """Headers reachable from source `text` through quoted #include lines.
+
+    The include dirs are overlaid into one tree (earlier ones win). A quoted
+    include is resolved as the preprocessor does, in that tree: relative to
+    the including file's folder first, then from the tree's root; the source
+    itself sits at the root. Returns relative posix path -> file, sorted by
+    path. Includes found nowhere in the tree (the toolkit's own headers,
+    say) are left to nvcc.
+    """
+    def lookup(rel: str) -> Path | None:
+        if rel == ".." or rel.startswith(("../", "/")):
+            return None
+        for folder in include_dirs:
+            candidate = Path(folder) / rel
+            if candidate.is_file():
+                return candidate
+        return None
+
+    found: dict[str, Path] = {}
+    pending = [("", text)]
+    while pending:
+        folder, body = pending.pop()
+        for name in _INCLUDE.findall(body):
+            for rel in dict.fromkeys((posixpath.normpath(posixpath.join(folder, name)), posixpath.normpath(name))):
+                path = lookup(rel)
+                if path is not None:
+                    break
+            else:
+                continue
+            if rel not in found:
+                found[rel] = path
+                try:
+                    pending.append((posixpath.dirname(rel), path.read_text()))
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise TunerError(f"cannot read header {path} ({exc})") from None
+    return dict(sorted(found.items()))
+
+
+def template_files(source_path: Path, include_dirs: tuple[Path, ...]) -> dict[str, Path]:
+    """A template source and the headers it includes (see Manifest.files)."""
+    return {source_path.name: source_path, **find_headers(source_path.read_text(), include_dirs)}
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def _source_hash(manifest_path: Path, files: dict[str, Path]) -> str:
+    """sha256 of the manifest, the source and its headers (name and content,
+    in Manifest.files order). A template without headers hashes as before."""
+    source_rel, *headers = files
+    digest = hashlib.sha256(manifest_path.read_text().encode() + b"\0" + files[source_rel].read_text().encode())
+    for rel in headers:
+        digest.update(b"\0" + rel.encode() + b"\0" + files[rel].read_bytes())
+    return digest.hexdigest()
+
+
+def _manifest_paths() -> dict[str, Path]:
+    """Template name -> manifest: from the folders of template_folders(), in
+    order; the first one found wins."""
     paths: dict[str, Path] = {}
-    for folder in folders:
+    for folder in template_folders():
         for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
             paths.setdefault(path.stem, path)
     return paths

@@ -13,7 +13,7 @@ _LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("tma_q_rows"
                     ("persistent", "PERSISTENT"), ("consumer_regs", "CONSUMER_REGS"))
 
 
-def _cxx_value(value: ParamValue, dtype: str) -> str:
+def _cxx_value(value: ParamValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -40,9 +40,9 @@ def render(variant: Variant) -> str:
             args.append("true" if variant.causal else "false")
         else:
             value = variant.params[arg]
-            spec = manifest.params[arg]
-            # String-valued parameters become the C++ enumerator at their index.
-            args.append(str(spec.values.index(value)) if isinstance(value, str) else _cxx_value(value, variant.dtype))
+            # The manifest's C++ spelling (`cxx`, always there for strings: an
+            # enumerator by name), else the int or bool itself.
+            args.append(manifest.params[arg].cxx_spelling(value) or _cxx_value(value))
     config = f"{manifest.config}<{', '.join(args)}>"
     return (
         manifest.source

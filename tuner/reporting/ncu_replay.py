@@ -39,7 +39,7 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     if expect_gpu and expect_gpu != name:
         raise TunerError(f"the trial was measured on {expect_gpu}, but this GPU is {name}")
     variant = Variant.from_stored(template, params)
-    built = build(variant, arch)
+    built = build(variant, arch, lineinfo=True)  # ncu maps its counters to source lines
     if not built.ok:
         raise TunerError(f"{variant.name} does not compile for {arch}: {built.compiled.log.strip().splitlines()[-1:]}")
     kernel = built.load(device)

@@ -57,10 +57,11 @@ class BuiltKernel:
         return AttentionKernel(self.compiled.cubin if cubin is None else cubin, self.entry, self.shape, device)
 
 
-def build(variant: Variant, arch: str, *, use_cache: bool = True) -> BuiltKernel:
-    """Render and compile one variant for `arch`; a failed compile is a result (built.ok is False)."""
+def build(variant: Variant, arch: str, *, use_cache: bool = True, lineinfo: bool = False) -> BuiltKernel:
+    """Render and compile one variant for `arch`; a failed compile is a result (built.ok is False).
+    `lineinfo` adds ncu's source-line map (same machine code, other debug sections)."""
     source = render(variant)
-    compiled = compile_source(source, variant.name, arch, use_cache=use_cache)
+    compiled = compile_source(source, variant.name, arch, use_cache=use_cache, lineinfo=lineinfo)
     return BuiltKernel(variant, source, compiled, launch_shape(variant))
 
 

@@ -66,11 +66,12 @@ def verified_bytes(rel: str, expected: str) -> bytes:
 
 
 def shipped_files() -> list[tuple[str, str]]:
-    """(relative path, expected sha256) of every cubin and source in the manifest."""
+    """(relative path, expected sha256) of every cubin, source and header in the manifest."""
     files = []
     for meta in MANIFEST["kernels"].values():
         files.append((meta["source"], meta["source_sha256"]))
         files.extend((c["path"], c["sha256"]) for c in meta["cubins"].values())
+    files.extend(MANIFEST.get("headers", {}).items())  # what the sources include (a JIT compile reads them)
     return files
 
 
@@ -121,7 +122,10 @@ def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
     options = list(MANIFEST["nvcc_options"])
     # sm_90+ kernels may use arch-specific instructions (wgmma, setmaxnreg): build for e.g. sm_90a.
     arch = f"sm_{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
-    return nvcc_compile(source, options=options, arch=arch, no_extern_c=True)
+    for rel, expected in MANIFEST.get("headers", {}).items():  # what nvcc will include, checked again now
+        verified_bytes(rel, expected)
+    return nvcc_compile(source, options=options, arch=arch, no_extern_c=True,
+                        include_dirs=[str(PACKAGE_DIR / "kernels")])
 
 
 def load_kernel(kernel: str, device: int) -> AttentionKernel:

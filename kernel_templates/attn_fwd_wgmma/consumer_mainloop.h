@@ -1,0 +1,256 @@
+// The consumer warpgroups' main loop: for each work item, its 64 query rows
+// against the item's K/V tiles: S = Q K^T with wgmma (both operands in shared
+// memory, K-major), online softmax in registers (exp2), O += P V with wgmma
+// (P from registers, V read MN-major straight from the TMA tile: no
+// transpose pass); then the epilogue (epilogue.h).
+#pragma once
+
+#include <stdint.h>
+
+#include "../common/attn_args.h"
+#include "../common/utils.h"
+#include "config.h"
+#include "epilogue.h"
+#include "ptx_sm90.h"
+#include "tile_scheduler.h"
+#include "wgmma_generated.h"
+
+namespace fc {
+
+// S = Q K^T for one warpgroup: 64 x BN, D/16 wgmma steps along the head dim.
+template <class C>
+__device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_base) {
+  const uint64_t qd = make_desc<C::SWB>(q_base, 16, 8 * C::SWB), kd = make_desc<C::SWB>(k_base, 16, 8 * C::SWB);
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) {
+    const uint32_t cb = kk * 16 / C::E, off = (kk * 16) % C::E * 2;  // column block, bytes into its row
+    const uint64_t da = desc_advance(qd, cb * C::BM * C::SWB + off);
+    const uint64_t db = desc_advance(kd, cb * C::BN * C::SWB + off);
+    Wgmma<C::BN>::template ss<C::BF16, 0>(s, da, db, kk > 0 ? 1 : 0);
+  }
+}
+
+// O += P V: BN/16 wgmma steps along the keys; V is [BN][D] in the ring,
+// i.e. MN-major for this product (the transpose flag of the instruction).
+template <class C>
+__device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base) {
+  const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk) {
+    const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
+    Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, 1);
+  }
+}
+
+// Accumulator element e of a 64 x N wgmma tile held by a thread: column
+// block e / 4 (8 columns), row half (e / 2) % 2 (+8 rows), column pair e % 2.
+template <class C>
+__device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane, const AttnArgs& a) {
+#pragma unroll
+  for (int e = 0; e < C::BN / 2; ++e) {
+    const int col = kv0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
+    const int row = row0 + ((e / 2) % 2) * 8;
+    if (col >= a.sk || (C::CAUSAL && col > row + a.sk - a.sq)) s[e] = NEG_INF;
+  }
+}
+
+// Online softmax on one tile, in place: s becomes P = exp2(s * scale_log2 -
+// m) with m the new running row max (scaled); corr is the factor the earlier
+// O and row sums must be multiplied by.
+template <class C>
+__device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], float (&row_sum)[2], float (&corr)[2],
+                                             float scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = row_max[i];
+#pragma unroll
+    for (int e = 2 * i; e < C::BN / 2; e += 4) m = fmaxf(m, fmaxf(s[e], s[e + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+    const float m_scaled = (m == NEG_INF) ? 0.f : m * scale_log2;
+    corr[i] = fast_exp2(row_max[i] * scale_log2 - m_scaled);
+    row_max[i] = m;
+    float sum = 0.f;
+#pragma unroll
+    for (int e = 2 * i; e < C::BN / 2; e += 4) {
+      s[e] = fast_exp2(fmaf(s[e], scale_log2, -m_scaled));
+      s[e + 1] = fast_exp2(fmaf(s[e + 1], scale_log2, -m_scaled));
+      sum += s[e] + s[e + 1];
+    }
+    row_sum[i] = row_sum[i] * corr[i] + sum;  // this thread's columns only; the quad is summed at the end
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void rescale_o(float* o, const float (&corr)[2]) {
+#pragma unroll
+  for (int e = 0; e < C::D / 2; ++e) o[e] *= corr[(e / 2) % 2];
+}
+
+// The S accumulator of columns 16kk..16kk+15 is exactly the A fragment of
+// the k-step kk of P V (wgmma's register A layout matches its D layout).
+template <class C>
+__device__ __forceinline__ void pack_p(uint32_t (*p)[4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[kk][r] = pack2<typename C::T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// Ping-pong turns: consumer c issues its tensor-core work after consumer
+// c - 1 (cyclically) has issued its own; consumer 0 goes first.
+template <class C>
+struct Turns {
+  int cw;
+  __device__ __forceinline__ void start(bool any_work) const {
+    if constexpr (C::PINGPONG)
+      if (any_work && cw == C::CONSUMERS - 1) named_arrive(1, 256);
+  }
+  __device__ __forceinline__ void acquire() const {
+    if constexpr (C::PINGPONG) named_sync(1 + cw, 256);
+  }
+  __device__ __forceinline__ void release(bool last) const {
+    // The last consumer's final hand-over would have no taker.
+    if constexpr (C::PINGPONG)
+      if (!(last && cw == C::CONSUMERS - 1)) named_arrive(1 + (cw + 1) % C::CONSUMERS, 256);
+  }
+};
+
+// A consumer warpgroup (cw = 0..CONSUMERS-1, 64 query rows of each work
+// item). Per item: wait for its Q rows, run over its K/V tiles (O, row max
+// and row sum of this thread's columns stay in registers), then hand them
+// to the epilogue.
+//
+// Without OVERLAP a tile is Q K^T, softmax, P V, one after the other. With
+// OVERLAP, tile j's softmax runs while the tensor cores do P_{j-1} V_{j-1}:
+// Q K_j^T and that product are issued back to back, S_j is waited for first.
+// O is rescaled (for tile j-1's new row max) while Q K_j^T runs, just before
+// P_{j-1} V_{j-1} is issued, as in FlashAttention-3; tile 0's S comes before
+// the loop and the last P V after it.
+//
+// The accumulators (o, s, p, row stats) are locals of the function that runs
+// both loops: passing them into a separate per-item function changed the
+// registers and SASS nvcc produced for persistent OVERLAP variants.
+template <class C>
+__device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>& sm, const TileScheduler<C>& sched,
+                                         int tid, int wg) {
+  if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
+  const int cw = wg - 1;
+  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const float scale_log2 = a.scale * LOG2E;
+  const uint32_t q_base = sm.sQ + cw * 64 * C::SWB;
+  const Turns<C> turns{cw};
+  // The work item holding this CTA's last ping-pong turn (-1: none has any key).
+  int last_busy = -1;
+  {
+    Work it;
+    for (int r = 0; sched.work_at(r, it); ++r)
+      if (!it.skip && it.n_tiles > 0) last_busy = r;
+  }
+  turns.start(last_busy >= 0);
+
+  int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
+  Work it;
+  for (int r = 0; sched.work_at(r, it); ++r) {
+    if (it.skip) continue;
+    const int m0 = it.m0, n_tiles = it.n_tiles;
+    const bool last_work = r == last_busy;
+    const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+
+    float o[C::D / 2];
+#pragma unroll
+    for (int e = 0; e < C::D / 2; ++e) o[e] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
+    float s[C::BN / 2];
+    uint32_t p[C::BN / 16][4];
+
+    auto needs_mask = [&](int j) {
+      const int kv0 = j * C::BN;
+      return kv0 + C::BN > a.sk || (C::CAUSAL && kv0 + C::BN - 1 > m0 + cw * 64 + a.sk - a.sq);
+    };
+    // Slot and phase of this work item's K/V tile j in the ring.
+    auto slot = [&](int j) { return (ring + j) % C::STAGES; };
+    auto phase = [&](int j) { return static_cast<uint32_t>(((ring + j) / C::STAGES) & 1); };
+    auto release_k = [&](int j) {
+      if (lane == 0) mbar_arrive(sm.k_empty(slot(j)));
+    };
+    auto release_v = [&](int j) {
+      if (lane == 0) mbar_arrive(sm.v_empty(slot(j)));
+    };
+    // Issue S = Q K_j^T (in its ping-pong turn).
+    auto issue_s = [&](int j) {
+      mbar_wait(sm.k_full(slot(j)), phase(j));
+      turns.acquire();
+      wgmma_fence();
+      issue_qk<C>(s, q_base, sm.sK + slot(j) * C::KV_BYTES);
+      wgmma_commit();
+    };
+    // S_j has been waited for: mask it where needed, softmax it in place.
+    auto softmax_s = [&](int j) {
+      fence_regs<C::BN / 2>(s);
+      release_k(j);
+      if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
+      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
+    };
+    // Issue O += P_j V_j (P packed from S_j).
+    auto issue_o = [&](int j) {
+      wgmma_fence();  // o may just have been written by the rescale
+      issue_pv<C>(o, p, sm.sV + slot(j) * C::KV_BYTES);
+      wgmma_commit();
+    };
+    // Wait for every wgmma in flight, O included; V_j's slot is free again.
+    auto finish_o = [&](int j) {
+      wgmma_wait<0>();
+      fence_regs<C::D / 2>(o);
+      release_v(j);
+    };
+
+    mbar_wait(sm.q_full(cw), round & 1);
+    if (n_tiles > 0) {
+      if constexpr (C::OVERLAP) {
+        issue_s(0);
+        turns.release(false);
+        wgmma_wait<0>();
+        softmax_s(0);
+        pack_p<C>(p, s);
+      }
+      for (int j = C::OVERLAP ? 1 : 0; j < n_tiles; ++j) {
+        issue_s(j);
+        if constexpr (C::OVERLAP) {
+          rescale_o<C>(o, corr);
+          mbar_wait(sm.v_full(slot(j - 1)), phase(j - 1));
+          issue_o(j - 1);
+        }
+        turns.release(false);
+        wgmma_wait<C::OVERLAP ? 1 : 0>();
+        softmax_s(j);
+        if constexpr (C::OVERLAP) {
+          finish_o(j - 1);
+          pack_p<C>(p, s);
+        } else {
+          rescale_o<C>(o, corr);
+          pack_p<C>(p, s);
+          mbar_wait(sm.v_full(slot(j)), phase(j));
+          turns.acquire();
+          issue_o(j);
+          turns.release(last_work && j == n_tiles - 1);
+          finish_o(j);
+        }
+      }
+      if constexpr (C::OVERLAP) {
+        mbar_wait(sm.v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
+        turns.acquire();
+        rescale_o<C>(o, corr);
+        issue_o(n_tiles - 1);
+        turns.release(last_work);
+        finish_o(n_tiles - 1);
+      }
+    }
+    ring += n_tiles;
+    ++round;
+
+    epilogue<C>(o, row_max, row_sum, sm, a, it, cw, tid, warp, lane, row0);
+  }
+}
+
+}  // namespace fc

@@ -1,0 +1,65 @@
+// A consumer warpgroup's epilogue for one work item: O / l and the log-sum-exp
+// of its 64 rows to global memory, then its Q rows handed back to the producer.
+#pragma once
+
+#include <stdint.h>
+
+#include "../common/attn_args.h"
+#include "../common/utils.h"
+#include "config.h"
+#include "ptx_sm90.h"
+#include "tile_scheduler.h"
+
+namespace fc {
+
+// O / l is staged in this warpgroup's own Q rows (free once its last Q K^T
+// has completed), then written as whole 16-byte chunks per row. Chunks are
+// XOR-swizzled by row inside each SWB-byte row, so neither the 4-byte
+// fragment stores nor the 16-byte reads conflict on banks.
+template <class C>
+__device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[2], const float (&row_sum)[2],
+                                         const SmemLayout<C>& sm, const AttnArgs& a, const Work& it, int cw, int tid,
+                                         int warp, int lane, int row0) {
+  using T = typename C::T;
+  constexpr int CPR = C::SWB / 16;  // 16-byte chunks per row of a column block
+  uint8_t* stage = sm.raw_ptr + (sm.sQ - sm.raw);
+  auto chunk_offset = [&](int r, int col) {  // r: row within this warpgroup's 64; col: multiple of 8
+    const int cb = col / C::E, chunk = (col % C::E) / 8;
+    return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
+  };
+  named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = row_sum[i];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int r = warp * 16 + lane / 4 + 8 * i;
+#pragma unroll
+    for (int nb = 0; nb < C::D / 8; ++nb)
+      *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
+          pack2<T>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
+    const int row = row0 + 8 * i;
+    if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
+      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
+  }
+  named_sync(4 + cw, 128);
+  T* out = reinterpret_cast<T*>(a.o) + it.b * a.o_sb + it.h * a.o_sh;
+  constexpr int CHUNKS = 64 * C::D / 8;
+#pragma unroll
+  for (int idx = tid % 128; idx < CHUNKS; idx += 128) {
+    const int r = idx / (C::D / 8), col = idx % (C::D / 8) * 8;
+    const int row = it.m0 + cw * 64 + r;
+    if (row < a.sq)
+      *reinterpret_cast<uint4*>(out + row * a.o_ss + col) =
+          *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
+  }
+  // This warp has read its staged rows: sQ may be reloaded. The next Q is
+  // written by TMA (the async proxy) over bytes these threads accessed
+  // through the generic proxy, so fence, and gather the lanes, first.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncwarp();
+  if (lane == 0) mbar_arrive(sm.q_empty(cw));
+}
+
+}  // namespace fc

@@ -1,0 +1,81 @@
+// The producer warpgroup: TMA loads of every work item's K/V tiles into the
+// STAGES-deep ring and of each consumer's Q rows. Every copy completes on a
+// full mbarrier; consumers hand slots (and their Q rows) back through the
+// empty ones.
+#pragma once
+
+#include <stdint.h>
+
+#include "../common/attn_args.h"
+#include "config.h"
+#include "ptx_sm90.h"
+#include "tile_scheduler.h"
+
+namespace fc {
+
+// `ring` counts the K/V tiles loaded so far (slot ring % STAGES, phase
+// (ring / STAGES) & 1); it comes back advanced by the item's tiles.
+template <class C>
+__device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
+                                        const SmemLayout<C>& sm, const Work& it, int& ring) {
+  const int hk = it.h / a.h_per_kv;
+  for (int j = 0; j < it.n_tiles; ++j, ++ring) {
+    const int s = ring % C::STAGES;
+    const uint32_t phase = (ring / C::STAGES) & 1;
+    mbar_wait(sm.k_empty(s), phase ^ 1);  // a fresh barrier counts as released
+    mbar_expect_tx(sm.k_full(s), C::KV_BYTES);
+#pragma unroll
+    for (int cb = 0; cb < C::CB; ++cb)
+      tma_load(sm.sK + s * C::KV_BYTES + cb * C::BN * C::SWB, &tk, sm.k_full(s), cb * C::E, j * C::BN, hk, it.b);
+    mbar_wait(sm.v_empty(s), phase ^ 1);
+    mbar_expect_tx(sm.v_full(s), C::KV_BYTES);
+#pragma unroll
+    for (int cb = 0; cb < C::CB; ++cb)
+      tma_load(sm.sV + s * C::KV_BYTES + cb * C::BN * C::SWB, &tv, sm.v_full(s), cb * C::E, j * C::BN, hk, it.b);
+  }
+}
+
+// Each consumer's Q rows of one work item; `round` counts the items loaded
+// before this one.
+template <class C>
+__device__ __forceinline__ void load_q(const TmaDesc& tq, const SmemLayout<C>& sm, const Work& it, int round) {
+  for (int c = 0; c < C::CONSUMERS; ++c) {
+    mbar_wait(sm.q_empty(c), (round & 1) ^ 1);
+    mbar_expect_tx(sm.q_full(c), C::Q_BYTES / C::CONSUMERS);
+#pragma unroll
+    for (int cb = 0; cb < C::CB; ++cb)
+      tma_load(sm.sQ + cb * C::BM * C::SWB + c * C::Q_ROWS * C::SWB, &tq, sm.q_full(c), cb * C::E,
+               it.m0 + c * C::Q_ROWS, it.h, it.b);
+  }
+}
+
+// Warpgroup 0; it gives registers back to the consumers first (SPLIT_REGS).
+template <class C>
+__device__ __forceinline__ void producer(const TmaDesc& tq, const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
+                                         const SmemLayout<C>& sm, const TileScheduler<C>& sched, int tid) {
+  if constexpr (C::SPLIT_REGS) setmaxnreg_dec<C::PRODUCER_REGS>();
+  // Two loader threads, so that neither waits behind the other: one streams
+  // K/V tiles into the ring, the other loads each consumer's Q rows as soon
+  // as that consumer has written out its previous item (the epilogue stages
+  // O in those rows).
+  if (tid == 0) {
+    tma_prefetch_map(&tk);
+    tma_prefetch_map(&tv);
+    int ring = 0;
+    Work it;
+    for (int r = 0; sched.work_at(r, it); ++r) {
+      if (it.skip) continue;
+      load_kv<C>(tk, tv, a, sm, it, ring);
+    }
+  } else if (tid == 32) {
+    tma_prefetch_map(&tq);
+    Work it;
+    for (int r = 0, round = 0; sched.work_at(r, it); ++r) {
+      if (it.skip) continue;
+      load_q<C>(tq, sm, it, round);
+      ++round;
+    }
+  }
+}
+
+}  // namespace fc

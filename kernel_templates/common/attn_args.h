@@ -1,0 +1,44 @@
+// The kernel arguments of the attention templates: one parameter list (the
+// launcher passes it positionally, tuner/runtime/launcher.py) and the struct
+// the device code reads it through.
+//
+// Problem: Q [B, H, Sq, D], K/V [B, Hkv, Sk, D], O like Q, all given by
+// element strides (batch, head, sequence; the head dim is contiguous), so
+// BHSD and BSHD both work without a copy. H must be a multiple of Hkv (GQA).
+#pragma once
+
+namespace fc {
+
+struct AttnArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // [B, H, Sq] contiguous, or null
+  long long q_sb, q_sh, q_ss;
+  long long k_sb, k_sh, k_ss;
+  long long v_sb, v_sh, v_ss;
+  long long o_sb, o_sh, o_ss;
+  int sq, sk, h_per_kv;
+  float scale;  // softmax scale (natural units)
+  int heads, batch;
+};
+
+}  // namespace fc
+
+// Tensors, strides and sizes, in the order every template's entry point
+// takes them (a template may add parameters before or after: see its
+// ATTN_FWD_PARAMS).
+#define ATTN_FWD_TENSOR_PARAMS                                                                            \
+  const void *q, const void *k, const void *v, void *o, float *lse, long long q_sb, long long q_sh,      \
+      long long q_ss, long long k_sb, long long k_sh, long long k_ss, long long v_sb, long long v_sh,     \
+      long long v_ss, long long o_sb, long long o_sh, long long o_ss, int sq, int sk, int h_per_kv,       \
+      float scale
+
+// An AttnArgs from those parameters, inside an entry point; heads and batch
+// come from where the template has them (parameters or the grid).
+#define ATTN_FWD_ARGS(HEADS, BATCH)                                                                       \
+  fc::AttnArgs {                                                                                          \
+    q, k, v, o, lse, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, sq, sk,      \
+        h_per_kv, scale, HEADS, BATCH                                                                     \
+  }
