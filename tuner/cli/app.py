@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from tuner.cli import catalog_commands, output_commands, search_commands, store_commands
-from tuner.cli.state import err_console, say, state, store_epilog
+from tuner.cli.state import err_console, refresh_consoles, say, state, store_epilog
 from tuner.errors import TunerError
 from tuner.search.hooks import Hooks
 
@@ -59,6 +59,7 @@ def _root(
     ] = None,
 ) -> None:
     state.db_url = db
+    refresh_consoles()  # every invocation sizes its tables from its own environment
 
 
 # Usage errors (bad option, unknown command) print click's short message. Recent

@@ -51,6 +51,13 @@ def store_epilog() -> str:
     return f"Results store: {redact_url(default_db_url())} (change it with --db or TUNER_DB)."
 
 
+def refresh_consoles() -> None:
+    """A console sizes itself from the environment (COLUMNS) when it is made: re-read it per invocation."""
+    for target, stderr in ((console, False), (err_console, True)):
+        fresh = Console(stderr=stderr)
+        target.size = (fresh.width, fresh.height)
+
+
 def may_create_store() -> bool:
     """Readers create only the default store (a first `tuner results` shows an empty
     table); a --db/TUNER_DB that names no existing store is a typo to report."""

@@ -91,6 +91,19 @@ def budget_taken(study: optuna.Study) -> int:
     return taken
 
 
+def over_budget(study: optuna.Study, trial_number: int, budget: int) -> bool:
+    """Whether a trial just asked (and stamped) lies beyond the budget: the budget goes to the lowest
+    trial numbers, so of several processes that asked at once, the later ones give theirs back."""
+    taken_before = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == TrialState.RUNNING:
+            taken_before += (trial.number < trial_number and ATTR_WORKER in trial.user_attrs
+                             and not trial.user_attrs.get(ATTR_INFEASIBLE) and not abandoned(trial))
+        elif trial.state != TrialState.WAITING:
+            taken_before += counts_toward_budget(trial)
+    return taken_before >= budget
+
+
 class Heartbeat:
     """A daemon thread that refreshes the heartbeat of the trials `in_hand()` names, every HEARTBEAT_S."""
 

@@ -13,6 +13,7 @@ Per asked point:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -31,7 +32,16 @@ from tuner.kernels.variant import Variant, variant_from_params
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
 from tuner.search.hooks import Hooks
-from tuner.search.liveness import ATTR_HEARTBEAT, ATTR_WORKER, WORKER_ID, Heartbeat, abandoned, budget_taken, reap
+from tuner.search.liveness import (
+    ATTR_HEARTBEAT,
+    ATTR_WORKER,
+    WORKER_ID,
+    Heartbeat,
+    abandoned,
+    budget_taken,
+    over_budget,
+    reap,
+)  # fmt: skip
 from tuner.search.samplers import distributions
 from tuner.search.study import (
     ATTR_INFEASIBLE,
@@ -196,6 +206,12 @@ class ProblemSearch:
             self._tell_pruned(trial, feasibility.reason, budgeted=False)
             return None
         self.infeasible_streak = 0
+        if self.info.budget is not None and over_budget(self.study, trial.number, self.info.budget):
+            # Another process asked the last budgeted trial at the same moment, with a lower number.
+            trial.set_user_attr(ATTR_INTERRUPTED, "over the shared budget")
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.job = dataclasses.replace(self.job, trials=self.asked)  # ask no more
+            return None
         self.asked += 1
         self.ctx.result.asked += 1
         # Running trials first, the store second: a trial is stored before it is told,
