@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, say, state
+from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
 from tuner.search.options import SearchOptions
 from tuner.search.run import SearchReport, run_join, run_search
-from tuner.search.summary import summary_table
 from tuner.store import open_store
 
 

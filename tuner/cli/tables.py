@@ -14,6 +14,7 @@ from tuner.kernels.feasibility import Feasibility
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
+from tuner.search.summary import ProblemSummary
 from tuner.store import NcuMetric, TrialDetail, TrialRow
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -86,6 +87,20 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
             row.problem.label, printable(name), row.status.value, fmt(row.median_us), fmt(row.tflops),
             fmt(row.ratio_to_best_baseline, ".2f", "x")]
         table.add_row(*cells)
+    return table
+
+
+def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> Table:
+    """Per problem the best variant against the best baseline of its run, in 80 columns."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
+                  caption="best: the variant's tunables; `tuner results --best` has the full name")
+    for column, justify in (("problem", "left"), ("trials", "right"), ("best", "left"), ("µs", "right"),
+                            ("TFLOP/s", "right"), ("baseline", "left"), ("µs ", "right"), ("x", "right")):
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "best")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(row.problem.label, str(row.trials), short_variant(row.best_variant) if row.best_variant else
+                      "no ok trial", fmt(row.best_us, ".2f"), fmt(row.best_tflops), row.baseline_impl or "-",
+                      fmt(row.baseline_us, ".2f"), fmt(row.ratio, ".2f", "x"))
     return table
 
 

@@ -7,7 +7,6 @@ from typing import Any, Iterable, Optional
 
 import optuna
 from optuna.trial import TrialState
-from rich.table import Table
 
 from tuner.problem import Problem
 from tuner.search.study import ATTR_VARIANT, finished_trials
@@ -78,28 +77,3 @@ def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iter
         baseline_impl=baseline_impl,
         baseline_us=baseline_us,
     )
-
-
-def _fmt(value: Optional[float], spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> Table:
-    table = Table(title=title)
-    for column, justify in (
-        ("problem", "left"), ("trials", "right"), ("best variant", "left"), ("µs", "right"),
-        ("TFLOP/s", "right"), ("best baseline", "left"), ("baseline µs", "right"), ("ratio", "right"),
-    ):  # fmt: skip
-        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for row in rows:
-        table.add_row(
-            row.problem.label,
-            str(row.trials),
-            row.best_variant or "no ok trial",
-            _fmt(row.best_us, ".2f"),
-            _fmt(row.best_tflops, ".1f"),
-            row.baseline_impl or "-",
-            _fmt(row.baseline_us, ".2f"),
-            _fmt(row.ratio, ".2f") + ("x" if row.ratio is not None else ""),
-        )
-    return table
