@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 
 from tuner.backends.base import Measurement
 from tuner.backends.replay import ReplayBackend
-from tuner.errors import TunerError
 from tuner.cli.tables import short_variant
+from tuner.errors import TunerError
 from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import check
 from tuner.kernels.manifest import load_manifest
@@ -94,13 +94,16 @@ def stored(db_url: str, **filt):
         return store.query_trials(TrialFilter(**filt))
 
 
+def cli_search(rec, db_url: str, trials: int):
+    """`tuner search` of the recording's problem with the replay backend, through the CLI."""
+    args = ["--db", db_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem), "--dtype",
+            rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", str(trials), "--seed", "3"]
+    return run_tuner(*args, *(["--causal"] if rec.problem.causal else []), env=WIDE)
+
+
 def test_replay_search_end_to_end_via_the_cli(replay_recording, sqlite_url):
     rec = replay_recording
-    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem),
-            "--dtype", rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "40", "--seed", "3"]
-    if rec.problem.causal:
-        args.append("--causal")
-    result = run_tuner(*args, env=WIDE)
+    result = cli_search(rec, sqlite_url, 40)
     assert result.exit_code == 0, result.stderr
     name = study_name(rec.profile, "attn_fwd_mma", rec.problem)
     study = optuna.load_study(study_name=name, storage=storage_for(sqlite_url))
@@ -455,11 +458,7 @@ def test_resume_without_template_continues_the_existing_studys_template(replay_r
 def test_the_bar_counts_what_the_budget_counts_and_a_first_run_reuses_nothing(replay_recording, sqlite_url):
     """Infeasible points are free: they never push the bar past --trials; a first search has nothing to reuse."""
     rec = replay_recording
-    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem),
-            "--dtype", rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "30", "--seed", "3"]
-    if rec.problem.causal:
-        args.append("--causal")
-    result = run_tuner(*args, env=WIDE)
+    result = cli_search(rec, sqlite_url, 30)
     assert result.exit_code == 0, result.stderr
     shown = [int(done) for done, total in re.findall(r"(\d+)/(\d+)", result.stderr) if total == "30"]
     assert shown and max(shown) == 30, result.stderr

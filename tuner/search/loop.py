@@ -70,6 +70,7 @@ class WorkerJob:
     study: str
     trials: Optional[int]
     deadline: Optional[float] = None  # wall-clock time after which no trial is started
+    beyond_budget: bool = False  # `trials` are asked on top of what the study holds (`tuner worker --trials N`)
 
 
 @dataclass
@@ -138,11 +139,17 @@ class ProblemSearch:
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
         self._pending: deque[_Pending] = deque()  # asked ahead, compiling
         self._current: Optional[_Pending] = None  # being measured
+        self.cap: Optional[int] = info.budget  # trials the study may hold in all (set again when run starts)
 
     # The loop ----------------------------------------------------------------------------------
 
     def run(self) -> None:
         reap(self.study)  # trials of dead processes neither block nor count any more
+        # The study's budget, shared by every process on it; a job given its own trial count
+        # (`tuner worker --trials N`) may go that far past what is taken now.
+        self.cap = self.info.budget
+        if self.job.beyond_budget and self.job.trials is not None:
+            self.cap = max(self.cap or 0, budget_taken(self.study) + self.job.trials)
         with Heartbeat(self.study, self._in_hand):
             self._loop(lookahead_for(self.ctx.compile_pool))
 
@@ -177,7 +184,7 @@ class ProblemSearch:
             return False
         if self.job.trials is not None and self.asked >= self.job.trials:
             return False
-        if self.info.budget is not None and budget_taken(self.study) >= self.info.budget:
+        if self.cap is not None and budget_taken(self.study) >= self.cap:
             return False  # the study's budget is shared with every other process working on it
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK:  # the sampler finds nothing feasible any more
             return False
@@ -206,7 +213,7 @@ class ProblemSearch:
             self._tell_pruned(trial, feasibility.reason, budgeted=False)
             return None
         self.infeasible_streak = 0
-        if self.info.budget is not None and over_budget(self.study, trial.number, self.info.budget):
+        if self.cap is not None and over_budget(self.study, trial.number, self.cap):
             # Another process asked the last budgeted trial at the same moment, with a lower number.
             trial.set_user_attr(ATTR_INTERRUPTED, "over the shared budget")
             self.study.tell(trial, state=TrialState.FAIL)

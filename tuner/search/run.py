@@ -169,7 +169,7 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
         left = trials if trials is not None else (None if info.budget is None else max(info.budget - finished_trials(study), 0))
         if left is None and deadline is None:
             raise TunerError(f"study {info.name!r} has no trial budget: give --trials or --time-budget")
-        jobs.append(WorkerJob(i, info.name, left, deadline))
+        jobs.append(WorkerJob(i, info.name, left, deadline, beyond_budget=trials is not None))
     spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed)
     with SearchProgress(console) as progress:
         for job, info in zip(jobs, infos):
