@@ -31,6 +31,7 @@ from tuner.search.samplers import study_name
 from tuner.search.study import (
     ATTR_BUDGET,
     ATTR_INFEASIBLE,
+    ATTR_REPEAT,
     ATTR_SOURCE,
     counts_toward_budget,
     finished_trials,
@@ -109,10 +110,11 @@ def test_replay_search_end_to_end_via_the_cli(replay_recording, sqlite_url):
     study = optuna.load_study(study_name=name, storage=storage_for(sqlite_url))
     assert finished_trials(study) == 40
     rows = stored(sqlite_url, study=name)
-    reused = sum(1 for t in study.trials if t.user_attrs.get(ATTR_SOURCE) == "store")
+    reused = sum(1 for t in study.trials if t.user_attrs.get(ATTR_SOURCE) == "store" and not t.user_attrs.get(ATTR_REPEAT))
     infeasible = sum(1 for t in study.trials if t.user_attrs.get(ATTR_INFEASIBLE))
+    repeats = sum(1 for t in study.trials if t.user_attrs.get(ATTR_REPEAT))
     assert infeasible > 0  # the recorded space has infeasible points: they are stored but not budgeted
-    assert len(study.trials) == 40 + infeasible
+    assert len(study.trials) == 40 + infeasible + repeats  # repeats of held points are free too
     assert len(rows) + reused == 40 + infeasible  # every trial stored once, except the ones served from the store
     assert {r.trial_number for r in rows} <= {t.number for t in study.trials}
     assert TrialStatus.OK in {r.status for r in rows} and TrialStatus.PRUNED in {r.status for r in rows}
@@ -392,7 +394,7 @@ def test_worker_seeds_differ_per_worker_and_per_resume():
 def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.search.loop import MAX_LOOKAHEAD, lookahead_for
+    from tuner.search.job import MAX_LOOKAHEAD, lookahead_for
     from tuner.search.workers import compile_threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 32)
@@ -406,7 +408,8 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
     import threading
 
     from tuner.kernels.variant import variant_from_params
-    from tuner.search.loop import Context, ProblemSearch, WorkerJob, _Pending
+    from tuner.search.job import Context, WorkerJob
+    from tuner.search.loop import ProblemSearch, _Pending
     from tuner.search.samplers import distributions
     from tuner.search.study import ATTR_INTERRUPTED, load_study, study_info
 
@@ -466,3 +469,62 @@ def test_the_bar_counts_what_the_budget_counts_and_a_first_run_reuses_nothing(re
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
                               storage=storage_for(sqlite_url))
     assert any(t.user_attrs.get(ATTR_INFEASIBLE) for t in study.trials)  # there were free points to count wrong
+
+
+# --- repeated proposals are free --------------------------------------------------------------
+
+
+def test_trials_means_distinct_variants_repeats_are_free(replay_recording, sqlite_url):
+    """--trials N buys N distinct variants: a point the study already holds is told from the store for free."""
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=40, seed=11), hooks=with_backend(CountingBackend(rec)))
+    study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", rec.problem),
+                              storage=storage_for(sqlite_url))
+    budgeted = [t for t in study.trials if counts_toward_budget(t)]
+    assert len(budgeted) == 40 == finished_trials(study)
+    assert len({tuple(sorted(t.params.items())) for t in budgeted}) == 40  # all distinct
+    repeats = [t for t in study.trials if t.user_attrs.get(ATTR_REPEAT)]
+    assert report.repeated == len(repeats)
+    assert all(t.state == TrialState.COMPLETE or t.state == TrialState.FAIL for t in repeats)
+
+
+class _TinySpaceBackend:
+    """Answers every variant of the three-point attn_fault space (no GPU)."""
+
+    needs_compile = False
+
+    def device_facts(self):
+        from tuner.backends.base import DeviceFacts
+
+        return DeviceFacts("Fake GPU")
+
+    def baselines(self, problem):
+        return []
+
+    def measure(self, problem, variant, built, *, range_prefix=""):
+        return Measurement(TrialStatus.OK, median_us=10.0 + len(variant.params["MODE"]), p20_us=1.0, p80_us=1.0,
+                           rel_error=0.0)
+
+    def close(self):
+        pass
+
+
+def test_an_exhausted_space_stops_the_search_with_a_clear_line(sqlite_url, monkeypatch):
+    from tuner.kernels import manifest, variant
+
+    monkeypatch.setenv("TUNER_TEMPLATE_PATH", str(Path(__file__).parent / "data" / "kernel_templates"))
+    manifest.load_manifest.cache_clear()
+    variant._name_regex.cache_clear()
+    try:
+        args = ["--db", sqlite_url, "search", "--gpu", "h200", "--shape", "1,8,512,64", "--template", "attn_fault",
+                "--backend", "replay", "--from", "sqlite:///unused.db", "--trials", "10", "--sampler", "random",
+                "--seed", "1"]
+        result = run_tuner(*args, env=WIDE, hooks=with_backend(_TinySpaceBackend()))
+    finally:
+        manifest.load_manifest.cache_clear()
+        variant._name_regex.cache_clear()
+    assert result.exit_code == 0, result.stderr
+    assert "the space looks exhausted" in result.stderr
+    study = optuna.load_study(study_name=study_name("h200", "attn_fault", Problem(1, 8, 512, 512, 64)),
+                              storage=storage_for(sqlite_url))
+    assert finished_trials(study) == 3  # the three points of the space, each measured once

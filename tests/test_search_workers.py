@@ -196,7 +196,7 @@ class FakeProc:
 def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
     import threading
 
-    from tuner.search.loop import WorkerResult
+    from tuner.search.job import WorkerResult
     from tuner.search.workers import collect
 
     done0 = WorkerResult(run_id=1, measured=2)
@@ -220,7 +220,7 @@ def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
 def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
     import threading
 
-    from tuner.search.loop import WorkerResult
+    from tuner.search.job import WorkerResult
     from tuner.search.workers import collect
 
     late = WorkerResult(run_id=3)
@@ -257,7 +257,7 @@ def test_a_worker_process_that_fails_ends_the_search_without_waiting_for_the_oth
     from rich.console import Console
 
     from tuner.errors import TunerError
-    from tuner.search.loop import WorkerJob
+    from tuner.search.job import WorkerJob
     from tuner.search.options import SearchOptions
     from tuner.search.progress import SearchProgress
     from tuner.search.run import run_search

@@ -12,6 +12,7 @@ from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, sa
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
+from tuner.search.job import MAX_REPEAT_STREAK
 from tuner.search.options import SearchOptions
 from tuner.search.run import SearchReport, run_join, run_search
 from tuner.store import open_store
@@ -47,12 +48,15 @@ def print_search_report(report: SearchReport) -> None:
     console.print(summary_table(report.summaries))
     counts = [f"measured {report.measured} trials"]
     if report.repeated:
-        counts.append(f"{report.repeated} repeated proposals answered from this search")
+        counts.append(f"{report.repeated} repeated proposals answered from the store (free)")
     if report.reused:
         counts.append(f"{report.reused} reused from earlier runs")
     counts.append(f"pruned {report.infeasible} infeasible points")  # the status `tuner results` shows them with
     say(", ".join(counts) + "; "
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
+    for name in report.exhausted:
+        say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
+            "the space looks exhausted for it, so the search stopped early", stderr=True)
     if report.interrupted:
         say("interrupted: every finished trial is stored; continue with --resume", stderr=True)
         # Not typer.Exit: with standalone_mode=False click returns its code instead of raising it.

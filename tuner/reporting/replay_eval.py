@@ -8,8 +8,9 @@ space. For each (sampler, seed) we run the real search (tuner.search.run.run_sea
 replay backend) into a throw-away results store, read back its trials in trial
 order, and count the trials it needed to come within X% of that recorded best.
 
-"Trials" are Optuna trials (what --trials budgets): infeasible points and
-repeats of an already measured variant count, as they do in a real search.
+"Trials" are budgeted trials (what --trials counts): distinct feasible
+variants; infeasible points and repeats of a point the study holds are free,
+as they are in a real search.
 A run that never gets within X% is "not reached" (infinity in the median).
 """
 
@@ -98,8 +99,8 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) 
         report = run_search(options, console=Console(file=io.StringIO()))
         with open_store(db_url, create=False) as store:
             rows = store.query_trials(TrialFilter(study=report.studies[0]))
-    # Repeats of a measured variant are told from the store and leave no row: they carry the best forward.
-    # Infeasible points cost nothing and are not budgeted trials: the curve skips them.
+    # Infeasible points and repeats of a point the study held cost nothing and are not budgeted trials
+    # (a repeat leaves no row): the curve has one step per budgeted trial.
     by_number: dict[int, float] = {}
     infeasible: set[int] = set()
     profile = load_profile(recording.profile)
@@ -111,10 +112,11 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) 
         elif row.status is TrialStatus.PRUNED and not check(Variant.from_stored(row.template, row.params),
                                                              row.problem, profile):
             infeasible.add(row.trial_number)
+    stored = {row.trial_number for row in rows}
     best: Optional[float] = None
     curve: list[Optional[float]] = []
-    for number in range(report.asked + report.infeasible):
-        if number in infeasible:
+    for number in range(report.asked + report.infeasible + report.repeated):
+        if number in infeasible or number not in stored:
             continue
         if number in by_number and (best is None or by_number[number] < best):
             best = by_number[number]

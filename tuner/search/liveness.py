@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.search.study import ATTR_INFEASIBLE, ATTR_INTERRUPTED, counts_toward_budget
+from tuner.search.study import ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REPEAT, counts_toward_budget
 
 ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
 ATTR_HEARTBEAT = "heartbeat"  # unix time the asking process last vouched for the trial
@@ -85,7 +85,7 @@ def budget_taken(study: optuna.Study) -> int:
         if trial.state == TrialState.RUNNING:
             # No worker yet: being asked right now, or its process died mid-ask; neither holds a budgeted trial.
             taken += (ATTR_WORKER in trial.user_attrs and not trial.user_attrs.get(ATTR_INFEASIBLE)
-                      and not abandoned(trial))
+                      and not trial.user_attrs.get(ATTR_REPEAT) and not abandoned(trial))
         elif trial.state != TrialState.WAITING:
             taken += counts_toward_budget(trial)
     return taken
@@ -98,7 +98,8 @@ def over_budget(study: optuna.Study, trial_number: int, budget: int) -> bool:
     for trial in study.get_trials(deepcopy=False):
         if trial.state == TrialState.RUNNING:
             taken_before += (trial.number < trial_number and ATTR_WORKER in trial.user_attrs
-                             and not trial.user_attrs.get(ATTR_INFEASIBLE) and not abandoned(trial))
+                             and not trial.user_attrs.get(ATTR_INFEASIBLE) and not trial.user_attrs.get(ATTR_REPEAT)
+                             and not abandoned(trial))
         elif trial.state != TrialState.WAITING:
             taken_before += counts_toward_budget(trial)
     return taken_before >= budget

@@ -17,21 +17,28 @@ import dataclasses
 import math
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Optional
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.backends.base import Backend, Measurement
+from tuner.backends.base import Measurement
 from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import Feasibility, check
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
-from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
-from tuner.search.hooks import Hooks
+from tuner.search.job import (
+    DUPLICATE_WAIT_S,
+    MAX_INFEASIBLE_STREAK,
+    MAX_REPEAT_STREAK,
+    Context,
+    WorkerJob,
+    lookahead_for,
+    point,
+)  # fmt: skip
 from tuner.search.liveness import (
     ATTR_HEARTBEAT,
     ATTR_WORKER,
@@ -47,68 +54,16 @@ from tuner.search.study import (
     ATTR_INFEASIBLE,
     ATTR_INTERRUPTED,
     ATTR_REASON,
+    ATTR_REPEAT,
     ATTR_SOURCE,
     ATTR_STATUS,
     ATTR_STORE_ID,
     ATTR_VARIANT,
     StudyInfo,
+    counts_toward_budget,
 )  # fmt: skip
 from tuner.status import TrialStatus
-from tuner.store import Store, TrialRecord, TrialRow
-
-DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
-MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
-MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
-
-Events = Callable[[tuple], None]
-
-@dataclass(frozen=True)
-class WorkerJob:
-    """One study for a worker: how many new trials it asks, and until when."""
-
-    index: int  # position of the problem in the search (progress events)
-    study: str
-    trials: Optional[int]
-    deadline: Optional[float] = None  # wall-clock time after which no trial is started
-    beyond_budget: bool = False  # `trials` are asked on top of what the study holds (`tuner worker --trials N`)
-
-
-@dataclass
-class WorkerResult:
-    run_id: Optional[int] = None
-    measured: int = 0  # trials the backend measured
-    reused: int = 0  # trials served from the store, measured by an earlier run
-    repeated: int = 0  # proposals of a variant this run measured already (answered from the store)
-    asked: int = 0  # feasible points asked (the --trials budget counts these)
-    infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
-    interrupted: bool = False
-
-
-@dataclass
-class Context:
-    """What every trial of a worker shares."""
-
-    store: Store
-    backend: Backend
-    run_id: int
-    profile: GpuProfile
-    gpu_name: str
-    compile_pool: Optional[ThreadPoolExecutor]
-    stop: Any  # threading.Event or multiprocessing.Event
-    events: Events
-    hooks: Hooks = field(default_factory=Hooks)
-    result: WorkerResult = field(default_factory=WorkerResult)
-
-    def interrupt(self) -> None:
-        """Ctrl-C reached this worker: stop, and say so in its result."""
-        self.stop.set()
-        self.result.interrupted = True
-
-
-def lookahead_for(pool: Optional[ThreadPoolExecutor]) -> int:
-    """Trials asked ahead: enough to keep the compile pool busy, capped (each asked trial is a
-    pending point the sampler must lie about)."""
-    return min(pool._max_workers + 1, MAX_LOOKAHEAD) if pool is not None else 1
+from tuner.store import TrialRecord, TrialRow
 
 
 def _compile_exception(variant: Variant, arch: str, exc: BaseException) -> CompileResult:
@@ -124,6 +79,7 @@ class _Pending:
     compile: Optional[Future] = None
     wait_for: Optional[int] = None  # number of another worker's running trial of the same variant
     stage: str = "asked ahead"  # where it is, for a trial the search stops before it is told
+    repeat: bool = False  # a point this study already holds: told from the store, free
 
 
 class ProblemSearch:
@@ -140,6 +96,9 @@ class ProblemSearch:
         self._pending: deque[_Pending] = deque()  # asked ahead, compiling
         self._current: Optional[_Pending] = None  # being measured
         self.cap: Optional[int] = info.budget  # trials the study may hold in all (set again when run starts)
+        self.repeat_streak = 0  # proposals in a row of points this study already holds
+        self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
+                      if counts_toward_budget(t) or t.state == TrialState.RUNNING}
 
     # The loop ----------------------------------------------------------------------------------
 
@@ -188,6 +147,9 @@ class ProblemSearch:
             return False  # the study's budget is shared with every other process working on it
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK:  # the sampler finds nothing feasible any more
             return False
+        if self.repeat_streak >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
+            self.ctx.result.exhausted.append(self.study.study_name)
+            return False
         if self.job.deadline is not None and self.ctx.hooks.now() >= self.job.deadline:
             return False
         sampler = self.study.sampler
@@ -213,6 +175,13 @@ class ProblemSearch:
             self._tell_pruned(trial, feasibility.reason, budgeted=False)
             return None
         self.infeasible_streak = 0
+        # Running trials first, the store second: a trial is stored before it is told,
+        # so a duplicate that finished in between is found in the store.
+        wait_for = self._running_duplicate(trial)
+        if wait_for is not None or point(trial.params) in self._seen:
+            return self._repeat(trial, variant, feasibility, wait_for)
+        self._seen.add(point(trial.params))
+        self.repeat_streak = 0
         if self.cap is not None and over_budget(self.study, trial.number, self.cap):
             # Another process asked the last budgeted trial at the same moment, with a lower number.
             trial.set_user_attr(ATTR_INTERRUPTED, "over the shared budget")
@@ -221,16 +190,37 @@ class ProblemSearch:
             return None
         self.asked += 1
         self.ctx.result.asked += 1
-        # Running trials first, the store second: a trial is stored before it is told,
-        # so a duplicate that finished in between is found in the store.
-        item = _Pending(trial, variant, feasibility, wait_for=self._running_duplicate(trial))
-        if item.wait_for is None:
-            known = self._known(variant)
-            if known is not None:
-                self._tell_known(trial, known)
-                return None
-            self._start_compile(item)
+        item = _Pending(trial, variant, feasibility)
+        known = self._known(variant)
+        if known is not None:  # measured by an earlier run: one of this study's points, told from the store
+            self._tell_known(trial, known)
+            return None
+        self._start_compile(item)
         return item
+
+    def _repeat(self, trial: Trial, variant: Variant, feasibility: Feasibility,
+                wait_for: Optional[int]) -> Optional[_Pending]:
+        """A point this study already holds (or another worker is measuring): told what the store has,
+        without using up the budget; the sampler is asked again."""
+        self.repeat_streak += 1
+        trial.set_user_attr(ATTR_REPEAT, True)
+        item = _Pending(trial, variant, feasibility, wait_for=wait_for, repeat=True)
+        if wait_for is not None:
+            return item  # still being measured (by another worker, or asked ahead here): wait for it
+        known = self._known(variant)
+        if known is not None:
+            self._tell_known(trial, known, repeat=True)
+            return None
+        self._unrepeat(item)  # held but never stored (its trial was interrupted): measure it now
+        self._start_compile(item)
+        return item
+
+    def _unrepeat(self, item: _Pending) -> None:
+        """The point will be measured here after all: a budgeted trial like any other."""
+        item.repeat = False
+        item.trial.set_user_attr(ATTR_REPEAT, False)
+        self.asked += 1
+        self.ctx.result.asked += 1
 
     def _finish(self, item: _Pending) -> None:
         if item.wait_for is not None:
@@ -240,6 +230,8 @@ class ProblemSearch:
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
                 self._tell_interrupted(item)
                 return
+            if item.repeat:  # the other trial was abandoned: this one measures the point
+                self._unrepeat(item)
             self._start_compile(item)
         built: Optional[BuiltKernel] = None
         compiled: Optional[CompileResult] = None
@@ -315,7 +307,7 @@ class ProblemSearch:
             other = self._trial_by_number(item.wait_for)
             known = self._known(item.variant)
             if known is not None:
-                self._tell_known(item.trial, known)
+                self._tell_known(item.trial, known, repeat=item.repeat)
                 return True
             if other is None or other.state != TrialState.RUNNING or abandoned(other):
                 if other is not None and other.state == TrialState.PRUNED:
@@ -345,16 +337,18 @@ class ProblemSearch:
         else:
             self._tell(item.trial, TrialState.FAIL, status, "measured")
 
-    def _tell_known(self, trial: Trial, row: TrialRow) -> None:
+    def _tell_known(self, trial: Trial, row: TrialRow, repeat: bool = False) -> None:
+        """Told the stored result: a repeat of a point this study holds is free; a point measured by an
+        earlier run (another study) is one of the study's distinct points, reused."""
         trial.set_user_attr(ATTR_STORE_ID, row.id)
-        if row.run_id == self.ctx.run_id:
+        if repeat:
             self.ctx.result.repeated += 1
         else:
             self.ctx.result.reused += 1
         if row.status is TrialStatus.OK and row.median_us is not None:
-            self._tell(trial, TrialState.COMPLETE, row.status, "store", row.median_us)
+            self._tell(trial, TrialState.COMPLETE, row.status, "store", row.median_us, budgeted=not repeat)
         else:
-            self._tell(trial, TrialState.FAIL, row.status, "store")
+            self._tell(trial, TrialState.FAIL, row.status, "store", budgeted=not repeat)
 
     def _tell_pruned(self, trial: Trial, reason: str, budgeted: bool = True) -> None:
         trial.set_user_attr(ATTR_REASON, reason)

@@ -29,7 +29,7 @@ from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
 from tuner.search.hooks import Hooks, check_backend, require_gpus
-from tuner.search.loop import WorkerJob, WorkerResult
+from tuner.search.job import WorkerJob, WorkerResult
 from tuner.search.options import SearchOptions, validate_options
 from tuner.search.prepare import choose_template, prepare_study, problems_of, study_name_for
 from tuner.search.progress import SearchProgress
@@ -49,7 +49,8 @@ class SearchReport:
     reused: int  # measured by an earlier run, served from the store
     asked: int  # feasible points (the --trials budget)
     infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
-    repeated: int = 0  # proposals of a variant measured earlier in this search
+    repeated: int = 0  # proposals of a point the study already held (free)
+    exhausted: tuple[str, ...] = ()  # studies whose sampler kept proposing points they held
 
 
 def _printer(console: Console) -> Callable[[str], None]:
@@ -83,6 +84,7 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         asked=sum(r.asked for r in results),
         infeasible=sum(r.infeasible for r in results),
         repeated=sum(r.repeated for r in results),
+        exhausted=tuple(dict.fromkeys(name for r in results for name in r.exhausted)),
     )
 
 

@@ -47,6 +47,7 @@ ATTR_STORE_ID = "store_trial_id"
 ATTR_REASON = "reason"
 ATTR_INTERRUPTED = "interrupted"  # told FAIL because the search stopped: the stage it was at
 ATTR_INFEASIBLE = "infeasible"  # pruned before compiling (feasibility rules): free, so not a budgeted trial
+ATTR_REPEAT = "repeat"  # a point the study already held, told from the store: free, so not a budgeted trial
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -164,7 +165,10 @@ def study_info(study: optuna.Study) -> StudyInfo:
 
 
 def counts_toward_budget(trial: FrozenTrial) -> bool:
-    """Finished trials count; one abandoned by an interrupted search, or pruned as infeasible, does not."""
+    """Finished trials count; one abandoned by an interrupted search, pruned as infeasible, or a repeat
+    of a point the study held, does not."""
+    if trial.user_attrs.get(ATTR_REPEAT):
+        return False
     if trial.state == TrialState.PRUNED:
         return not trial.user_attrs.get(ATTR_INFEASIBLE)
     if trial.state == TrialState.COMPLETE:

@@ -27,7 +27,8 @@ from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
 from tuner.search.hooks import Hooks
-from tuner.search.loop import Context, Events, ProblemSearch, WorkerJob, WorkerResult
+from tuner.search.job import Context, Events, WorkerJob, WorkerResult
+from tuner.search.loop import ProblemSearch
 from tuner.search.progress import SearchProgress
 from tuner.search.samplers import make_sampler
 from tuner.search.study import load_study, opened_storage, study_info

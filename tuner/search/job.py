@@ -1,0 +1,73 @@
+"""What a worker is given and what it gives back: its jobs (a study each), its shared context, its counts."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from tuner.backends.base import Backend
+from tuner.profiles import GpuProfile
+from tuner.search.hooks import Hooks
+from tuner.store import Store
+
+DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
+MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
+MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
+MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after which it stops (space exhausted)
+
+Events = Callable[[tuple], None]
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """One study for a worker: how many new trials it asks, and until when."""
+
+    index: int  # position of the problem in the search (progress events)
+    study: str
+    trials: Optional[int]
+    deadline: Optional[float] = None  # wall-clock time after which no trial is started
+    beyond_budget: bool = False  # `trials` are asked on top of what the study holds (`tuner worker --trials N`)
+
+
+@dataclass
+class WorkerResult:
+    run_id: Optional[int] = None
+    measured: int = 0  # trials the backend measured
+    reused: int = 0  # trials served from the store, measured by an earlier run
+    repeated: int = 0  # proposals of a variant this run measured already (answered from the store)
+    asked: int = 0  # feasible points asked (the --trials budget counts these)
+    infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
+    interrupted: bool = False
+    exhausted: list[str] = field(default_factory=list)  # studies whose sampler proposed only held points
+
+
+def point(params: dict[str, Any]) -> tuple:
+    """A point of the space, hashable (the same variant whatever order the sampler gave)."""
+    return tuple(sorted(params.items()))
+
+
+@dataclass
+class Context:
+    """What every trial of a worker shares."""
+
+    store: Store
+    backend: Backend
+    run_id: int
+    profile: GpuProfile
+    gpu_name: str
+    compile_pool: Optional[ThreadPoolExecutor]
+    stop: Any  # threading.Event or multiprocessing.Event
+    events: Events
+    hooks: Hooks = field(default_factory=Hooks)
+    result: WorkerResult = field(default_factory=WorkerResult)
+
+    def interrupt(self) -> None:
+        """Ctrl-C reached this worker: stop, and say so in its result."""
+        self.stop.set()
+        self.result.interrupted = True
+
+
+def lookahead_for(pool: Optional[ThreadPoolExecutor]) -> int:
+    """Trials asked ahead: enough to keep the compile pool busy, capped (each asked trial is a
+    pending point the sampler must lie about)."""
+    return min(pool._max_workers + 1, MAX_LOOKAHEAD) if pool is not None else 1
