@@ -79,6 +79,9 @@ class CountingBackend:
         self.measured.append(variant.name)
         return self.inner.measure(problem, variant, compiled)
 
+    def confirm(self, problem, variants, builts, rounds):
+        return self.inner.confirm(problem, variants, builts, rounds)
+
     def close(self):
         self.closed = True
 
@@ -505,6 +508,11 @@ class _TinySpaceBackend:
         return Measurement(TrialStatus.OK, median_us=10.0 + len(variant.params["MODE"]), p20_us=1.0, p80_us=1.0,
                            rel_error=0.0)
 
+    def confirm(self, problem, variants, builts, rounds):
+        from tuner.backends.base import ConfirmTimings
+
+        return ConfirmTimings({v.name: (10.0 + len(v.params["MODE"]),) * rounds for v in variants})
+
     def close(self):
         pass
 
@@ -528,3 +536,48 @@ def test_an_exhausted_space_stops_the_search_with_a_clear_line(sqlite_url, monke
     study = optuna.load_study(study_name=study_name("h200", "attn_fault", Problem(1, 8, 512, 512, 64)),
                               storage=storage_for(sqlite_url))
     assert finished_trials(study) == 3  # the three points of the space, each measured once
+
+
+# --- the confirm stage ------------------------------------------------------------------------
+
+
+def test_the_confirm_stage_re_times_the_best_and_stores_the_rounds(replay_recording, sqlite_url):
+    from tuner.search.confirm import pick_winner
+
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=30, confirm=4, confirm_rounds=5),
+                        hooks=with_backend(CountingBackend(rec)))
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(rec.problem)
+        assert confirmed is not None and confirmed.run_id in report.run_ids and confirmed.rounds == 5
+        timings = store.confirm_timings(confirmed.confirmation_id)
+    variants = [impl for impl in timings if impl.startswith("attn_")]
+    assert len(variants) == 4 and all(len(t) == 5 for t in timings.values())
+    assert {"sdpa_cudnn", "sdpa_flash"} <= set(timings)
+    from tuner.backends.base import ConfirmTimings
+
+    winner, ratio, baseline = pick_winner(ConfirmTimings({k: tuple(v) for k, v in timings.items()}), variants,
+                                          [i for i in timings if i not in variants])
+    assert (winner, baseline) == (confirmed.variant_name, confirmed.baseline_impl)
+    assert ratio == pytest.approx(confirmed.ratio)
+    [summary] = report.summaries
+    assert summary.confirmed and summary.best_variant == confirmed.variant_name and summary.ratio == confirmed.ratio
+
+
+def test_confirm_zero_turns_the_stage_off(replay_recording, sqlite_url):
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=10, confirm=0), hooks=with_backend(CountingBackend(rec)))
+    with open_store(sqlite_url) as store:
+        assert store.confirmed(rec.problem) is None
+    assert not report.summaries[0].confirmed
+
+
+def test_the_winner_is_the_best_median_per_round_ratio_not_the_best_single_time():
+    from tuner.backends.base import ConfirmTimings
+    from tuner.search.confirm import pick_winner
+
+    # "a" has the fastest single round, but loses in the per-round ratios that cancel the card's drift.
+    timings = ConfirmTimings({"a": (80.0, 120.0, 121.0), "b": (99.0, 100.0, 101.0), "sdpa": (100.0, 102.0, 104.0)})
+    winner, ratio, baseline = pick_winner(timings, ["a", "b"], ["sdpa"])
+    assert (winner, baseline) == ("b", "sdpa") and ratio == pytest.approx(1.02)
+    assert pick_winner(ConfirmTimings({"a": (2.0,), "b": (1.0,)}), ["a", "b"], []) == ("b", None, None)

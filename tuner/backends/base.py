@@ -37,6 +37,14 @@ class BaselineMeasurement:
 
 
 @dataclass(frozen=True)
+class ConfirmTimings:
+    """The confirm stage's figures: median µs of each implementation (variant names, baseline impls)
+    in each interleaved round, all timed in one process on one card."""
+
+    rounds: dict[str, tuple[float, ...]]
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     """What a run records about the card it measured on."""
 
@@ -55,6 +63,12 @@ class Backend(Protocol):
                 range_prefix: str = "") -> Measurement:
         """Verify then time `built` (None for a backend whose `needs_compile` is False);
         `range_prefix` names the NVTX ranges (run/trial)."""
+        ...
+
+    def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
+                rounds: int) -> ConfirmTimings:
+        """Time the variants and the SDPA baselines in `rounds` interleaved rounds (a variant that is not
+        correct on fresh inputs, or that the backend cannot time, is left out)."""
         ...
 
     def close(self) -> None: ...

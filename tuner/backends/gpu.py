@@ -37,7 +37,7 @@ import time
 import warnings
 from typing import Any, Callable, Optional
 
-from tuner.backends.base import BaselineMeasurement, DeviceFacts, Measurement
+from tuner.backends.base import BaselineMeasurement, ConfirmTimings, DeviceFacts, Measurement
 from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_runner
 from tuner.errors import NoGpuError, TunerError
 from tuner.kernels.variant import Variant
@@ -260,6 +260,15 @@ class GpuBackend:
         status = TrialStatus(reply["status"])
         return Measurement(status, reply.get("median_us"), reply.get("p20_us"), reply.get("p80_us"),
                            reply.get("rel_error"), reply.get("error"))
+
+    def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
+                rounds: int) -> ConfirmTimings:
+        ready = [dataclasses.replace(b, source="") for b in builts if b is not None and b.ok]
+        try:
+            reply = self._request("confirm", {"problem": problem, "builts": ready, "rounds": rounds})
+        except (_Timeout, _Fault) as exc:
+            raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
+        return ConfirmTimings({name: tuple(times) for name, times in reply.items()})
 
     def close(self) -> None:
         if self._worker is not None:

@@ -155,6 +155,31 @@ class CudaRunner:
         return {**base, "status": "ok", "median_us": timing.median_us, "p20_us": timing.p20_us,
                 "p80_us": timing.p80_us, "reps": timing.reps}
 
+    def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[float]]:
+        """Verified variants and every SDPA baseline, timed in interleaved rounds (the start rotates)."""
+        import torch
+
+        problem: Problem = request["problem"]
+        progress("prepare", True)
+        data = self._problem_inputs(problem)
+        q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
+        calls: dict[str, Callable[[], Any]] = {}
+        for built in request["builts"]:
+            kernel, out = built.load(self.options.device), empty_output(q)
+            kernel(q, k, v, out, None, scale)
+            torch.cuda.synchronize()
+            if relative_error(out, data["ref"]) < TOLERANCE[problem.dtype]:
+                calls[built.entry] = (lambda kernel=kernel, out=out: time_cuda(
+                    lambda: kernel.launch_unchecked(q, k, v, out, None, scale), l2_bytes=self.options.l2_bytes))
+        for baseline in available_baselines(problem, q, k, v, scale):
+            calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
+        order, times = list(calls), {name: [] for name in calls}
+        for r in range(int(request["rounds"])):
+            progress(f"confirm/round{r}", True)
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                times[name].append(calls[name]().median_us)
+        return times
+
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)
         data = self._problem_inputs(problem)
@@ -235,6 +260,8 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
                 result = runner.baselines(args["problem"], args.get("range_prefix") or "", progress)
             elif op == "measure":
                 result = runner.measure(args, progress)
+            elif op == "confirm":
+                result = runner.confirm(args, progress)  # type: ignore[attr-defined]
             else:
                 raise RequestError(f"unknown request {op!r}")
         except RequestError as exc:

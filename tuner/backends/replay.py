@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from tuner.backends.base import BaselineMeasurement, DeviceFacts, Measurement
+from tuner.backends.base import BaselineMeasurement, ConfirmTimings, DeviceFacts, Measurement
 from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -131,6 +131,18 @@ class ReplayBackend:
             return Measurement(status=TrialStatus.PRUNED, error=NOT_RECORDED)
         return Measurement(status=found.status, median_us=found.median_us, p20_us=found.p20_us, p80_us=found.p80_us,
                            rel_error=found.rel_error, error=found.error)
+
+    def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
+                rounds: int) -> ConfirmTimings:
+        """The recording's figures, the same in every round (it holds one timing per variant)."""
+        times: dict[str, tuple[float, ...]] = {}
+        for variant in variants:
+            found = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
+            if found is not None and found.status is TrialStatus.OK and found.median_us is not None:
+                times[variant.name] = (found.median_us,) * rounds
+        for b in self.baselines(problem):
+            times[b.impl] = (b.median_us,) * rounds
+        return ConfirmTimings(times)
 
     def close(self) -> None:
         pass

@@ -12,6 +12,7 @@ from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, sa
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
+from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.job import MAX_REPEAT_STREAK
 from tuner.search.options import SearchOptions
 from tuner.search.run import SearchReport, run_join, run_search
@@ -83,6 +84,8 @@ def search_command(
     backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
+    confirm: Annotated[int, typer.Option("--confirm", min=0, max=100, help="Re-time the K best variants interleaved with the baselines after each problem; the winner is the best median per-round ratio (0: off).")] = DEFAULT_CONFIRM,
+    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
     options = SearchOptions(
@@ -90,6 +93,7 @@ def search_command(
         template=template, trials=trials, time_budget_s=parse_duration(time_budget) if time_budget else None,
         sampler=sampler.strip().lower(), seed=seed, study=study, resume=resume, devices=parse_devices(devices),
         db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from, force=force,
+        confirm=confirm, confirm_rounds=confirm_rounds,
     )
     report = run_search(options, console=err_console, hooks=state.hooks)
     if top and report.run_ids and not report.interrupted:

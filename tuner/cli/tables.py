@@ -93,14 +93,15 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
 def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> Table:
     """Per problem the best variant against the best baseline of its run, in 80 columns."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
-                  caption="best: the variant's tunables; `tuner results --best` has the full name")
+                  caption="best: the variant's tunables; c: confirmed, the median per-round ratio of "
+                          "interleaved re-timing")
     for column, justify in (("problem", "left"), ("trials", "right"), ("best", "left"), ("µs", "right"),
                             ("TFLOP/s", "right"), ("baseline", "left"), ("µs ", "right"), ("x", "right")):
         table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "best")  # type: ignore[arg-type]
     for row in rows:
         table.add_row(row.problem.label, str(row.trials), short_variant(row.best_variant) if row.best_variant else
                       "no ok trial", fmt(row.best_us, ".2f"), fmt(row.best_tflops), row.baseline_impl or "-",
-                      fmt(row.baseline_us, ".2f"), fmt(row.ratio, ".2f", "x"))
+                      fmt(row.baseline_us, ".2f"), fmt(row.ratio, ".2f", "x") + (" c" if row.confirmed else ""))
     return table
 
 

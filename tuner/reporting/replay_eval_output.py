@@ -61,8 +61,8 @@ def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:
         f"Template {rec.template}, {rec.variants} recorded variants; recorded best {rec.best_us:.3f} µs "
         f"({rec.best_variant}).",
         f"Each sampler ran {result.seeds} seeds (0–{result.seeds - 1}) of {result.trials} trials through "
-        "`tuner search --backend replay`. A trial is one budgeted Optuna trial: repeats count, "
-        "infeasible points (pruned before compiling, free) do not. "
+        "`tuner search --backend replay`. A trial is one budgeted trial, a distinct variant: repeats of a "
+        "point the study holds and infeasible points (pruned before compiling) are free and do not count. "
         f"\">{result.trials}\" means not reached within the {result.trials} trials (infinity in the median); "
         "final gap: median over seeds of the last best above the recorded best.",
         f"Generated {result.generated_at:%Y-%m-%d %H:%M %Z}.",

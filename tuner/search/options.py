@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tuner.errors import TunerError
+from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.hooks import check_backend, check_replay_source
 from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
 
@@ -34,6 +35,8 @@ class SearchOptions:
     replay_from: Optional[str] = None
     force: bool = False
     warm_start: int = WARM_START
+    confirm: int = DEFAULT_CONFIRM  # best distinct variants re-timed interleaved with the baselines (0: off)
+    confirm_rounds: int = DEFAULT_ROUNDS
 
 
 def validate_options(options: SearchOptions) -> None:
@@ -45,6 +48,8 @@ def validate_options(options: SearchOptions) -> None:
         raise TunerError(f"--seed must be between 0 and {2**32 - 1}, got {options.seed}")
     if options.heads_kv is not None and options.heads_kv < 1:
         raise TunerError(f"--hkv must be a positive integer, got {options.heads_kv}")
+    if options.confirm < 0 or options.confirm_rounds < 1:
+        raise TunerError("--confirm must be 0 or more and --confirm-rounds at least 1")
     if options.trials is not None and options.trials < 1:
         raise TunerError(f"--trials must be a positive integer, got {options.trials}")
     if options.time_budget_s is not None and options.time_budget_s <= 0:

@@ -5,6 +5,7 @@ tuples, so the same display serves one device or many:
 
     ("baseline", problem_index, median_us, impl)
     ("trial", problem_index, median_us_or_None, budgeted)   budgeted: counts toward --trials
+    ("note", problem_index, text)                            a line to show (e.g. from the confirm stage)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class SearchProgress:
             disable=not enabled,
         )
         self._tasks: dict[int, Any] = {}
+        self._problems: dict[int, str] = {}
         self._best: dict[int, Optional[float]] = {}
         self._baseline: dict[int, Optional[tuple[float, str]]] = {}
 
@@ -41,6 +43,7 @@ class SearchProgress:
 
     def add_problem(self, index: int, problem: Problem, total: Optional[int], done: int = 0) -> None:
         self._tasks[index] = self._progress.add_task(problem.label, total=total, completed=done, best="")
+        self._problems[index] = problem.label
         self._best[index] = None
         self._baseline[index] = None
 
@@ -56,6 +59,9 @@ class SearchProgress:
     def handle(self, event: tuple) -> None:
         kind, index = event[0], event[1]
         if index not in self._tasks:
+            return
+        if kind == "note":
+            self._progress.console.print(f"{self._problems[index]}: {event[2]}", markup=False, highlight=False)
             return
         if kind == "baseline":
             us, impl = event[2], event[3]

@@ -126,7 +126,8 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
                 for i, (s, r) in enumerate(zip(studies, remaining))
             )
             specs.append(WorkerSpec(w, device, db_url, db_url, options.backend, jobs, options.replay_from,
-                                    options.force, options.seed, local_workers=len(options.devices)))
+                                    options.force, options.seed, local_workers=len(options.devices),
+                                    confirm=options.confirm, confirm_rounds=options.confirm_rounds))
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
                 progress.add_problem(i, problem, budgets[i], done[i])

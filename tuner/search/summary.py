@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
@@ -24,10 +25,18 @@ class ProblemSummary:
     best_tflops: Optional[float]
     baseline_impl: Optional[str]
     baseline_us: Optional[float]
+    confirmed_ratio: Optional[float] = None  # set when the figures are the confirm stage's (median per-round ratio)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmed_ratio is not None
 
     @property
     def ratio(self) -> Optional[float]:
-        """Best baseline µs / tuned µs: > 1 means the tuned kernel is faster."""
+        """Best baseline µs / tuned µs: > 1 means the tuned kernel is faster (the confirm stage's median
+        per-round ratio when there is one)."""
+        if self.confirmed_ratio is not None:
+            return self.confirmed_ratio
         if self.best_us and self.baseline_us:
             return self.baseline_us / self.best_us
         return None
@@ -56,6 +65,15 @@ def _stored_row(store: Store, problem: Problem, variant: Optional[str], median_u
 
 
 def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iterable[int]) -> ProblemSummary:
+    """The study's best; the confirm stage's winner and figures when one of these runs confirmed it."""
+    run_ids = list(run_ids)
+    confirmed = store.confirmed(problem)
+    if confirmed is not None and confirmed.run_id in run_ids and confirmed.ratio is not None:
+        timings = store.confirm_timings(confirmed.confirmation_id)
+        baseline_us = statistics.median(timings[confirmed.baseline_impl]) if confirmed.baseline_impl else None
+        return ProblemSummary(problem, study.study_name, finished_trials(study), confirmed.variant_name,
+                              confirmed.median_us, problem.tflops(confirmed.median_us), confirmed.baseline_impl,
+                              baseline_us, confirmed_ratio=confirmed.ratio)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     best = min(complete, key=lambda t: (t.value, t.number), default=None)
     best_us = best.value if best is not None else None

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
+from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_study
 from tuner.search.hooks import Hooks
 from tuner.search.job import Context, Events, WorkerJob, WorkerResult
 from tuner.search.loop import ProblemSearch
@@ -50,6 +51,8 @@ class WorkerSpec:
     force: bool = False
     seed: Optional[int] = None
     local_workers: int = 1  # workers on this host: they share its CPUs for nvcc
+    confirm: int = DEFAULT_CONFIRM  # best variants re-timed after each study (0: no confirm stage)
+    confirm_rounds: int = DEFAULT_ROUNDS
 
 
 RESEED_STRIDE = 1000003  # a resumed study's seed moves by this much per trial it already holds
@@ -162,6 +165,14 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         ctx.interrupt()
         return
     ProblemSearch(ctx, study, info, job).run()
+    if spec.confirm and spec.worker == 0 and not ctx.stop.is_set():  # one confirm stage per study
+        note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
+        try:
+            confirm_study(ctx, info, spec.confirm, spec.confirm_rounds, note)
+        except TunerError as exc:  # the search's results stand; only the confirmation is missing
+            note(f"confirm stage skipped: {exc}")
+        except KeyboardInterrupt:
+            ctx.interrupt()
 
 
 def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks: Hooks = Hooks()) -> WorkerResult:

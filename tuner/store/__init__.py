@@ -10,6 +10,8 @@ from tuner.store.engine import default_db_url
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
+    ConfirmedRow,
+    ConfirmRecord,
     NcuMetric,
     RunInfo,
     TrialDetail,
@@ -24,6 +26,8 @@ from tuner.store.store import Store, open_store
 
 __all__ = [
     "BaselineRecord",
+    "ConfirmRecord",
+    "ConfirmedRow",
     "BaselineRow",
     "NcuMetric",
     "RunInfo",

@@ -182,3 +182,33 @@ class OptunaJournalTable(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     log: Mapped[str] = mapped_column(Text)
+
+
+class ConfirmationTable(Base):
+    """A confirm stage: the best variants of a problem re-timed against the baselines in interleaved rounds;
+    the winner has the best median per-round ratio to the fastest baseline."""
+
+    __tablename__ = "confirmations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"), index=True)
+    rounds: Mapped[int] = mapped_column(Integer)
+    baseline_impl: Mapped[Optional[str]] = mapped_column(String)
+    winner_trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    winner_us: Mapped[float] = mapped_column(Float)  # median over the rounds
+    winner_ratio: Mapped[Optional[float]] = mapped_column(Float)  # median per-round baseline µs / winner µs
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ConfirmTimingTable(Base):
+    """One implementation's median µs in one round of a confirm stage (trial_id: a variant; else a baseline)."""
+
+    __tablename__ = "confirm_timings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    confirmation_id: Mapped[int] = mapped_column(ForeignKey("confirmations.id"), index=True)
+    impl: Mapped[str] = mapped_column(String)
+    trial_id: Mapped[Optional[int]] = mapped_column(ForeignKey("trials.id"))
+    round: Mapped[int] = mapped_column(Integer)
+    median_us: Mapped[float] = mapped_column(Float)

@@ -11,8 +11,16 @@ from sqlalchemy.orm import defer
 from tuner.problem import Problem
 from tuner.profiles import profile_names
 from tuner.status import TrialStatus
-from tuner.store.models import BaselineTable, NcuMetricTable, ProblemTable, RunTable, TrialTable, VariantTable
-from tuner.store.records import BaselineRow, NcuMetric, TrialFilter, TrialRow
+from tuner.store.models import (
+    BaselineTable,
+    ConfirmationTable,
+    NcuMetricTable,
+    ProblemTable,
+    RunTable,
+    TrialTable,
+    VariantTable,
+)
+from tuner.store.records import BaselineRow, ConfirmedRow, NcuMetric, TrialFilter, TrialRow
 
 # The columns of a problem row: the fields of Problem.
 PROBLEM_KEYS = tuple(Problem.__dataclass_fields__)
@@ -222,3 +230,24 @@ def to_baseline_row(row: BaselineTable) -> BaselineRow:
 
 def to_ncu_metric(row: NcuMetricTable) -> NcuMetric:
     return NcuMetric(name=row.name, value=row.value, unit=row.unit)
+
+
+def confirmed_select(problem: Problem, gpu: Optional[str]) -> Select:
+    """The newest confirmation of `problem` (optionally on one GPU profile), with its winner's name."""
+    stmt = (select(ConfirmationTable, VariantTable.name, RunTable.profile)
+            .join(ProblemTable, ProblemTable.id == ConfirmationTable.problem_id)
+            .join(TrialTable, TrialTable.id == ConfirmationTable.winner_trial_id)
+            .join(VariantTable, VariantTable.id == TrialTable.variant_id)
+            .join(RunTable, RunTable.id == ConfirmationTable.run_id)
+            .where(*(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items())))
+    if gpu:
+        stmt = stmt.where(RunTable.profile == gpu.strip().lower())
+    return stmt.order_by(ConfirmationTable.id.desc()).limit(1)
+
+
+def to_confirmed_row(found: Any, problem: Problem) -> ConfirmedRow:
+    row, name, _profile = found
+    return ConfirmedRow(confirmation_id=row.id, run_id=row.run_id, problem=problem, trial_id=row.winner_trial_id,
+                        variant_name=name, median_us=row.winner_us, ratio=row.winner_ratio,
+                        baseline_impl=row.baseline_impl, rounds=row.rounds)
+

@@ -242,3 +242,34 @@ class TrialDetail(TrialRow):
     run_ended_at: Optional[datetime] = None
     ncu_metrics: list[NcuMetric] = field(default_factory=list)
     baselines: list[BaselineRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmRecord:
+    """A confirm stage to store: per implementation (a variant's trial id, or None for a baseline)
+    its median µs in each round, and the winner it chose."""
+
+    run_id: int
+    problem: Problem
+    rounds: int
+    timings: dict[str, tuple[Optional[int], tuple[float, ...]]]  # impl -> (trial id, µs per round)
+    winner_trial_id: int
+    winner_us: float
+    winner_ratio: Optional[float]
+    baseline_impl: Optional[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmedRow:
+    """The confirmed winner of a problem: what `results --best`, `show`, the summary and export prefer."""
+
+    confirmation_id: int
+    run_id: int
+    problem: Problem
+    trial_id: int
+    variant_name: str
+    median_us: float  # median over the confirm rounds
+    ratio: Optional[float]  # median per-round ratio to the fastest baseline (> 1: the kernel is faster)
+    baseline_impl: Optional[str]
+    rounds: int
+

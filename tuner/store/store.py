@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from contextlib import contextmanager
 from dataclasses import asdict
 from dataclasses import fields as dataclass_fields
@@ -11,7 +10,6 @@ from typing import Any, Iterator, Mapping, Optional
 
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.errors import TunerError
@@ -20,6 +18,8 @@ from tuner.store import engine as eng
 from tuner.store import queries as q
 from tuner.store.models import (
     BaselineTable,
+    ConfirmationTable,
+    ConfirmTimingTable,
     NcuMetricTable,
     OptunaJournalTable,
     ProblemTable,
@@ -31,6 +31,8 @@ from tuner.store.models import (
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
+    ConfirmedRow,
+    ConfirmRecord,
     NcuMetric,
     RunInfo,
     TrialDetail,
@@ -41,65 +43,7 @@ from tuner.store.records import (
     canonical_json,
 )
 from tuner.store.redact import redacted
-
-
-def _text(value: Optional[str]) -> Optional[str]:
-    """PostgreSQL text cannot hold NUL characters; replace them on every backend alike."""
-    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
-
-
-def _num(value: Optional[float]) -> Optional[float]:
-    """NaN is stored as NULL (SQLite does so anyway); infinities are kept."""
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
-def _tflops(problem: Problem, tflops: Optional[float], median_us: Optional[float]) -> Optional[float]:
-    if tflops is not None:
-        return _num(tflops)
-    if median_us is not None and math.isfinite(median_us) and median_us > 0:
-        return problem.tflops(median_us)
-    return None
-
-
-def _upsert_insert(session: Session, model: type) -> Any:
-    """The dialect's INSERT with ON CONFLICT support, or None."""
-    name = session.get_bind().dialect.name
-    if name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    elif name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        return None
-    return dialect_insert(model)
-
-
-def _get_or_create(session: Session, model: type, values: Mapping[str, Any], keys: tuple[str, ...]) -> int:
-    """Id of the row with these key values, inserting it if missing; safe under concurrent writers.
-
-    On PostgreSQL a concurrent insert of the same key makes ON CONFLICT DO NOTHING
-    wait for it, and the following SELECT (a new snapshot) sees it. SQLite write
-    transactions are serialised (BEGIN IMMEDIATE), so no race is possible there.
-    """
-    where = [getattr(model, key) == values[key] for key in keys]
-    found = session.scalar(select(model.id).where(*where))
-    if found is not None:
-        return found
-    stmt = _upsert_insert(session, model)
-    if stmt is not None:
-        session.execute(stmt.values(**values).on_conflict_do_nothing(index_elements=list(keys)))
-    else:
-        try:
-            with session.begin_nested():
-                session.execute(insert(model).values(**values))
-        except IntegrityError:
-            pass
-    found = session.scalar(select(model.id).where(*where))
-    assert found is not None, f"{model.__tablename__} row vanished after insert"
-    return found
-
+from tuner.store.writes import get_or_create, num, text, tflops, upsert_insert
 
 _VARIANT_KEYS = ("template", "template_hash", "params_key")
 
@@ -162,7 +106,7 @@ class Store:
 
     def start_run(self, info: RunInfo) -> int:
         with self._write("cannot record the run") as session:
-            run = RunTable(**{key: _text(value) for key, value in asdict(info).items()}, started_at=utcnow())
+            run = RunTable(**{key: text(value) for key, value in asdict(info).items()}, started_at=utcnow())
             session.add(run)
             session.flush()
             return run.id
@@ -181,7 +125,7 @@ class Store:
         if found is not None:
             return found
         with self._write("cannot record the problem") as session:
-            return _get_or_create(session, ProblemTable, values, q.PROBLEM_KEYS)
+            return get_or_create(session, ProblemTable, values, q.PROBLEM_KEYS)
 
     def variant_id(self, template: str, template_hash: str, params: Mapping[str, Any], name: str) -> int:
         """Id of the variant (template, template_hash, params), created with `name` if missing.
@@ -196,17 +140,17 @@ class Store:
         if found is not None:
             return found
         with self._write("cannot record the variant") as session:
-            return _get_or_create(session, VariantTable, values, _VARIANT_KEYS)
+            return get_or_create(session, VariantTable, values, _VARIANT_KEYS)
 
     @staticmethod
     def _variant_values(template: str, template_hash: str, params: Mapping[str, Any], name: str) -> dict[str, Any]:
         key = canonical_json(params)
         return {
-            "template": _text(template),
-            "template_hash": _text(template_hash),
+            "template": text(template),
+            "template_hash": text(template_hash),
             "params": json.loads(key),
             "params_key": key,
-            "name": _text(name),
+            "name": text(name),
         }
 
     def add_trial(self, rec: TrialRecord) -> int:
@@ -216,24 +160,24 @@ class Store:
         with self._write("cannot store the trial") as session:
             trial = TrialTable(
                 run_id=rec.run_id,
-                problem_id=_get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
-                variant_id=_get_or_create(session, VariantTable, variant_values, _VARIANT_KEYS),
-                study=_text(rec.study),
+                problem_id=get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
+                variant_id=get_or_create(session, VariantTable, variant_values, _VARIANT_KEYS),
+                study=text(rec.study),
                 trial_number=rec.trial_number,
                 status=status,
-                median_us=_num(rec.median_us),
-                p20_us=_num(rec.p20_us),
-                p80_us=_num(rec.p80_us),
-                tflops=_tflops(rec.problem, rec.tflops, _num(rec.median_us)),
-                rel_error=_num(rec.rel_error),
-                compile_s=_num(rec.compile_s),
+                median_us=num(rec.median_us),
+                p20_us=num(rec.p20_us),
+                p80_us=num(rec.p80_us),
+                tflops=tflops(rec.problem, rec.tflops, num(rec.median_us)),
+                rel_error=num(rec.rel_error),
+                compile_s=num(rec.compile_s),
                 registers=rec.registers,
                 smem_bytes=rec.smem_bytes,
                 spill_bytes=rec.spill_bytes,
-                cubin_sha256=_text(rec.cubin_sha256),
-                error=_text(rec.error),
-                compile_log=_text(rec.compile_log),
-                source_path=_text(rec.source_path),
+                cubin_sha256=text(rec.cubin_sha256),
+                error=text(rec.error),
+                compile_log=text(rec.compile_log),
+                source_path=text(rec.source_path),
                 created_at=utcnow(),
             )
             self._require_run(session, rec.run_id)
@@ -246,12 +190,12 @@ class Store:
             self._require_run(session, rec.run_id)
             baseline = BaselineTable(
                 run_id=rec.run_id,
-                problem_id=_get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
-                impl=_text(rec.impl),
+                problem_id=get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
+                impl=text(rec.impl),
                 median_us=float(rec.median_us),
-                p20_us=_num(rec.p20_us),
-                p80_us=_num(rec.p80_us),
-                tflops=_tflops(rec.problem, rec.tflops, rec.median_us),
+                p20_us=num(rec.p20_us),
+                p80_us=num(rec.p80_us),
+                tflops=tflops(rec.problem, rec.tflops, rec.median_us),
             )
             session.add(baseline)
             session.flush()
@@ -263,9 +207,9 @@ class Store:
             if session.get(TrialTable, trial_id) is None:
                 raise TunerError(f"no trial with id {trial_id}")
             for metric in metrics:
-                values = {"trial_id": trial_id, "name": _text(metric.name), "value": float(metric.value),
-                          "unit": _text(metric.unit)}  # fmt: skip
-                stmt = _upsert_insert(session, NcuMetricTable)
+                values = {"trial_id": trial_id, "name": text(metric.name), "value": float(metric.value),
+                          "unit": text(metric.unit)}  # fmt: skip
+                stmt = upsert_insert(session, NcuMetricTable)
                 if stmt is not None:
                     stmt = stmt.values(**values)
                     session.execute(
@@ -332,6 +276,41 @@ class Store:
                 ncu_metrics=metrics,
                 baselines=baselines,
             )
+
+    # --- the confirm stage ----------------------------------------------------------------------
+
+    def add_confirmation(self, rec: ConfirmRecord) -> int:
+        """Store a confirm stage and its timings in one transaction; returns its id."""
+        with self._write("cannot record the confirm stage") as session:
+            self._require_run(session, rec.run_id)
+            problem_id = get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS)
+            row = ConfirmationTable(run_id=rec.run_id, problem_id=problem_id, rounds=rec.rounds,
+                                    baseline_impl=rec.baseline_impl, winner_trial_id=rec.winner_trial_id,
+                                    winner_us=num(rec.winner_us), winner_ratio=num(rec.winner_ratio))
+            session.add(row)
+            session.flush()
+            session.add_all(ConfirmTimingTable(confirmation_id=row.id, impl=impl, trial_id=trial_id, round=r,
+                                               median_us=num(us))
+                            for impl, (trial_id, times) in rec.timings.items() for r, us in enumerate(times))
+            return row.id
+
+    def confirmed(self, problem: Problem, gpu: Optional[str] = None) -> Optional[ConfirmedRow]:
+        """The newest confirmed winner of `problem` (on GPU profile `gpu`, when given), if any."""
+        stmt = q.confirmed_select(problem, gpu)
+        with self._read("cannot read the confirm stage") as session:
+            found = session.execute(stmt).first()
+        return q.to_confirmed_row(found, problem) if found is not None else None
+
+    def confirm_timings(self, confirmation_id: int) -> dict[str, list[float]]:
+        """impl -> median µs per round of one confirm stage."""
+        stmt = (select(ConfirmTimingTable.impl, ConfirmTimingTable.median_us)
+                .where(ConfirmTimingTable.confirmation_id == confirmation_id)
+                .order_by(ConfirmTimingTable.impl, ConfirmTimingTable.round))
+        out: dict[str, list[float]] = {}
+        with self._read("cannot read the confirm stage") as session:
+            for impl, us in session.execute(stmt):
+                out.setdefault(impl, []).append(us)
+        return out
 
     # --- Optuna's journal (JSON lines, appended in order) -------------------------------------
 

@@ -1,0 +1,82 @@
+"""The confirm stage: the search's best variants re-timed interleaved with the baselines, to pick the real winner.
+
+In-search timings of a ~0.5 ms kernel drift by ±5%, more than the gap between
+the top variants. So after a study's trials, its K best distinct variants are
+timed again in the same worker, in R rounds that alternate them with every
+SDPA baseline (the start of each round rotates); each variant's figure is the
+median over the rounds of its per-round ratio to the fastest baseline, and the
+winner is the best figure. The rounds are stored with the winner.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Optional
+
+from tuner.backends.base import ConfirmTimings
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.variant import Variant
+from tuner.search.job import Context
+from tuner.search.study import StudyInfo
+from tuner.status import TrialStatus
+from tuner.store import ConfirmRecord, TrialFilter, TrialRow
+
+DEFAULT_CONFIRM = 5  # variants re-timed
+DEFAULT_ROUNDS = 7
+
+
+def candidates(ctx: Context, info: StudyInfo, k: int) -> list[TrialRow]:
+    """The k fastest distinct variants of the study's problem measured on this card with this template code."""
+    manifest = load_manifest(info.template)
+    rows = ctx.store.query_trials(TrialFilter(problem=info.problem, template=info.template, status=TrialStatus.OK))
+    rows = sorted((r for r in rows if r.gpu_name == ctx.gpu_name and r.template_hash == manifest.source_hash
+                   and r.median_us is not None), key=lambda r: (r.median_us, r.id))
+    chosen: dict[str, TrialRow] = {}
+    for row in rows:
+        chosen.setdefault(row.variant_name, row)
+        if len(chosen) == k:
+            break
+    return list(chosen.values())
+
+
+def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[str]
+                ) -> tuple[Optional[str], Optional[float], Optional[str]]:
+    """(winner, its median per-round ratio to the fastest baseline, that baseline); without baselines
+    the winner is the fastest median and the ratio is None."""
+    timed = [v for v in variants if v in timings.rounds]
+    if not timed:
+        return None, None, None
+    base = [b for b in baselines if b in timings.rounds]
+    if not base:
+        return min(timed, key=lambda v: statistics.median(timings.rounds[v])), None, None
+    fastest = min(base, key=lambda b: statistics.median(timings.rounds[b]))
+
+    def ratio(v: str) -> float:
+        return statistics.median(b / t for b, t in zip(timings.rounds[fastest], timings.rounds[v]))
+
+    winner = max(timed, key=lambda v: (ratio(v), -statistics.median(timings.rounds[v])))
+    return winner, ratio(winner), fastest
+
+
+def confirm_study(ctx: Context, info: StudyInfo, k: int, rounds: int, say: Callable[[str], None]) -> Optional[int]:
+    """Run the confirm stage of one study on the worker's backend; returns the stored confirmation's id."""
+    rows = candidates(ctx, info, k)
+    if not rows:
+        return None
+    variants = [Variant.from_stored(r.template, r.params) for r in rows]
+    needs = getattr(ctx.backend, "needs_compile", True)
+    builts = [ctx.hooks.build(v, ctx.profile.nvcc_arch) if needs else None for v in variants]
+    timings = ctx.backend.confirm(info.problem, variants, builts, rounds)
+    names = [v.name for v in variants]
+    baselines = [impl for impl in timings.rounds if impl not in names]
+    winner, ratio, baseline = pick_winner(timings, names, baselines)
+    if winner is None:
+        say(f"confirm stage of {info.problem.label}: no variant could be timed again")
+        return None
+    by_name = {v.name: r for v, r in zip(variants, rows)}
+    record = ConfirmRecord(
+        run_id=ctx.run_id, problem=info.problem, rounds=rounds, winner_trial_id=by_name[winner].id,
+        winner_us=statistics.median(timings.rounds[winner]), winner_ratio=ratio, baseline_impl=baseline,
+        timings={impl: (by_name[impl].id if impl in by_name else None, times) for impl, times in timings.rounds.items()},
+    )
+    return ctx.store.add_confirmation(record)

@@ -1,0 +1,70 @@
+"""Small pieces every write of the store uses: portable values, and get-or-create under concurrent writers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tuner.problem import Problem
+
+
+def text(value: Optional[str]) -> Optional[str]:
+    """PostgreSQL text cannot hold NUL characters; replace them on every backend alike."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
+def num(value: Optional[float]) -> Optional[float]:
+    """NaN is stored as NULL (SQLite does so anyway); infinities are kept."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def tflops(problem: Problem, tflops: Optional[float], median_us: Optional[float]) -> Optional[float]:
+    if tflops is not None:
+        return num(tflops)
+    if median_us is not None and math.isfinite(median_us) and median_us > 0:
+        return problem.tflops(median_us)
+    return None
+
+
+def upsert_insert(session: Session, model: type) -> Any:
+    """The dialect's INSERT with ON CONFLICT support, or None."""
+    name = session.get_bind().dialect.name
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    elif name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        return None
+    return dialect_insert(model)
+
+
+def get_or_create(session: Session, model: type, values: Mapping[str, Any], keys: tuple[str, ...]) -> int:
+    """Id of the row with these key values, inserting it if missing; safe under concurrent writers.
+
+    On PostgreSQL a concurrent insert of the same key makes ON CONFLICT DO NOTHING
+    wait for it, and the following SELECT (a new snapshot) sees it. SQLite write
+    transactions are serialised (BEGIN IMMEDIATE), so no race is possible there.
+    """
+    where = [getattr(model, key) == values[key] for key in keys]
+    found = session.scalar(select(model.id).where(*where))
+    if found is not None:
+        return found
+    stmt = upsert_insert(session, model)
+    if stmt is not None:
+        session.execute(stmt.values(**values).on_conflict_do_nothing(index_elements=list(keys)))
+    else:
+        try:
+            with session.begin_nested():
+                session.execute(insert(model).values(**values))
+        except IntegrityError:
+            pass
+    found = session.scalar(select(model.id).where(*where))
+    assert found is not None, f"{model.__tablename__} row vanished after insert"
+    return found
