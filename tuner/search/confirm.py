@@ -11,6 +11,7 @@ winner is the best figure. The rounds are stored with the winner.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Optional
 
 from tuner.backends.base import ConfirmTimings
@@ -60,6 +61,7 @@ def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[st
 
 def confirm_study(ctx: Context, info: StudyInfo, k: int, rounds: int, say: Callable[[str], None]) -> Optional[int]:
     """Run the confirm stage of one study on the worker's backend; returns the stored confirmation's id."""
+    start = time.perf_counter()
     rows = candidates(ctx, info, k)
     if not rows:
         return None
@@ -79,4 +81,8 @@ def confirm_study(ctx: Context, info: StudyInfo, k: int, rounds: int, say: Calla
         winner_us=statistics.median(timings.rounds[winner]), winner_ratio=ratio, baseline_impl=baseline,
         timings={impl: (by_name[impl].id if impl in by_name else None, times) for impl, times in timings.rounds.items()},
     )
-    return ctx.store.add_confirmation(record)
+    confirmation = ctx.store.add_confirmation(record)
+    versus = f"{ratio:.3f}x {baseline}" if ratio is not None else "no baseline"
+    say(f"confirmed {winner}: {versus}, median of {rounds} interleaved rounds over {len(variants)} variants "
+        f"({time.perf_counter() - start:.1f} s)")
+    return confirmation
