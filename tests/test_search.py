@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -581,3 +582,19 @@ def test_the_winner_is_the_best_median_per_round_ratio_not_the_best_single_time(
     winner, ratio, baseline = pick_winner(timings, ["a", "b"], ["sdpa"])
     assert (winner, baseline) == ("b", "sdpa") and ratio == pytest.approx(1.02)
     assert pick_winner(ConfirmTimings({"a": (2.0,), "b": (1.0,)}), ["a", "b"], []) == ("b", None, None)
+
+
+def test_results_show_and_export_use_the_confirmed_figure(replay_recording, sqlite_url, tmp_path):
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=30, confirm=4, confirm_rounds=3), hooks=with_backend(CountingBackend(rec)))
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(rec.problem)
+    best = json.loads(run_tuner("--db", sqlite_url, "results", "--best", "--format", "json").stdout)
+    [row] = [r for r in best if r["variant_name"] == confirmed.variant_name]
+    assert row["confirmed_us"] == pytest.approx(confirmed.median_us) and row["confirmed_ratio"] == confirmed.ratio
+    table = run_tuner("--db", sqlite_url, "results", "--best", env=WIDE).stdout
+    assert f"{confirmed.ratio:.2f}x c" in table
+    shown = run_tuner("--db", sqlite_url, "show", str(confirmed.trial_id), env=WIDE).stdout
+    assert "confirmed: winner of the confirm stage" in shown
+    assert json.loads(run_tuner("--db", sqlite_url, "show", str(confirmed.trial_id), "--format", "json").stdout
+                      )["confirmed"]["rounds"] == 3

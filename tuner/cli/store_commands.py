@@ -47,7 +47,7 @@ def results_command(
     filt = TrialFilter(gpu=gpu, shape=parse_shape(shape) if shape else None, dtype=dtype, causal=causal,
                        template=template, status=status, limit=limit)
     with open_store(state.db_url, create=may_create_store()) as store:
-        rows = store.best_trials(filt) if best else store.query_trials(filt)
+        rows = store.prefer_confirmed(store.best_trials(filt)) if best else store.query_trials(filt)
         where = store.url
     if fmt == "json":
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
@@ -72,10 +72,16 @@ def show_command(
     fmt = output_format(fmt, ("table", "json"))
     with open_store(state.db_url, create=may_create_store()) as store:
         detail = store.trial_detail(trial_id)
+        confirmed = store.confirmed(detail.problem, detail.profile)
+    confirmed = confirmed if confirmed is not None and confirmed.trial_id == detail.id else None
     if fmt == "json":
-        typer.echo(json.dumps(detail.to_dict(), indent=2))
+        data = detail.to_dict()
+        data["confirmed"] = None if confirmed is None else {
+            "run_id": confirmed.run_id, "median_us": confirmed.median_us, "ratio": confirmed.ratio,
+            "baseline_impl": confirmed.baseline_impl, "rounds": confirmed.rounds}
+        typer.echo(json.dumps(data, indent=2))
         return
-    for part in trial_detail(detail):
+    for part in trial_detail(detail, confirmed):
         console.print(part, soft_wrap=not isinstance(part, Table))
 
 

@@ -15,7 +15,7 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.search.summary import ProblemSummary
-from tuner.store import NcuMetric, TrialDetail, TrialRow
+from tuner.store import ConfirmedRow, NcuMetric, TrialDetail, TrialRow
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -74,7 +74,7 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
     gpus = {printable(r.profile or r.gpu_name) for r in rows}
     title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
-                  caption="variant: its tunables; `tuner show ID` has the full name")
+                  caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
     names = [short_variant(r.variant_name) for r in rows]  # zipped with rows below
     columns = [("id", "right")] + ([("gpu", "left")] if len(gpus) > 1 else []) + [
         ("problem", "left"), ("variant", "left"), ("status", "left"), ("µs", "right"), ("TFLOP/s", "right"),
@@ -84,8 +84,9 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
         table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "variant")  # type: ignore[arg-type]
     for row, name in zip(rows, names):
         cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
-            row.problem.label, printable(name), row.status.value, fmt(row.median_us), fmt(row.tflops),
-            fmt(row.ratio_to_best_baseline, ".2f", "x")]
+            row.problem.label, printable(name), row.status.value, fmt(row.headline_us),
+            fmt(row.problem.tflops(row.headline_us) if row.headline_us else None),
+            fmt(row.headline_ratio, ".2f", "x") + (" c" if row.confirmed_us is not None else "")]
         table.add_row(*cells)
     return table
 
@@ -161,9 +162,15 @@ def metrics_table(title: str, metrics: Iterable[NcuMetric], meanings: Optional[d
     return table
 
 
-def trial_detail(d: TrialDetail) -> list[RenderableType]:
-    """Everything `tuner show` prints about one trial, in order."""
+def trial_detail(d: TrialDetail, confirmed: Optional[ConfirmedRow] = None) -> list[RenderableType]:
+    """Everything `tuner show` prints about one trial, in order (`confirmed`: it won a confirm stage)."""
     out: list[RenderableType] = list(trial_lines(d))
+    if confirmed is not None:
+        versus = f", {fmt(confirmed.ratio, '.3f', 'x')} {confirmed.baseline_impl} (median per-round ratio)" \
+            if confirmed.baseline_impl else ""
+        out.append(_line("confirmed", f"winner of the confirm stage of run {confirmed.run_id}: "
+                                      f"{fmt(confirmed.median_us, '.2f')} µs, median of {confirmed.rounds} "
+                                      f"interleaved rounds{versus}"))
     if d.baselines:
         out.append(baselines_table(d))
     if d.ncu_metrics:

@@ -44,7 +44,7 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
               [TrialFilter(gpu=profile.name, dtype=dtype)]
     rows: dict[int, TrialRow] = {}
     for filt in filters:
-        found = [r for r in store.best_trials(filt) if r.profile == profile.name]
+        found = store.prefer_confirmed([r for r in store.best_trials(filt) if r.profile == profile.name])
         if not found:
             what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
             raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
@@ -90,13 +90,14 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
         "trial_id": row.id,
         "problem": p.to_dict(),
         "problem_label": p.label,
-        "median_us": row.median_us,
+        "median_us": row.headline_us,  # the confirmed figure when the confirm stage ran
+        "confirmed": row.confirmed_us is not None,
         "p20_us": row.p20_us,
         "p80_us": row.p80_us,
         "tflops": row.tflops,
         "best_baseline_impl": row.best_baseline_impl,
         "best_baseline_us": row.best_baseline_us,
-        "ratio_to_best_baseline": row.ratio_to_best_baseline,
+        "ratio_to_best_baseline": row.headline_ratio,
         "rebuilt": kernel.rebuilt,
         "run": {"run_id": row.run_id, "gpu_name": row.gpu_name, "profile": row.profile,
                 "driver": getattr(run, "driver", None), "cuda_version": getattr(run, "cuda_version", None),

@@ -202,6 +202,19 @@ class TrialRow:
     best_baseline_us: Optional[float] = None
     # best_baseline_us / median_us: > 1 means the trial beats every baseline of its run.
     ratio_to_best_baseline: Optional[float] = None
+    # Set on the confirmed winner of its problem (Store.prefer_confirmed): the confirm stage's figures.
+    confirmed_us: Optional[float] = None  # median over the interleaved rounds
+    confirmed_ratio: Optional[float] = None  # median per-round ratio to the fastest baseline
+    confirmed_baseline: Optional[str] = None
+
+    @property
+    def headline_us(self) -> Optional[float]:
+        """The figure to show: the confirmed one when there is one."""
+        return self.confirmed_us if self.confirmed_us is not None else self.median_us
+
+    @property
+    def headline_ratio(self) -> Optional[float]:
+        return self.confirmed_ratio if self.confirmed_us is not None else self.ratio_to_best_baseline
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (problem nested, label added)."""
@@ -221,7 +234,8 @@ class TrialRow:
         "id", "run_id", "gpu_name", "profile", "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim",
         "dtype", "causal", "layout", "template", "variant_name", "params", "status", "median_us", "p20_us",
         "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
-        "smem_bytes", "spill_bytes", "study", "trial_number", "created_at",
+        "smem_bytes", "spill_bytes", "study", "trial_number", "created_at", "confirmed_us", "confirmed_ratio",
+        "confirmed_baseline",
     )  # fmt: skip
 
     def csv_row(self) -> dict[str, Any]:

@@ -301,6 +301,21 @@ class Store:
             found = session.execute(stmt).first()
         return q.to_confirmed_row(found, problem) if found is not None else None
 
+    def prefer_confirmed(self, rows: list[TrialRow]) -> list[TrialRow]:
+        """Each best row replaced by its problem's confirmed winner on that GPU profile, when one exists,
+        with the confirm stage's figures set (headline_us, headline_ratio)."""
+        out = []
+        for row in rows:
+            confirmed = self.confirmed(row.problem, row.profile)
+            if confirmed is None:
+                out.append(row)
+                continue
+            winner = row if confirmed.trial_id == row.id else self.trial_detail(confirmed.trial_id)
+            plain = {f.name: getattr(winner, f.name) for f in dataclass_fields(TrialRow)}
+            out.append(TrialRow(**{**plain, "confirmed_us": confirmed.median_us, "confirmed_ratio": confirmed.ratio,
+                                   "confirmed_baseline": confirmed.baseline_impl}))
+        return out
+
     def confirm_timings(self, confirmation_id: int) -> dict[str, list[float]]:
         """impl -> median µs per round of one confirm stage."""
         stmt = (select(ConfirmTimingTable.impl, ConfirmTimingTable.median_us)
