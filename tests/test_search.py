@@ -598,3 +598,16 @@ def test_results_show_and_export_use_the_confirmed_figure(replay_recording, sqli
     assert "confirmed: winner of the confirm stage" in shown
     assert json.loads(run_tuner("--db", sqlite_url, "show", str(confirmed.trial_id), "--format", "json").stdout
                       )["confirmed"]["rounds"] == 3
+
+
+def test_tuner_confirm_confirms_stored_results(replay_recording, sqlite_url):
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=20, confirm=0), hooks=with_backend(CountingBackend(rec)))
+    result = run_tuner("--db", sqlite_url, "confirm", "--gpu", rec.profile, "--backend", "replay", "--from", rec.url,
+                       "--confirm", "3", "--rounds", "4", env=WIDE)
+    assert result.exit_code == 0, result.stderr
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(rec.problem)
+        assert confirmed is not None and confirmed.rounds == 4
+        assert len([i for i in store.confirm_timings(confirmed.confirmation_id) if i.startswith("attn_")]) == 3
+    assert f"{rec.problem.label}: {confirmed.variant_name}" in result.stdout and "median of 4 rounds" in result.stdout

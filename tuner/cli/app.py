@@ -38,6 +38,7 @@ def build_app() -> typer.Typer:
         ("show", store_commands.show_command, True),
         ("search", search_commands.search_command, True),
         ("worker", search_commands.worker_command, True),
+        ("confirm", search_commands.confirm_command, True),
         ("profile", output_commands.profile_command, True),
         ("export", output_commands.export_command, True),
         ("report", output_commands.report_command, True),

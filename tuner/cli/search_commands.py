@@ -13,6 +13,7 @@ from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.reporting.profiling import profile_top
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
+from tuner.search.confirm_run import ConfirmOptions, run_confirm
 from tuner.search.job import MAX_REPEAT_STREAK
 from tuner.search.options import SearchOptions
 from tuner.search.run import SearchReport, run_join, run_search
@@ -122,3 +123,25 @@ def worker_command(
         seed=seed, force=force, console=err_console, hooks=state.hooks,
     )
     print_search_report(report)
+
+
+def confirm_command(
+    gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
+    shape: Annotated[Optional[list[str]], typer.Option(help="Tuned problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: every problem with ok trials.")] = None,
+    confirm: Annotated[int, typer.Option("--confirm", min=1, max=100, help="Best distinct variants to re-time per problem.")] = DEFAULT_CONFIRM,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = DEFAULT_ROUNDS,
+    backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
+    replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
+    device: Annotated[int, typer.Option(min=0, max=1024, help="GPU index.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Re-time the best stored variants of each problem interleaved with the baselines; store the confirmed winner."""
+    confirmed = run_confirm(ConfirmOptions(
+        gpu=gpu, shapes=tuple(shape or ()), confirm=confirm, rounds=rounds, db_url=db or state.db_url,
+        backend=backend.strip().lower(), replay_from=replay_from, device=device, force=force,
+    ), say=lambda text: say(text, stderr=True), hooks=state.hooks)
+    for c in confirmed:
+        versus = f"{c.ratio:.3f}x {c.baseline_impl}" if c.ratio is not None else "no baseline"
+        say(f"{c.problem.label}: {c.variant_name} (trial {c.trial_id}) {c.median_us:.2f} µs, {versus}, "
+            f"median of {c.rounds} rounds")

@@ -17,8 +17,8 @@ from typing import Callable, Optional
 from tuner.backends.base import ConfirmTimings
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
+from tuner.problem import Problem
 from tuner.search.job import Context
-from tuner.search.study import StudyInfo
 from tuner.status import TrialStatus
 from tuner.store import ConfirmRecord, TrialFilter, TrialRow
 
@@ -26,10 +26,10 @@ DEFAULT_CONFIRM = 5  # variants re-timed
 DEFAULT_ROUNDS = 7
 
 
-def candidates(ctx: Context, info: StudyInfo, k: int) -> list[TrialRow]:
-    """The k fastest distinct variants of the study's problem measured on this card with this template code."""
-    manifest = load_manifest(info.template)
-    rows = ctx.store.query_trials(TrialFilter(problem=info.problem, template=info.template, status=TrialStatus.OK))
+def candidates(ctx: Context, problem: Problem, template: str, k: int) -> list[TrialRow]:
+    """The k fastest distinct variants of the problem measured on this card with this template code."""
+    manifest = load_manifest(template)
+    rows = ctx.store.query_trials(TrialFilter(problem=problem, template=template, status=TrialStatus.OK))
     rows = sorted((r for r in rows if r.gpu_name == ctx.gpu_name and r.template_hash == manifest.source_hash
                    and r.median_us is not None), key=lambda r: (r.median_us, r.id))
     chosen: dict[str, TrialRow] = {}
@@ -59,25 +59,27 @@ def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[st
     return winner, ratio(winner), fastest
 
 
-def confirm_study(ctx: Context, info: StudyInfo, k: int, rounds: int, say: Callable[[str], None]) -> Optional[int]:
-    """Run the confirm stage of one study on the worker's backend; returns the stored confirmation's id."""
+def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, rounds: int,
+                    say: Callable[[str], None]) -> Optional[int]:
+    """Run the confirm stage of one problem on the worker's backend; returns the stored confirmation's id."""
     start = time.perf_counter()
-    rows = candidates(ctx, info, k)
+    rows = candidates(ctx, problem, template, k)
     if not rows:
+        say(f"nothing to confirm: no ok trial of the current {template} code measured on {ctx.gpu_name}")
         return None
     variants = [Variant.from_stored(r.template, r.params) for r in rows]
     needs = getattr(ctx.backend, "needs_compile", True)
     builts = [ctx.hooks.build(v, ctx.profile.nvcc_arch) if needs else None for v in variants]
-    timings = ctx.backend.confirm(info.problem, variants, builts, rounds)
+    timings = ctx.backend.confirm(problem, variants, builts, rounds)
     names = [v.name for v in variants]
     baselines = [impl for impl in timings.rounds if impl not in names]
     winner, ratio, baseline = pick_winner(timings, names, baselines)
     if winner is None:
-        say(f"confirm stage of {info.problem.label}: no variant could be timed again")
+        say(f"confirm stage of {problem.label}: no variant could be timed again")
         return None
     by_name = {v.name: r for v, r in zip(variants, rows)}
     record = ConfirmRecord(
-        run_id=ctx.run_id, problem=info.problem, rounds=rounds, winner_trial_id=by_name[winner].id,
+        run_id=ctx.run_id, problem=problem, rounds=rounds, winner_trial_id=by_name[winner].id,
         winner_us=statistics.median(timings.rounds[winner]), winner_ratio=ratio, baseline_impl=baseline,
         timings={impl: (by_name[impl].id if impl in by_name else None, times) for impl, times in timings.rounds.items()},
     )

@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
-from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_study
+from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem
 from tuner.search.hooks import Hooks
 from tuner.search.job import Context, Events, WorkerJob, WorkerResult
 from tuner.search.loop import ProblemSearch
@@ -168,7 +168,7 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     if spec.confirm and spec.worker == 0 and not ctx.stop.is_set():  # one confirm stage per study
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
         try:
-            confirm_study(ctx, info, spec.confirm, spec.confirm_rounds, note)
+            confirm_problem(ctx, info.problem, info.template, spec.confirm, spec.confirm_rounds, note)
         except TunerError as exc:  # the search's results stand; only the confirmation is missing
             note(f"confirm stage skipped: {exc}")
         except KeyboardInterrupt:
