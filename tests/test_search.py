@@ -191,7 +191,7 @@ def test_known_variants_are_served_from_the_store(replay_recording, sqlite_url):
 def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_recording, sqlite_url):
     rec = replay_recording
     manifest = load_manifest("attn_fwd_mma")
-    run_search(options(rec, sqlite_url, trials=40), hooks=with_backend(CountingBackend(rec)))
+    run_search(options(rec, sqlite_url, trials=40, confirm=0), hooks=with_backend(CountingBackend(rec)))
     ok = sorted((r for r in stored(sqlite_url, status="ok")), key=lambda r: r.median_us)
     top = []
     for r in ok:
@@ -208,9 +208,9 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
         store.add_trial(TrialRecord(run_id=run, problem=far, template="attn_fwd_mma",
                                     template_hash=manifest.source_hash, params=decoy, variant_name="decoy",
                                     status=TrialStatus.OK, median_us=0.001))
-        points = warm_start_points(store, rec.profile, "attn_fwd_mma", near, 3, manifest)
-        assert points == top[:3]
-        assert warm_start_points(store, "l4", "attn_fwd_mma", near, 3, manifest) == []
+        warm = warm_start_points(store, rec.profile, "attn_fwd_mma", near, 3, manifest)
+        assert warm.points == top[:3] and warm.sources == [f"the 3 best of {p.label}"]
+        assert warm_start_points(store, "l4", "attn_fwd_mma", near, 3, manifest).points == []
     # The search over the near problem starts with those three points.
     run_search(options(rec, sqlite_url, shapes=(shape_arg(near),), trials=3),
                hooks=with_backend(CountingBackend(rec)))
@@ -611,3 +611,22 @@ def test_tuner_confirm_confirms_stored_results(replay_recording, sqlite_url):
         assert confirmed is not None and confirmed.rounds == 4
         assert len([i for i in store.confirm_timings(confirmed.confirmation_id) if i.startswith("attn_")]) == 3
     assert f"{rec.problem.label}: {confirmed.variant_name}" in result.stdout and "median of 4 rounds" in result.stdout
+
+
+def test_warm_start_puts_confirmed_winners_of_near_problems_first_and_says_so(replay_recording, sqlite_url):
+    rec = replay_recording
+    manifest = load_manifest("attn_fwd_mma")
+    run_search(options(rec, sqlite_url, trials=30, confirm=3, confirm_rounds=2), hooks=with_backend(CountingBackend(rec)))
+    p = rec.problem
+    near = Problem(p.batch * 2, p.heads, p.seq_q, p.seq_k, p.head_dim, dtype=p.dtype, causal=p.causal)
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(p)
+        warm = warm_start_points(store, rec.profile, "attn_fwd_mma", near, 3, manifest)
+        winner = {k: v for k, v in store.trial_detail(confirmed.trial_id).params.items() if k in manifest.params}
+    assert warm.points[0] == winner and warm.sources[0] == f"the confirmed winner of {p.label}"
+    result = run_tuner("--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(near), "--dtype",
+                       p.dtype, "--backend", "replay", "--from", rec.url, "--trials", "3", "--confirm", "0",
+                       *(["--causal"] if p.causal else []), env=WIDE)
+    assert result.exit_code == 0, result.stderr
+    assert f"{near.label}: warm start from the confirmed winner of {p.label}" in result.stderr
+

@@ -7,6 +7,7 @@ problem, enqueued before the sampler's own points.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import optuna
@@ -84,32 +85,55 @@ def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
     return problems
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    points: list[dict[str, Any]]  # parameters to enqueue, first tried first
+    sources: list[str]  # where they come from, for the log
+
+
+def _tunables(params: dict[str, Any], manifest: Manifest) -> Optional[dict[str, Any]]:
+    """The template's parameters of stored params, or None when recorded with an older manifest."""
+    out = {k: v for k, v in params.items() if k in manifest.params}
+    if set(out) != set(manifest.params) or any(v not in manifest.params[n].values for n, v in out.items()):
+        return None
+    return out
+
+
 def warm_start_points(store: Store, profile: str, template: str, problem: Problem, k: int,
-                      manifest: Manifest) -> list[dict[str, Any]]:
-    """Parameters of the `k` best ok variants of the nearest recorded problem (same GPU profile, template,
-    head dim, dtype and causality; nearest in log(B*H*Sq*Sk))."""
+                      manifest: Manifest) -> WarmStart:
+    """Up to `k` points for a new study: the confirmed winners of the nearest tuned problems first, then
+    the best ok variants of the nearest one (same GPU profile, template, head dim, dtype and causality;
+    nearest in log(B*H*Sq*Sk))."""
     if k <= 0:
-        return []
+        return WarmStart([], [])
     best = store.best_trials(TrialFilter(gpu=profile, template=template, dtype=problem.dtype, causal=problem.causal))
     candidates = {row.problem for row in best if row.profile == profile and row.problem.head_dim == problem.head_dim}
-    if not candidates:
-        return []
     size = math.log(problem.batch * problem.heads * problem.seq_q * problem.seq_k)
-    nearest = min(candidates, key=lambda p: (abs(math.log(p.batch * p.heads * p.seq_q * p.seq_k) - size),
-                                             p != problem, p))
-    rows = store.query_trials(TrialFilter(gpu=profile, problem=nearest, template=template, status=TrialStatus.OK))
-    rows = sorted((r for r in rows if r.profile == profile and r.median_us is not None), key=lambda r: r.median_us)
+    nearest = sorted(candidates, key=lambda p: (abs(math.log(p.batch * p.heads * p.seq_q * p.seq_k) - size),
+                                                p != problem, p))
     points: list[dict[str, Any]] = []
-    for row in rows:
-        params = {k2: v for k2, v in row.params.items() if k2 in manifest.params}
-        if set(params) != set(manifest.params) or params in points:
-            continue
-        if any(v not in manifest.params[name].values for name, v in params.items()):
-            continue  # recorded with an older manifest
-        points.append(params)
-        if len(points) == k:
-            break
-    return points
+    sources: list[str] = []
+    for near in nearest:
+        confirmed = store.confirmed(near, profile)
+        if len(points) < k and confirmed is not None and confirmed.variant_name.startswith(template + "_"):
+            params = _tunables(store.trial_detail(confirmed.trial_id).params, manifest)
+            if params is not None and params not in points:
+                points.append(params)
+                sources.append(f"the confirmed winner of {near.label}")
+    if nearest and len(points) < k:
+        rows = store.query_trials(TrialFilter(gpu=profile, problem=nearest[0], template=template,
+                                              status=TrialStatus.OK))
+        before = len(points)
+        for row in sorted((r for r in rows if r.profile == profile and r.median_us is not None),
+                          key=lambda r: r.median_us):
+            params = _tunables(row.params, manifest)
+            if params is not None and params not in points:
+                points.append(params)
+            if len(points) == k:
+                break
+        if len(points) > before:
+            sources.append(f"the {len(points) - before} best of {nearest[0].label}")
+    return WarmStart(points, sources)
 
 
 def study_name_for(options: SearchOptions, profile: GpuProfile, problem: Problem, several: bool) -> str:
@@ -133,7 +157,8 @@ def _check_new_study(options: SearchOptions, store: Store, name: str) -> None:
 
 
 def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: GpuProfile, manifest: Manifest,
-                  problem: Problem, name: str) -> tuple[optuna.Study, Optional[int]]:
+                  problem: Problem, name: str, say: Callable[[str], None] = lambda _text: None
+                  ) -> tuple[optuna.Study, Optional[int]]:
     """Create (or with --resume, load) the study; returns it and its total trial budget."""
     sampler = make_sampler(options.sampler, options.seed, manifest)  # validates the name early
     if study_exists(storage, name):
@@ -158,8 +183,10 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
                            (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed)):
             study.set_user_attr(key, value)
         if options.sampler != "grid":  # the grid covers every point anyway
-            for params in warm_start_points(store, profile.name, options.template, problem, options.warm_start,
-                                            manifest):
+            warm = warm_start_points(store, profile.name, options.template, problem, options.warm_start, manifest)
+            for params in warm.points:
                 study.enqueue_trial(params, skip_if_exists=True)
+            if warm.sources:
+                say(f"{problem.label}: warm start from {', '.join(warm.sources)}")
     study.set_user_attr(ATTR_BUDGET, budget)
     return study, budget

@@ -111,7 +111,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         studies, budgets = [], []
         for problem in problems:
             name = study_name_for(options, profile, problem, len(problems) > 1)
-            study, budget = prepare_study(options, storage, store, profile, manifest, problem, name)
+            study, budget = prepare_study(options, storage, store, profile, manifest, problem, name, say)
             studies.append(study)
             budgets.append(budget)
         done = [finished_trials(s) for s in studies]
