@@ -250,3 +250,25 @@ def test_a_report_of_a_replayed_search_says_so(report_store, tmp_path):
     assert "**REPLAYED**" in md and "REPLAYED from a recording" in md
     data = json.loads((out / "report.json").read_text())
     assert all(p["replayed_from"] for p in data["problems"])
+
+
+def test_the_report_shows_the_confirm_stage_in_search_vs_confirmed(replay_recording, tmp_path):
+    from rich.console import Console
+
+    from tuner.search.options import SearchOptions
+    from tuner.search.run import run_search
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    p = replay_recording.problem
+    run_search(SearchOptions(gpu=replay_recording.profile, shapes=(f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",),
+                             dtype=p.dtype, causal=p.causal, backend="replay", replay_from=replay_recording.url,
+                             db_url=url, trials=20, seed=2, confirm=3, confirm_rounds=2),
+               console=Console(file=io.StringIO()))
+    out = tmp_path / "out"
+    result = run_tuner("report", "--gpu", replay_recording.profile, "--db", url, "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    md = (out / "report.md").read_text()
+    assert "### Confirm stage" in md and "(winner)" in md and "in-search µs" in md
+    assert any(n.endswith("-confirm.png") for n in os.listdir(out))
+    [problem] = json.loads((out / "report.json").read_text())["problems"]
+    assert len(problem["confirm"]["variants"]) == 3 and problem["confirm"]["rounds"] == 2

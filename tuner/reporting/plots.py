@@ -55,6 +55,28 @@ def plot_comparison(p: ProblemReport, path: str) -> None:
     _save(fig, path, f"tuner report: {p.label.caption}")
 
 
+def plot_confirm(p: ProblemReport, path: str) -> None:
+    """In-search µs against the confirm stage's interleaved median µs, per re-timed variant."""
+    c = p.confirm
+    assert c is not None
+    fig = _figure(7, 4.5)
+    ax = fig.add_subplot(1, 1, 1)
+    shown = [v for v in c.variants if v.in_search_us is not None]
+    for v in shown:
+        ax.scatter(v.in_search_us, v.confirmed_us, color=TUNED_COLOR if v.name == c.winner else BASELINE_COLOR,
+                   s=40 if v.name == c.winner else 20, zorder=3)
+    if shown:
+        low = min(min(v.in_search_us, v.confirmed_us) for v in shown)
+        high = max(max(v.in_search_us, v.confirmed_us) for v in shown)
+        ax.plot([low, high], [low, high], color="#888888", linestyle=":", linewidth=1)  # the same time
+    ax.set_xlabel("in-search median µs (one timing)")
+    ax.set_ylabel(f"confirmed median µs ({c.rounds} interleaved rounds)")
+    ax.set_title(f"{p.problem.label}: confirm stage of run {c.run_id} (winner in blue)\n{p.label.caption}",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    _save(fig, path, f"tuner report: {p.label.caption}")
+
+
 def plot_convergence(p: ProblemReport, path: str) -> None:
     """Best-so-far µs against trial number and against wall time, one line per study."""
     fig = _figure(10, 4.2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -28,6 +29,8 @@ from tuner.reporting.report_model import (
     MIN_IMPORTANCE_TRIALS,
     TUNED,
     BenchmarkReport,
+    ConfirmedVariant,
+    ConfirmSection,
     ImplTiming,
     Importance,
     ProblemReport,
@@ -144,8 +147,25 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
     return ProblemReport(
         problem=best.problem, best=best, label=label, timings=tuple(timings), curves=tuple(curves),
         importances=tuple(param_importance(storage, c.study, why_none) for c in curves),
-        ncu=tuple(detail.ncu_metrics),
+        ncu=tuple(detail.ncu_metrics), confirm=_confirm_section(store, best, rows),
     )  # fmt: skip
+
+
+def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Optional[ConfirmSection]:
+    """The newest confirm stage of the problem on this profile: each variant's in-search and confirmed µs."""
+    confirmed = store.confirmed(best.problem, best.profile)
+    if confirmed is None:
+        return None
+    timings = store.confirm_timings(confirmed.confirmation_id)
+    in_search = {r.variant_name: r.median_us for r in sorted(rows, key=lambda r: -(r.median_us or 0))
+                 if r.status is TrialStatus.OK}
+    base = timings.get(confirmed.baseline_impl or "")
+    variants = tuple(ConfirmedVariant(
+        name, in_search.get(name), statistics.median(times),
+        statistics.median(b / t for b, t in zip(base, times)) if base else None,
+    ) for name, times in timings.items() if name.startswith(best.template + "_"))
+    return ConfirmSection(confirmed.run_id, confirmed.rounds, confirmed.baseline_impl, confirmed.variant_name,
+                          tuple(sorted(variants, key=lambda v: -(v.ratio or 0))))
 
 
 def _run_facts(store: Store, trial_id: int) -> RunFacts:
@@ -179,6 +199,8 @@ def _write_files(report: BenchmarkReport, out_dir: str) -> ReportFiles:
 
     for p in report.problems:
         draw(f"{p.key}/compare", f"{p.key}-compare.png", plots.plot_comparison, p)
+        if p.confirm is not None:
+            draw(f"{p.key}/confirm", f"{p.key}-confirm.png", plots.plot_confirm, p)
         if any(c.best_by_number for c in p.curves):
             draw(f"{p.key}/convergence", f"{p.key}-convergence.png", plots.plot_convergence, p)
         for i, imp in enumerate(p.importances):

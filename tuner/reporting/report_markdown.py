@@ -70,6 +70,7 @@ def _problem_section(p: ProblemReport, figures: dict[str, str], number: list[int
     lines += _table(["implementation", "µs", "TFLOP/s", "speed-up of tuned"], rows)
     if len(p.timings) == 1:
         lines += [f"No baselines were recorded in run {p.best.run_id}.", ""]
+    lines += _confirm_lines(p, figures, number)
     lines += ["### Search progress", ""]
     if not p.curves:
         lines += ["No study recorded trials of this problem (trials without an Optuna study number).", ""]
@@ -103,6 +104,21 @@ def _problem_section(p: ProblemReport, figures: dict[str, str], number: list[int
     return lines
 
 
+def _confirm_lines(p: ProblemReport, figures: dict[str, str], number: list[int]) -> list[str]:
+    c = p.confirm
+    if c is None:
+        return ["No confirm stage for this problem (`tuner confirm` re-times the best variants).", ""]
+    lines = ["### Confirm stage", "",
+             f"Run {c.run_id} re-timed {len(c.variants)} variants in {c.rounds} rounds interleaved with the "
+             f"baselines; the winner, `{c.winner}`, has the best median per-round ratio to {c.baseline_impl or '-'}.",
+             ""]
+    _figure(lines, figures, f"{p.key}/confirm", number,
+            f"{p.problem.label}: in-search vs confirmed µs of the re-timed variants — {p.label.caption}.")
+    rows = [[f"`{v.name}`" + (" (winner)" if v.name == c.winner else ""), _f(v.in_search_us, ".3f"),
+             _f(v.confirmed_us, ".3f"), _f(v.ratio, ".3f", "x")] for v in c.variants]
+    return lines + _table(["variant", "in-search µs", "confirmed µs", f"x {c.baseline_impl or 'baseline'}"], rows)
+
+
 def report_json(report: BenchmarkReport) -> dict[str, Any]:
     """The report's numbers at full precision (for scripts and tests)."""
     return {
@@ -124,5 +140,10 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
             "importance": [{"study": i.study, "evaluator": i.evaluator, "values": i.values, "note": i.note}
                            for i in p.importances],
             "ncu": [{"name": m.name, "value": m.value, "unit": m.unit} for m in p.ncu],
+            "confirm": None if p.confirm is None else {
+                "run_id": p.confirm.run_id, "rounds": p.confirm.rounds, "winner": p.confirm.winner,
+                "baseline_impl": p.confirm.baseline_impl,
+                "variants": [{"name": v.name, "in_search_us": v.in_search_us, "confirmed_us": v.confirmed_us,
+                              "ratio": v.ratio} for v in p.confirm.variants]},
         } for p in report.problems],
     }  # fmt: skip

@@ -79,6 +79,25 @@ class Importance:
 
 
 @dataclass(frozen=True)
+class ConfirmedVariant:
+    """One variant of a confirm stage: its in-search time beside its interleaved re-timing."""
+
+    name: str
+    in_search_us: Optional[float]
+    confirmed_us: float  # median over the rounds
+    ratio: Optional[float]  # median per-round ratio to the stage's fastest baseline
+
+
+@dataclass(frozen=True)
+class ConfirmSection:
+    run_id: int
+    rounds: int
+    baseline_impl: Optional[str]
+    winner: str
+    variants: tuple[ConfirmedVariant, ...]
+
+
+@dataclass(frozen=True)
 class ProblemReport:
     problem: Problem
     best: TrialRow
@@ -87,6 +106,7 @@ class ProblemReport:
     curves: tuple[StudyCurve, ...] = ()
     importances: tuple[Importance, ...] = ()
     ncu: tuple[NcuMetric, ...] = ()
+    confirm: Optional[ConfirmSection] = None
 
     @property
     def key(self) -> str:
