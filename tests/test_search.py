@@ -630,3 +630,13 @@ def test_warm_start_puts_confirmed_winners_of_near_problems_first_and_says_so(re
     assert result.exit_code == 0, result.stderr
     assert f"{near.label}: warm start from the confirmed winner of {p.label}" in result.stderr
 
+
+
+def test_the_search_says_where_its_wall_time_went(replay_recording, sqlite_url):
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=10), hooks=with_backend(CountingBackend(rec)))
+    phases = dict(report.seconds)
+    assert {"start-up (worker, GPU context)", "baselines", "measuring (GPU worker)", "confirm stage"} <= set(phases)
+    assert report.wall_s > 0 and sum(phases.values()) <= report.wall_s
+    result = cli_search(rec, f"sqlite:///{Path(sqlite_url.removeprefix('sqlite:///')).with_name('t.db')}", 5)
+    assert result.exit_code == 0 and "time: " in result.stdout and "s wall; " in result.stdout

@@ -56,6 +56,12 @@ def print_search_report(report: SearchReport) -> None:
     counts.append(f"pruned {report.infeasible} infeasible points")  # the status `tuner results` shows them with
     say(", ".join(counts) + "; "
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
+    if report.wall_s and report.seconds:
+        parts = [f"{phase} {s:.1f} s ({s / report.wall_s:.0%})" for phase, s in report.seconds]
+        other = report.wall_s - sum(s for _, s in report.seconds)
+        if other >= 0:  # one worker: the rest is this process (sampler, store, Python)
+            parts.append(f"other {other:.1f} s ({other / report.wall_s:.0%})")
+        say(f"time: {report.wall_s:.1f} s wall; " + ", ".join(parts))
     for name in report.exhausted:
         say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
             "the space looks exhausted for it, so the search stopped early", stderr=True)

@@ -39,6 +39,11 @@ class WorkerResult:
     infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
     interrupted: bool = False
     exhausted: list[str] = field(default_factory=list)  # studies whose sampler proposed only held points
+    # Where the worker's wall time went (seconds): what `tuner search` prints as its time breakdown.
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def spent(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
 
 def point(params: dict[str, Any]) -> tuple:

@@ -237,11 +237,13 @@ class ProblemSearch:
         compiled: Optional[CompileResult] = None
         if item.compile is not None:
             item.stage = "compiling"
+            waited = time.perf_counter()
             try:
                 built = item.compile.result()
                 compiled = built.compiled
             except Exception as exc:  # the compiler itself failed (broken cache entry, OSError, render error)
                 compiled = _compile_exception(item.variant, self.ctx.profile.nvcc_arch, exc)
+            self.ctx.result.spent("waiting for nvcc", time.perf_counter() - waited)
             if not compiled.ok:
                 self._store(item.trial, item.variant, TrialStatus.COMPILE_ERROR, compiled=compiled,
                             feasibility=item.feasibility, error="compile error (see the compile log)")
@@ -250,7 +252,9 @@ class ProblemSearch:
         # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
         prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
         item.stage = "measuring"
+        started = time.perf_counter()
         measurement = self.ctx.backend.measure(self.problem, item.variant, built, range_prefix=prefix)
+        self.ctx.result.spent("measuring (GPU worker)", time.perf_counter() - started)
         self.ctx.result.measured += 1
         self._store_measurement(item, compiled, measurement)
 

@@ -18,6 +18,7 @@ stored; the summary prints; the CLI exits 130), a second one aborts.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -51,6 +52,8 @@ class SearchReport:
     infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
     repeated: int = 0  # proposals of a point the study already held (free)
     exhausted: tuple[str, ...] = ()  # studies whose sampler kept proposing points they held
+    seconds: tuple[tuple[str, float], ...] = ()  # the workers' time by phase, summed
+    wall_s: float = 0.0
 
 
 def _printer(console: Console) -> Callable[[str], None]:
@@ -85,6 +88,8 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         infeasible=sum(r.infeasible for r in results),
         repeated=sum(r.repeated for r in results),
         exhausted=tuple(dict.fromkeys(name for r in results for name in r.exhausted)),
+        seconds=tuple((phase, sum(r.seconds.get(phase, 0.0) for r in results))
+                      for phase in dict.fromkeys(p for r in results for p in r.seconds)),
     )
 
 
@@ -97,8 +102,10 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     validate_options(options)
     profile = _resolve(options)
     db_url = options.db_url or default_db_url()
+    started = time.perf_counter()
     with opened_storage(db_url) as storage:
-        return _search(options, profile, db_url, storage, console, hooks)
+        report = _search(options, profile, db_url, storage, console, hooks)
+    return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
 def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,

@@ -17,6 +17,7 @@ import os
 import queue as queue_module
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Self, Sequence
@@ -118,6 +119,7 @@ def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks
 def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage: Any) -> WorkerResult:
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
+    started = time.perf_counter()
     backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force)
     compile_pool = None
     try:
@@ -133,6 +135,7 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
             ))
             ctx = Context(store, backend, run_id, profile, facts.gpu_name, compile_pool, stop, events, hooks)
             ctx.result.run_id = run_id
+            ctx.result.spent("start-up (worker, GPU context)", time.perf_counter() - started)
             try:
                 for job in spec.jobs:
                     if stop.is_set():
@@ -156,6 +159,7 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     trials = load_study(storage, job.study).get_trials(deepcopy=False)
     existing = sum(1 for t in trials if t.state != TrialState.WAITING)  # enqueued warm-start points don't count
     study = load_study(storage, job.study, make_sampler(info.sampler, worker_seed(seed, spec.worker, existing), manifest))
+    started = time.perf_counter()
     try:
         for b in ctx.backend.baselines(info.problem):
             ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
@@ -164,15 +168,18 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     except KeyboardInterrupt:
         ctx.interrupt()
         return
+    ctx.result.spent("baselines", time.perf_counter() - started)
     ProblemSearch(ctx, study, info, job).run()
     if spec.confirm and spec.worker == 0 and not ctx.stop.is_set():  # one confirm stage per study
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
+        started = time.perf_counter()
         try:
             confirm_problem(ctx, info.problem, info.template, spec.confirm, spec.confirm_rounds, note)
         except TunerError as exc:  # the search's results stand; only the confirmation is missing
             note(f"confirm stage skipped: {exc}")
         except KeyboardInterrupt:
             ctx.interrupt()
+        ctx.result.spent("confirm stage", time.perf_counter() - started)
 
 
 def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks: Hooks = Hooks()) -> WorkerResult:
