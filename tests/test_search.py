@@ -640,3 +640,30 @@ def test_the_search_says_where_its_wall_time_went(replay_recording, sqlite_url):
     assert report.wall_s > 0 and sum(phases.values()) <= report.wall_s
     result = cli_search(rec, f"sqlite:///{Path(sqlite_url.removeprefix('sqlite:///')).with_name('t.db')}", 5)
     assert result.exit_code == 0 and "time: " in result.stdout and "s wall; " in result.stdout
+
+
+def test_a_confirmation_a_faster_trial_came_after_is_stale(replay_recording, sqlite_url):
+    """results --best shows the confirmed winner only while the best trial is one the stage re-timed."""
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=20, confirm=3, confirm_rounds=2),
+                        hooks=with_backend(CountingBackend(rec)))
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(rec.problem)
+        winner = store.trial_detail(confirmed.trial_id)
+        [best] = store.prefer_confirmed(store.best_trials(TrialFilter(gpu=rec.profile)))
+        assert best.confirmed_us is not None and best.id == confirmed.trial_id
+        faster = store.add_trial(TrialRecord(
+            run_id=report.run_ids[0], problem=rec.problem, template=winner.template, template_hash=winner.template_hash,
+            params={**winner.params, "BLOCK_N": 999}, variant_name="later_and_faster", status=TrialStatus.OK,
+            median_us=0.5))
+        [best] = store.prefer_confirmed(store.best_trials(TrialFilter(gpu=rec.profile)))
+    assert best.id == faster and best.confirmed_us is None
+
+
+def test_an_old_journal_is_imported_by_one_process_only(tmp_path):
+    from tuner.store import open_store as open_
+
+    with open_(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        assert store.append_journal_if_empty(['{"op_code": 0}']) is True
+        assert store.append_journal_if_empty(['{"op_code": 0}']) is False  # the second importer adds nothing
+        assert len(store.journal_lines()) == 1

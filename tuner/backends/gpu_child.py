@@ -174,7 +174,7 @@ class CudaRunner:
         for baseline in available_baselines(problem, q, k, v, scale):
             calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
         order, times = list(calls), {name: [] for name in calls}
-        for r in range(int(request["rounds"])):
+        for r in range(int(request["rounds"]) if order else 0):
             progress(f"confirm/round{r}", True)
             for name in order[r % len(order):] + order[:r % len(order)]:
                 times[name].append(calls[name]().median_us)

@@ -62,8 +62,11 @@ def run_confirm(options: ConfirmOptions, say: Callable[[str], None], hooks: Hook
                           lambda _event: None, hooks)
             try:
                 for row in {r.problem: r for r in best}.values():
-                    confirm_problem(ctx, row.problem, row.template, options.confirm, options.rounds,
-                                    lambda text, p=row.problem: say(f"{p.label}: {text}"))
+                    tell = lambda text, p=row.problem: say(f"{p.label}: {text}")  # noqa: E731
+                    try:
+                        confirm_problem(ctx, row.problem, row.template, options.confirm, options.rounds, tell)
+                    except TunerError as exc:  # one problem's failure does not cost the others theirs
+                        tell(f"confirm stage failed: {exc}")
             finally:
                 store.finish_run(run_id)
             return [c for c in (store.confirmed(r.problem, profile.name) for r in best) if c and c.run_id == run_id]

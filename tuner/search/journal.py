@@ -77,12 +77,17 @@ def import_legacy_journal(store: Store, database: str) -> None:
     path = database + LEGACY_SUFFIX
     if not os.path.exists(path):
         return
-    if store.journal_lines(0)[:1]:
-        return  # the store already has its journal: the file is a leftover
-    lines = legacy_journal_lines(path)
-    if lines:
-        store.append_journal(lines)
+    try:
+        lines = legacy_journal_lines(path)
+    except FileNotFoundError:  # another process imported and renamed it meanwhile
+        return
+    # The emptiness check and the append are one transaction: two processes opening an old store at
+    # once cannot both import it. A store that already has its journal leaves the file a leftover.
+    if lines and not store.append_journal_if_empty(lines):
+        return
     try:
         os.replace(path, path + IMPORTED_SUFFIX)
+    except FileNotFoundError:
+        return  # renamed by another process
     except OSError as exc:
         raise TunerError(f"imported {path} into the store but cannot rename it: {exc.strerror or exc}") from None

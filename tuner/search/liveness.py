@@ -124,8 +124,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._done.wait(self._interval):
-            for trial_id in list(self._in_hand()):
-                try:
+            try:  # the thread must outlive any one failure: without beats, others reap this worker's trials
+                for trial_id in list(self._in_hand()):
                     self._study._storage.set_trial_user_attr(trial_id, ATTR_HEARTBEAT, time.time())
-                except Exception:  # noqa: BLE001 - told meanwhile, or the store is busy: the next beat retries
-                    pass
+            except Exception:  # noqa: BLE001 - told meanwhile, or the store is busy: the next beat retries
+                pass

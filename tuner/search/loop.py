@@ -19,7 +19,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -49,6 +49,7 @@ from tuner.search.liveness import (
     over_budget,
     reap,
 )  # fmt: skip
+from tuner.search.outcome import compile_exception, set_attr, trial_record
 from tuner.search.samplers import distributions
 from tuner.search.study import (
     ATTR_INFEASIBLE,
@@ -63,12 +64,7 @@ from tuner.search.study import (
     counts_toward_budget,
 )  # fmt: skip
 from tuner.status import TrialStatus
-from tuner.store import TrialRecord, TrialRow
-
-
-def _compile_exception(variant: Variant, arch: str, exc: BaseException) -> CompileResult:
-    """A failed compile carrying the exception as its log (stored as a compile_error trial)."""
-    return CompileResult(False, variant.name, arch, None, "", 0, 0, 0, 0, 0.0, f"{type(exc).__name__}: {exc}")
+from tuner.store import TrialRow
 
 
 @dataclass
@@ -114,7 +110,8 @@ class ProblemSearch:
 
     def _in_hand(self) -> list[int]:
         """Storage ids of the trials this worker asked and has not told yet."""
-        return [item.trial._trial_id for item in ([self._current] if self._current else []) + list(self._pending)]
+        current = self._current  # read once: the main thread may clear it meanwhile
+        return [item.trial._trial_id for item in ([current] if current else []) + list(self._pending)]
 
     def _loop(self, lookahead: int) -> None:
         pending = self._pending
@@ -178,7 +175,7 @@ class ProblemSearch:
         # Running trials first, the store second: a trial is stored before it is told,
         # so a duplicate that finished in between is found in the store.
         wait_for = self._running_duplicate(trial)
-        if wait_for is not None or point(trial.params) in self._seen:
+        if wait_for is not None or self._held(trial.params):
             return self._repeat(trial, variant, feasibility, wait_for)
         self._seen.add(point(trial.params))
         self.repeat_streak = 0
@@ -197,6 +194,13 @@ class ProblemSearch:
             return None
         self._start_compile(item)
         return item
+
+    def _held(self, params: dict[str, Any]) -> bool:
+        """Whether the study already holds this point (asked here, or finished by another worker since)."""
+        key = point(params)
+        if key not in self._seen:  # other workers add points: look again before taking it as new
+            self._seen |= {point(t.params) for t in self.study.get_trials(deepcopy=False) if counts_toward_budget(t)}
+        return key in self._seen
 
     def _repeat(self, trial: Trial, variant: Variant, feasibility: Feasibility,
                 wait_for: Optional[int]) -> Optional[_Pending]:
@@ -242,7 +246,7 @@ class ProblemSearch:
                 built = item.compile.result()
                 compiled = built.compiled
             except Exception as exc:  # the compiler itself failed (broken cache entry, OSError, render error)
-                compiled = _compile_exception(item.variant, self.ctx.profile.nvcc_arch, exc)
+                compiled = compile_exception(item.variant, self.ctx.profile.nvcc_arch, exc)
             self.ctx.result.spent("waiting for nvcc", time.perf_counter() - waited)
             if not compiled.ok:
                 self._store(item.trial, item.variant, TrialStatus.COMPILE_ERROR, compiled=compiled,
@@ -270,8 +274,11 @@ class ProblemSearch:
         measuring): it does not count toward the budget and a resume asks again."""
         if item.compile is not None:
             item.compile.cancel()
-        item.trial.set_user_attr(ATTR_INTERRUPTED, item.stage)
-        self.study.tell(item.trial, state=TrialState.FAIL)
+        try:
+            item.trial.set_user_attr(ATTR_INTERRUPTED, item.stage)
+            self.study.tell(item.trial, state=TrialState.FAIL)
+        except (RuntimeError, ValueError):  # already finished: another worker reaped it
+            pass
 
     # Duplicates --------------------------------------------------------------------------------
 
@@ -315,7 +322,8 @@ class ProblemSearch:
                 return True
             if other is None or other.state != TrialState.RUNNING or abandoned(other):
                 if other is not None and other.state == TrialState.PRUNED:
-                    self._tell_pruned(item.trial, str(other.user_attrs.get(ATTR_REASON, "pruned")))
+                    self._tell_pruned(item.trial, str(other.user_attrs.get(ATTR_REASON, "pruned")),
+                                      budgeted=not item.repeat)
                     return True
                 return False  # the other trial was abandoned: measure it here
             time.sleep(0.05)
@@ -333,7 +341,7 @@ class ProblemSearch:
         status = TrialStatus.parse(m.status)
         store_id = self._store(item.trial, item.variant, status, measurement=m, compiled=compiled,
                                feasibility=item.feasibility, error=m.error)
-        item.trial.set_user_attr(ATTR_STORE_ID, store_id)
+        set_attr(item.trial, ATTR_STORE_ID, store_id)
         if status is TrialStatus.OK and m.median_us is not None and math.isfinite(m.median_us):
             self._tell(item.trial, TrialState.COMPLETE, status, "measured", m.median_us)
         elif status is TrialStatus.PRUNED:
@@ -344,7 +352,7 @@ class ProblemSearch:
     def _tell_known(self, trial: Trial, row: TrialRow, repeat: bool = False) -> None:
         """Told the stored result: a repeat of a point this study holds is free; a point measured by an
         earlier run (another study) is one of the study's distinct points, reused."""
-        trial.set_user_attr(ATTR_STORE_ID, row.id)
+        set_attr(trial, ATTR_STORE_ID, row.id)
         if repeat:
             self.ctx.result.repeated += 1
         else:
@@ -360,37 +368,25 @@ class ProblemSearch:
 
     def _tell(self, trial: Trial, state: TrialState, status: TrialStatus, source: str,
               value: Optional[float] = None, budgeted: bool = True) -> None:
-        trial.set_user_attr(ATTR_STATUS, status.value)
-        trial.set_user_attr(ATTR_SOURCE, source)
-        if state == TrialState.COMPLETE:
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=state)
+        try:
+            trial.set_user_attr(ATTR_STATUS, status.value)
+            trial.set_user_attr(ATTR_SOURCE, source)
+            if state == TrialState.COMPLETE:
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=state)
+        except (RuntimeError, ValueError):
+            # Another worker reaped it (this process looked dead: suspended, or its clock is off); the
+            # result is in the store and a later proposal of the point is answered from there.
+            self.ctx.events(("note", self.job.index, f"trial {trial.number} was given up by another worker; "
+                                                      "its result is kept in the store"))
+            return
         self.ctx.events(("trial", self.job.index, value, budgeted))  # the bar counts what the budget counts
 
     def _store(self, trial: Trial, variant: Variant, status: TrialStatus, *, error: Optional[str] = None,
                measurement: Optional[Measurement] = None, compiled: Optional[CompileResult] = None,
                feasibility: Optional[Feasibility] = None, smem_bytes: Optional[int] = None) -> int:
-        m = measurement
-        return self.ctx.store.add_trial(TrialRecord(
-            run_id=self.ctx.run_id,
-            problem=self.problem,
-            template=variant.template,
-            template_hash=self.manifest.source_hash,
-            params=variant.stored_params(),
-            variant_name=variant.name,
-            status=status,
-            study=self.study.study_name,
-            trial_number=trial.number,
-            median_us=m.median_us if m else None,
-            p20_us=m.p20_us if m else None,
-            p80_us=m.p80_us if m else None,
-            rel_error=m.rel_error if m else None,
-            compile_s=compiled.seconds if compiled else None,
-            registers=compiled.registers if compiled and compiled.ok else None,
-            spill_bytes=compiled.spill_bytes if compiled and compiled.ok else None,
-            cubin_sha256=(compiled.cubin_sha256 or None) if compiled else None,
-            compile_log=compiled.log if compiled and not compiled.ok else None,
-            smem_bytes=feasibility.smem_bytes if feasibility else smem_bytes,
-            error=error,
-        ))
+        return self.ctx.store.add_trial(trial_record(
+            self.ctx.run_id, self.problem, self.manifest.source_hash, self.study.study_name, trial.number, variant,
+            status, error=error, measurement=measurement, compiled=compiled,
+            smem_bytes=feasibility.smem_bytes if feasibility else smem_bytes))

@@ -307,14 +307,29 @@ class Store:
         out = []
         for row in rows:
             confirmed = self.confirmed(row.problem, row.profile)
-            if confirmed is None:
-                out.append(row)
+            if confirmed is None or row.id not in self.confirmed_trial_ids(confirmed.confirmation_id):
+                out.append(row)  # unconfirmed, or a faster trial came after the confirm stage: it is stale
                 continue
             winner = row if confirmed.trial_id == row.id else self.trial_detail(confirmed.trial_id)
             plain = {f.name: getattr(winner, f.name) for f in dataclass_fields(TrialRow)}
             out.append(TrialRow(**{**plain, "confirmed_us": confirmed.median_us, "confirmed_ratio": confirmed.ratio,
                                    "confirmed_baseline": confirmed.baseline_impl}))
         return out
+
+    def confirmed_trial_ids(self, confirmation_id: int) -> set[int]:
+        """The trials a confirm stage re-timed."""
+        stmt = select(ConfirmTimingTable.trial_id).where(ConfirmTimingTable.confirmation_id == confirmation_id,
+                                                         ConfirmTimingTable.trial_id.is_not(None)).distinct()
+        with self._read("cannot read the confirm stage") as session:
+            return set(session.scalars(stmt))
+
+    def append_journal_if_empty(self, lines: list[str]) -> bool:
+        """Append `lines` only to an empty journal, in one write transaction (an import races no one)."""
+        with self._write("cannot write the Optuna journal") as session:
+            if session.scalar(select(OptunaJournalTable.id).limit(1)) is not None:
+                return False
+            session.execute(insert(OptunaJournalTable), [{"log": line} for line in lines])
+            return True
 
     def confirm_timings(self, confirmation_id: int) -> dict[str, list[float]]:
         """impl -> median µs per round of one confirm stage."""
