@@ -30,10 +30,15 @@ def fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _table(title: str, columns: Sequence[tuple[str, str]], **kwargs: Any) -> Table:
+# Tables that must fit 80 columns: no outer edge, one space between columns.
+_COMPACT: dict[str, Any] = dict(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False)
+
+
+def _table(title: str, columns: Sequence[tuple[str, str]], whole: str = "", **kwargs: Any) -> Table:
+    """A table whose cells fold to fit; the column `whole` keeps each value on one line (what a user copies)."""
     table = Table(title=title, **kwargs)
     for column, justify in columns:
-        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == whole)  # type: ignore[arg-type]
     return table
 
 
@@ -73,18 +78,15 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
     everything), the card in the title when all rows share one."""
     gpus = {printable(r.profile or r.gpu_name) for r in rows}
     title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
-                  caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
-    names = [short_variant(r.variant_name) for r in rows]  # zipped with rows below
     columns = [("id", "right")] + ([("gpu", "left")] if len(gpus) > 1 else []) + [
         ("problem", "left"), ("variant", "left"), ("status", "left"), ("µs", "right"), ("TFLOP/s", "right"),
         ("x best", "right")]
-    for column, justify in columns:
-        # The variant keeps its width (it is what a user copies); the problem label wraps first.
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "variant")  # type: ignore[arg-type]
-    for row, name in zip(rows, names):
+    # The variant keeps its width; the problem label wraps first.
+    table = _table(title, columns, whole="variant", **_COMPACT,
+                   caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
+    for row in rows:
         cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
-            row.problem.label, printable(name), row.status.value, fmt(row.headline_us),
+            row.problem.label, printable(short_variant(row.variant_name)), row.status.value, fmt(row.headline_us),
             fmt(row.problem.tflops(row.headline_us) if row.headline_us else None),
             fmt(row.headline_ratio, ".2f", "x") + (" c" if row.confirmed_us is not None else "")]
         table.add_row(*cells)
@@ -93,12 +95,11 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
 
 def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> Table:
     """Per problem the best variant against the best baseline of its run, in 80 columns."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False,
-                  caption="best: the variant's tunables; c: confirmed, the median per-round ratio of "
-                          "interleaved re-timing")
-    for column, justify in (("problem", "left"), ("trials", "right"), ("best", "left"), ("µs", "right"),
-                            ("TFLOP/s", "right"), ("baseline", "left"), ("µs ", "right"), ("x", "right")):
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "best")  # type: ignore[arg-type]
+    columns = (("problem", "left"), ("trials", "right"), ("best", "left"), ("µs", "right"), ("TFLOP/s", "right"),
+               ("baseline", "left"), ("µs ", "right"), ("x", "right"))
+    table = _table(title, columns, whole="best", **_COMPACT,
+                   caption="best: the variant's tunables; c: confirmed, the median per-round ratio of "
+                           "interleaved re-timing")
     for row in rows:
         table.add_row(row.problem.label, str(row.trials), short_variant(row.best_variant) if row.best_variant else
                       "no ok trial", fmt(row.best_us, ".2f"), fmt(row.best_tflops), row.baseline_impl or "-",

@@ -39,6 +39,7 @@ from tuner.reporting.report_model import (
     RunLabel,
     StudyCurve,
 )  # fmt: skip
+from tuner.search.confirm import per_round_ratio
 from tuner.search.study import storage_for
 from tuner.status import TrialStatus
 from tuner.store import Store, TrialFilter, TrialRow, default_db_url, open_store
@@ -157,12 +158,13 @@ def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Opti
     if confirmed is None:
         return None
     timings = store.confirm_timings(confirmed.confirmation_id)
-    in_search = {r.variant_name: r.median_us for r in sorted(rows, key=lambda r: -(r.median_us or 0))
-                 if r.status is TrialStatus.OK}
+    in_search: dict[str, float] = {}  # each variant's fastest ok in-search time
+    for r in rows:
+        if r.status is TrialStatus.OK and r.median_us is not None:
+            in_search[r.variant_name] = min(r.median_us, in_search.get(r.variant_name, r.median_us))
     base = timings.get(confirmed.baseline_impl or "")
     variants = tuple(ConfirmedVariant(
-        name, in_search.get(name), statistics.median(times),
-        statistics.median(b / t for b, t in zip(base, times)) if base else None,
+        name, in_search.get(name), statistics.median(times), per_round_ratio(base, times) if base else None,
     ) for name, times in timings.items() if name.startswith(best.template + "_"))
     return ConfirmSection(confirmed.run_id, confirmed.rounds, confirmed.baseline_impl, confirmed.variant_name,
                           tuple(sorted(variants, key=lambda v: -(v.ratio or 0))))

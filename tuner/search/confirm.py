@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from tuner.backends.base import ConfirmTimings
 from tuner.kernels.manifest import load_manifest
@@ -40,6 +40,12 @@ def candidates(ctx: Context, problem: Problem, template: str, k: int) -> list[Tr
     return list(chosen.values())
 
 
+def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -> float:
+    """Median over the rounds of baseline µs / variant µs (> 1: the variant is faster): each round's
+    ratio cancels the drift the card had in that round."""
+    return statistics.median(b / t for b, t in zip(baseline_us, variant_us))
+
+
 def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[str]
                 ) -> tuple[Optional[str], Optional[float], Optional[str]]:
     """(winner, its median per-round ratio to the fastest baseline, that baseline); without baselines
@@ -53,7 +59,7 @@ def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[st
     fastest = min(base, key=lambda b: statistics.median(timings.rounds[b]))
 
     def ratio(v: str) -> float:
-        return statistics.median(b / t for b, t in zip(timings.rounds[fastest], timings.rounds[v]))
+        return per_round_ratio(timings.rounds[fastest], timings.rounds[v])
 
     winner = max(timed, key=lambda v: (ratio(v), -statistics.median(timings.rounds[v])))
     return winner, ratio(winner), fastest

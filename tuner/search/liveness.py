@@ -78,31 +78,29 @@ def reap(study: optuna.Study, now: Optional[float] = None) -> list[int]:
     return reaped
 
 
+def _holds_a_slot(trial: FrozenTrial) -> bool:
+    """Whether a trial spends or holds one of the budget's trials."""
+    if trial.state == TrialState.WAITING:
+        return False
+    if trial.state != TrialState.RUNNING:
+        return counts_toward_budget(trial)
+    # No worker yet: being asked right now, or its process died mid-ask; neither holds a budgeted trial.
+    attrs = trial.user_attrs
+    return (ATTR_WORKER in attrs and not attrs.get(ATTR_INFEASIBLE) and not attrs.get(ATTR_REPEAT)
+            and not abandoned(trial))
+
+
 def budget_taken(study: optuna.Study) -> int:
     """Trials of the budget spent or in hand: finished ones that count, and live running ones."""
-    taken = 0
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state == TrialState.RUNNING:
-            # No worker yet: being asked right now, or its process died mid-ask; neither holds a budgeted trial.
-            taken += (ATTR_WORKER in trial.user_attrs and not trial.user_attrs.get(ATTR_INFEASIBLE)
-                      and not trial.user_attrs.get(ATTR_REPEAT) and not abandoned(trial))
-        elif trial.state != TrialState.WAITING:
-            taken += counts_toward_budget(trial)
-    return taken
+    return sum(_holds_a_slot(t) for t in study.get_trials(deepcopy=False))
 
 
 def over_budget(study: optuna.Study, trial_number: int, budget: int) -> bool:
     """Whether a trial just asked (and stamped) lies beyond the budget: the budget goes to the lowest
     trial numbers, so of several processes that asked at once, the later ones give theirs back."""
-    taken_before = 0
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state == TrialState.RUNNING:
-            taken_before += (trial.number < trial_number and ATTR_WORKER in trial.user_attrs
-                             and not trial.user_attrs.get(ATTR_INFEASIBLE) and not trial.user_attrs.get(ATTR_REPEAT)
-                             and not abandoned(trial))
-        elif trial.state != TrialState.WAITING:
-            taken_before += counts_toward_budget(trial)
-    return taken_before >= budget
+    before = sum(_holds_a_slot(t) for t in study.get_trials(deepcopy=False)
+                 if t.state != TrialState.RUNNING or t.number < trial_number)
+    return before >= budget
 
 
 class Heartbeat:
