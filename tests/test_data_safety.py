@@ -184,6 +184,26 @@ def test_journal_records_are_whole_json_lines(tmp_path) -> None:
     assert logs and all(isinstance(log, dict) and "op_code" in log for log in logs)
 
 
+def test_a_study_sees_what_another_storage_on_the_store_appends_in_between(tmp_path) -> None:
+    """Two storages on one store (two processes' view): each read picks up the other's appends, in order,
+    also after the other wrote several times between two reads (the incremental read by row id)."""
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    with opened_storage(url) as first, opened_storage(url) as second:
+        a = optuna.create_study(study_name="shared", storage=first)
+        b = optuna.load_study(study_name="shared", storage=second)
+        for value in range(3):
+            a.add_trial(optuna.trial.create_trial(params={"x": value}, value=float(value),
+                                                  distributions={"x": optuna.distributions.IntDistribution(0, 9)}))
+            assert [t.params["x"] for t in b.get_trials()] == list(range(value + 1))
+        for value in (7, 8):
+            b.enqueue_trial({"x": value})
+            b.enqueue_trial({"x": value})
+        seen = [t.params.get("x", t.system_attrs.get("fixed_params", {}).get("x")) for t in a.get_trials()]
+        assert seen == [0, 1, 2, 7, 7, 8, 8]
+    with opened_storage(url) as fresh:  # a reader starting from line 0
+        assert len(optuna.load_study(study_name="shared", storage=fresh).get_trials()) == 7
+
+
 # --- several processes, SIGTERM, dead workers --------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]

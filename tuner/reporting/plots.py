@@ -8,16 +8,13 @@ the card, run and date its numbers come from.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import matplotlib
+from tuner.reporting.replay_eval_model import EvalResult
+from tuner.reporting.report_model import TUNED, Importance, ProblemReport
 
-matplotlib.use("Agg")  # before anything imports pyplot: never a GUI backend
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from tuner.reporting.replay_eval_model import EvalResult  # noqa: E402
-from tuner.reporting.report_model import TUNED, Importance, ProblemReport  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TUNED_COLOR = "#2a7ab0"
 BASELINE_COLOR = "#b0b0b0"
@@ -25,6 +22,13 @@ DPI = 110
 
 
 def _figure(width: float, height: float) -> Figure:
+    # matplotlib is imported on the first figure, not with the CLI (it costs ~0.7 s of every command's start).
+    import matplotlib
+
+    matplotlib.use("Agg")  # never a GUI backend
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
     return fig

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
@@ -34,9 +34,19 @@ class StoreJournalBackend(BaseJournalBackend):
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._read = 0  # lines returned so far, the last of them row `_last_id`
+        self._last_id: Optional[int] = None
 
     def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
-        return [json.loads(line) for line in self._store.journal_lines(log_number_from)]
+        # JournalStorage asks for the lines after those it has replayed, before every read: the rows
+        # after the last one returned are those (SQLite gives appended rows increasing ids, in commit order).
+        follows = log_number_from == self._read and (self._last_id is not None or log_number_from == 0)
+        rows = self._store.journal_rows(after_id=self._last_id if follows else None, offset=log_number_from)
+        if rows:
+            self._read, self._last_id = log_number_from + len(rows), rows[-1][0]
+        elif not follows:
+            self._read, self._last_id = log_number_from, None
+        return [json.loads(line) for _, line in rows]
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         self._store.append_journal([json.dumps(log, separators=(",", ":")) for log in logs])

@@ -7,6 +7,7 @@ old schema) becomes a one-line TunerError; no password is ever put in a message.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
@@ -155,7 +156,8 @@ def create_store_engine(url: str, create: bool = True) -> tuple[Engine, URL]:
     kwargs: dict[str, Any] = {}
     if backend == "sqlite":
         parsed = _prepare_sqlite_path(parsed, create)
-        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        # check_same_thread off: the journal's one connection serves the heartbeat thread too (under a lock)
+        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
         readonly = _readonly_sqlite_uri(parsed, create)
         if readonly is not None:
             kwargs["creator"] = readonly
@@ -185,8 +187,6 @@ def _readonly_sqlite_uri(url: URL, create: bool) -> Optional[Any]:
     database = sqlite_file(url)
     if create or database is None or os.access(os.path.dirname(database) or ".", os.W_OK):
         return None
-    import sqlite3
-
     uri = Path(database).resolve().as_uri() + "?mode=ro&immutable=1"
     return lambda: sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
@@ -300,7 +300,7 @@ class _ErrorTranslator:
         where = redacted(self.url)
         if isinstance(exc, sqlalchemy.exc.DBAPIError):
             raise TunerError(f"{self.action} ({where}): {db_error_message(exc, self.url)}") from None
-        if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):
+        if isinstance(exc, (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error)):  # sqlite3: the journal's raw connection
             raise TunerError(f"{self.action} ({where}): {scrub(str(exc), self.url)}") from None
         if isinstance(exc, OSError):
             raise TunerError(f"{self.action} ({where}): {exc.strerror or exc}") from None

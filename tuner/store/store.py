@@ -8,7 +8,7 @@ from dataclasses import asdict
 from dataclasses import fields as dataclass_fields
 from typing import Any, Iterator, Mapping, Optional
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,12 +16,12 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import engine as eng
 from tuner.store import queries as q
+from tuner.store.journal_rows import JournalRows
 from tuner.store.models import (
     BaselineTable,
     ConfirmationTable,
     ConfirmTimingTable,
     NcuMetricTable,
-    OptunaJournalTable,
     ProblemTable,
     RunTable,
     TrialTable,
@@ -59,6 +59,7 @@ class Store:
         self._url = url
         self._reads = sessionmaker(engine, expire_on_commit=False)
         self._writes = sessionmaker(engine.execution_options(**{eng.WRITE_OPTION: True}), expire_on_commit=False)
+        self._journal = JournalRows(engine, url)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -75,6 +76,7 @@ class Store:
         return f"Store({self.url!r})"
 
     def close(self) -> None:
+        self._journal.close()
         self._engine.dispose()
 
     def __enter__(self) -> "Store":
@@ -323,14 +325,6 @@ class Store:
         with self._read("cannot read the confirm stage") as session:
             return set(session.scalars(stmt))
 
-    def append_journal_if_empty(self, lines: list[str]) -> bool:
-        """Append `lines` only to an empty journal, in one write transaction (an import races no one)."""
-        with self._write("cannot write the Optuna journal") as session:
-            if session.scalar(select(OptunaJournalTable.id).limit(1)) is not None:
-                return False
-            session.execute(insert(OptunaJournalTable), [{"log": line} for line in lines])
-            return True
-
     def confirm_timings(self, confirmation_id: int) -> dict[str, list[float]]:
         """impl -> median µs per round of one confirm stage."""
         stmt = (select(ConfirmTimingTable.impl, ConfirmTimingTable.median_us)
@@ -346,14 +340,21 @@ class Store:
 
     def append_journal(self, lines: list[str]) -> None:
         """Append log lines in one transaction: all of them or none."""
-        with self._write("cannot write the Optuna journal") as session:
-            session.execute(insert(OptunaJournalTable), [{"log": line} for line in lines])
+        self._journal.append(lines)
+
+    def append_journal_if_empty(self, lines: list[str]) -> bool:
+        """Append `lines` only to an empty journal, in one write transaction (an import races no one)."""
+        return self._journal.append(lines, only_if_empty=True)
 
     def journal_lines(self, start: int = 0) -> list[str]:
         """The log lines from number `start` (0-based) on, in the order they were appended."""
-        stmt = select(OptunaJournalTable.log).order_by(OptunaJournalTable.id).offset(start)
-        with self._read("cannot read the Optuna journal") as session:
-            return list(session.scalars(stmt))
+        return [line for _, line in self._journal.rows(offset=start)]
+
+    def journal_rows(self, *, after_id: Optional[int] = None, offset: int = 0) -> list[tuple[int, str]]:
+        """(id, line) of the journal in append order: those after row `after_id` (a reader that has
+        seen the journal up to there; SQLite numbers appended rows upwards in commit order), else
+        from line number `offset` on."""
+        return self._journal.rows(after_id=after_id, offset=offset)
 
     def baselines_for(self, run_id: int, problem_id: int) -> list[BaselineRow]:
         """Baselines of one run and problem, fastest first."""
