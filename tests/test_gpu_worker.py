@@ -228,3 +228,20 @@ def test_measure_sends_the_built_kernel_and_range_prefix(profile, tmp_path) -> N
         with pytest.raises(TunerError, match="no cubin"):
             b.measure(PROBLEM, built.variant, fake_built("ok", ok=False))
 
+
+
+def test_a_submitted_measurement_returns_at_once_and_the_next_request_collects_it_first(backend) -> None:
+    """The search sends a trial and asks the sampler while the card works: submit_measure must not wait,
+    and a request made before result() must not read the submitted trial's reply as its own."""
+    backend.device_facts()  # the worker is up
+    variant = parse_variant_name("attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_pad_s2_qreg")
+    started = time.perf_counter()
+    first = backend.submit_measure(PROBLEM, variant, fake_built("slow_time"), range_prefix="run1/trial1")
+    assert time.perf_counter() - started < 1.0  # the child sleeps 1.5 s in it
+    second = backend.submit_measure(PROBLEM, variant, fake_built("ok"), range_prefix="run1/trial2")
+    [baseline] = backend.baselines(PROBLEM)  # a third request while the second is in flight
+    assert baseline.impl == "sdpa_flash"
+    a, b = first.result(), second.result()
+    assert (a.status, a.median_us) == (TrialStatus.OK, 11.0) and (b.status, b.median_us) == (TrialStatus.OK, 12.0)
+    assert first.seconds >= 1.5 and first.result() is a  # collected once, then cached
+    assert measure(backend, "ok").median_us == 13.0  # the pipe is still in step

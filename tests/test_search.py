@@ -14,8 +14,8 @@ import pytest
 from cli_helpers import run_tuner
 from optuna.trial import TrialState
 
-from tuner.backends.base import Measurement
-from tuner.backends.replay import ReplayBackend
+from tuner.backends.base import Measured, Measurement
+from tuner.backends.replay import NOT_RECORDED, ReplayBackend
 from tuner.cli.tables import short_variant
 from tuner.errors import TunerError
 from tuner.kernels.compiler import CompileResult
@@ -412,8 +412,9 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
     import threading
 
     from tuner.kernels.variant import variant_from_params
+    from tuner.search.in_hand import Pending
     from tuner.search.job import Context, WorkerJob
-    from tuner.search.loop import ProblemSearch, _Pending
+    from tuner.search.loop import ProblemSearch
     from tuner.search.samplers import distributions
     from tuner.search.study import ATTR_INTERRUPTED, load_study, study_info
 
@@ -440,7 +441,7 @@ def test_stop_while_waiting_for_a_duplicate_is_an_interrupted_trial(replay_recor
         run_id = store.start_run(RunInfo(gpu_name=rec.gpu_name, profile=rec.profile))
         ctx = Context(store, backend, run_id, profile, rec.gpu_name, None, stop, lambda event: None)
         search = ProblemSearch(ctx, study, info, WorkerJob(0, name, 5))
-        search._finish(_Pending(mine, variant, feasibility, wait_for=other.number))
+        assert search._launch(Pending(mine, variant, feasibility, wait_for=other.number)) is None
     frozen = {t.number: t for t in study.get_trials()}[mine.number]
     assert backend.measured == []  # neither compiled nor measured
     assert frozen.state == TrialState.FAIL and frozen.user_attrs.get(ATTR_INTERRUPTED) == "waiting for a duplicate"
@@ -537,6 +538,33 @@ def test_an_exhausted_space_stops_the_search_with_a_clear_line(sqlite_url, monke
     study = optuna.load_study(study_name=study_name("h200", "attn_fault", Problem(1, 8, 512, 512, 64)),
                               storage=storage_for(sqlite_url))
     assert finished_trials(study) == 3  # the three points of the space, each measured once
+
+
+class _PipelinedBackend(CountingBackend):
+    """Takes measurements like the GPU backend does (submit now, reply later) and notes, at each submit,
+    how many measured trials the store holds already."""
+
+    def __init__(self, recording, db_url: str) -> None:
+        super().__init__(recording)
+        self.db_path, self.stored_at_submit = db_url[len("sqlite:///"):], []
+
+    def submit_measure(self, problem, variant, built, *, range_prefix=""):
+        import sqlite3
+
+        with sqlite3.connect(self.db_path) as conn:
+            self.stored_at_submit.append(conn.execute(
+                "SELECT count(*) FROM trials WHERE status != 'pruned' OR error = ?", (NOT_RECORDED,)).fetchone()[0])
+        return Measured(self.measure(problem, variant, built, range_prefix=range_prefix), 0.0)
+
+
+def test_the_next_trial_goes_to_the_gpu_before_the_previous_one_is_stored(replay_recording, sqlite_url):
+    """The parent stores and tells a trial, and asks the sampler, while the card measures the next one."""
+    rec = replay_recording
+    backend = _PipelinedBackend(rec, sqlite_url)
+    report = run_search(options(rec, sqlite_url, trials=12, confirm=0), hooks=with_backend(backend))
+    measured = [r for r in stored(sqlite_url) if r.status is not TrialStatus.PRUNED or r.error == NOT_RECORDED]
+    assert report.measured == len(backend.measured) == len(measured) >= 10
+    assert backend.stored_at_submit == [max(i - 1, 0) for i in range(len(backend.measured))]
 
 
 # --- the confirm stage ------------------------------------------------------------------------

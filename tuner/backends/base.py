@@ -7,6 +7,7 @@ on a real card, the replay backend (tuner.backends.replay) answers from a record
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -52,6 +53,37 @@ class DeviceFacts:
     gpu_uuid: Optional[str] = None
     driver: Optional[str] = None
     cuda_version: Optional[str] = None
+
+
+class PendingMeasurement(Protocol):
+    """A measurement under way on the backend's device; result() waits for it (once, then cached)."""
+
+    seconds: float  # from sending it to collecting its reply: the time the device had it in hand
+
+    def result(self) -> Measurement: ...
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measurement already taken (backends that answer at once)."""
+
+    measurement: Measurement
+    seconds: float = 0.0
+
+    def result(self) -> Measurement:
+        return self.measurement
+
+
+def submit_measure(backend: "Backend", problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
+                   range_prefix: str = "") -> PendingMeasurement:
+    """Start measuring `built`: the GPU backend returns as soon as the request is sent, so the search
+    asks and stores while the card works; other backends measure now."""
+    submit = getattr(backend, "submit_measure", None)
+    if submit is not None:
+        return submit(problem, variant, built, range_prefix=range_prefix)
+    started = time.perf_counter()
+    measurement = backend.measure(problem, variant, built, range_prefix=range_prefix)
+    return Measured(measurement, time.perf_counter() - started)
 
 
 class Backend(Protocol):

@@ -37,7 +37,14 @@ import time
 import warnings
 from typing import Any, Callable, Optional
 
-from tuner.backends.base import BaselineMeasurement, ConfirmTimings, DeviceFacts, Measurement
+from tuner.backends.base import (
+    BaselineMeasurement,
+    ConfirmTimings,
+    DeviceFacts,
+    Measured,
+    Measurement,
+    PendingMeasurement,
+)
 from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_runner
 from tuner.errors import NoGpuError, TunerError
 from tuner.kernels.variant import Variant
@@ -95,11 +102,18 @@ class _Worker:
 
     def request(self, op: str, args: dict[str, Any], watchdog_s: float, long_budget_s: float) -> Any:
         """Send one request, wait for its reply; _Timeout or _Fault leave this worker dead."""
+        self.send(op, args)
+        return self.receive(watchdog_s, long_budget_s)
+
+    def send(self, op: str, args: dict[str, Any]) -> None:
         try:
             self.conn.send((op, args))
         except (OSError, ValueError) as exc:
             self.kill()
             raise _Fault(f"the GPU worker is gone ({exc})") from None
+
+    def receive(self, watchdog_s: float, long_budget_s: float) -> Any:
+        """The reply to the request sent last: the watchdog restarts with each phase the child reports."""
         phase, budget = "start", watchdog_s
         deadline = time.monotonic() + budget
         while True:
@@ -156,6 +170,24 @@ def _check_gpu_environment() -> None:
         raise NoGpuError("pycuda is not installed; install the gpu extra: pip install 'flashcore-tuner[gpu]'")
 
 
+class _GpuMeasurement:
+    """A measurement sent to the GPU worker; result() collects the reply (once)."""
+
+    def __init__(self, backend: "GpuBackend", worker: _Worker) -> None:
+        self._backend, self._worker = backend, worker
+        self._result: Optional[Measurement] = None
+        self._sent = time.perf_counter()
+        self.seconds = 0.0
+
+    def result(self) -> Measurement:
+        if self._result is None:
+            if self._backend._pending is self:
+                self._backend._pending = None
+            self._result = self._backend._measurement(lambda: self._backend._receive(self._worker))
+            self.seconds = time.perf_counter() - self._sent
+        return self._result
+
+
 class GpuBackend:
     """The Backend (tuner.backends.base) that measures on a real GPU, in a worker process.
 
@@ -184,6 +216,7 @@ class GpuBackend:
         self._options = RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
         self._worker: Optional[_Worker] = None
         self._facts: Optional[DeviceFacts] = None
+        self._pending: Optional[_GpuMeasurement] = None  # submitted, reply not collected yet
         self._closed = False
 
     # --- worker management -----------------------------------------------------------------
@@ -202,12 +235,20 @@ class GpuBackend:
         return self._worker
 
     def _request(self, op: str, args: dict[str, Any]) -> Any:
+        self._settle()
         worker = self._ensure_worker()
         try:
-            return worker.request(op, args, self.watchdog_s, self.timing_budget_s)
+            worker.send(op, args)
+        except _Fault:
+            self._lost()
+            raise
+        return self._receive(worker)
+
+    def _receive(self, worker: _Worker) -> Any:
+        try:
+            return worker.receive(self.watchdog_s, self.timing_budget_s)
         except (_Timeout, _Fault):
-            self._worker = None  # dead: the next request starts a fresh child
-            self.restarts += 1
+            self._lost()  # dead: the next request starts a fresh child
             raise
         except TunerError:
             raise  # a refused request: the child is fine
@@ -216,6 +257,16 @@ class GpuBackend:
             worker.kill()
             self._worker = None
             raise
+
+    def _lost(self) -> None:
+        self._worker = None
+        self.restarts += 1
+
+    def _settle(self) -> None:
+        """Collect the reply of a submitted measurement nobody waited for, so the pipe stays in step."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     # --- Backend protocol ------------------------------------------------------------------
 
@@ -238,6 +289,12 @@ class GpuBackend:
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: Optional[str] = None) -> Measurement:
+        return self.submit_measure(problem, variant, built, range_prefix=range_prefix).result()
+
+    def submit_measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
+                       range_prefix: Optional[str] = None) -> PendingMeasurement:
+        """Send the measurement to the GPU worker and return at once; result() waits for the reply
+        (the watchdog's clock starts there, and restarts with each phase the child reports)."""
         if built is None or not built.ok or built.compiled.cubin_path is None:
             raise TunerError(f"{variant.name} has no cubin to measure (compile failed)")
         request = {
@@ -245,17 +302,30 @@ class GpuBackend:
             "built": dataclasses.replace(built, source=""),  # the child needs the cubin's path, not the source
             "range_prefix": self.range_prefix if range_prefix is None else range_prefix,
         }
-        return self.measure_request(request)
+        self._settle()
+        worker = self._ensure_worker()
+        try:
+            worker.send("measure", request)
+        except _Fault as exc:
+            self._lost()
+            return Measured(Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc)))
+        self._pending = _GpuMeasurement(self, worker)
+        return self._pending
 
     def measure_request(self, request: dict[str, Any]) -> Measurement:
         """measure() from a ready request dict (what goes over the pipe)."""
+        return self._measurement(lambda: self._request("measure", request))
+
+    @staticmethod
+    def _measurement(reply_of: Callable[[], Any]) -> Measurement:
+        """The Measurement of a measure request's reply; a dead or refusing worker fails the trial, not the search."""
         try:
-            reply = self._request("measure", request)
+            reply = reply_of()
         except _Timeout as exc:
             return Measurement(TrialStatus.TIMEOUT, error=str(exc))
         except _Fault as exc:
             return Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc))
-        except _Refused as exc:  # e.g. the cubin vanished from the cache: this trial failed, not the search
+        except _Refused as exc:  # e.g. the cubin vanished from the cache
             return Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc))
         status = TrialStatus(reply["status"])
         return Measurement(status, reply.get("median_us"), reply.get("p20_us"), reply.get("p80_us"),

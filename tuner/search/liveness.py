@@ -127,3 +127,35 @@ class Heartbeat:
                     self._study._storage.set_trial_user_attr(trial_id, ATTR_HEARTBEAT, time.time())
             except Exception:  # noqa: BLE001 - told meanwhile, or the store is busy: the next beat retries
                 pass
+
+
+def running_duplicate(study: optuna.Study, trial: optuna.trial.Trial, wanted: int, ignored: set[int]) -> Optional[int]:
+    """Number of an earlier-asked running trial of the same point (another worker, or compiling ahead).
+
+    A running trial whose parameters are not all `wanted` yet (its ask is in progress elsewhere) is
+    waited for briefly, then put in `ignored` for good.
+    """
+    params = trial.params
+    deadline = time.monotonic() + 2.0
+    while True:
+        incomplete = []
+        for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if other.number >= trial.number or other.number in ignored or abandoned(other):
+                continue
+            if len(other.params) < wanted:
+                incomplete.append(other.number)
+            elif other.params == params:
+                return other.number
+        if not incomplete:
+            return None
+        if time.monotonic() > deadline:
+            ignored.update(incomplete)
+            return None
+        time.sleep(0.01)
+
+
+def trial_by_number(study: optuna.Study, number: Optional[int]) -> Optional[FrozenTrial]:
+    for other in study.get_trials(deepcopy=False):
+        if other.number == number:
+            return other
+    return None

@@ -9,6 +9,9 @@ Per asked point:
 - otherwise       -> compiled (a thread pool running ahead of the GPU; nvcc
                      runs in subprocesses), measured by the Backend, stored
                      (one transaction), told (median µs, or FAIL/PRUNED).
+The next trial goes to the GPU worker before the previous one is stored and
+told, and the sampler is asked while the card measures: the parent's work
+hides behind the GPU's.
 """
 
 from __future__ import annotations
@@ -17,19 +20,18 @@ import dataclasses
 import math
 import time
 from collections import deque
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import Trial, TrialState
 
-from tuner.backends.base import Measurement
+from tuner.backends.base import Measurement, submit_measure
 from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import Feasibility, check
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
 from tuner.runtime.build import BuiltKernel
+from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (
     DUPLICATE_WAIT_S,
     MAX_INFEASIBLE_STREAK,
@@ -38,7 +40,7 @@ from tuner.search.job import (
     WorkerJob,
     lookahead_for,
     point,
-)  # fmt: skip
+)
 from tuner.search.liveness import (
     ATTR_HEARTBEAT,
     ATTR_WORKER,
@@ -48,7 +50,9 @@ from tuner.search.liveness import (
     budget_taken,
     over_budget,
     reap,
-)  # fmt: skip
+    running_duplicate,
+    trial_by_number,
+)
 from tuner.search.outcome import compile_exception, set_attr, trial_record
 from tuner.search.samplers import distributions
 from tuner.search.study import (
@@ -62,20 +66,9 @@ from tuner.search.study import (
     ATTR_VARIANT,
     StudyInfo,
     counts_toward_budget,
-)  # fmt: skip
+)
 from tuner.status import TrialStatus
 from tuner.store import TrialRow
-
-
-@dataclass
-class _Pending:
-    trial: Trial
-    variant: Variant
-    feasibility: Feasibility
-    compile: Optional[Future] = None
-    wait_for: Optional[int] = None  # number of another worker's running trial of the same variant
-    stage: str = "asked ahead"  # where it is, for a trial the search stops before it is told
-    repeat: bool = False  # a point this study already holds: told from the store, free
 
 
 class ProblemSearch:
@@ -89,8 +82,9 @@ class ProblemSearch:
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
-        self._pending: deque[_Pending] = deque()  # asked ahead, compiling
-        self._current: Optional[_Pending] = None  # being measured
+        self._pending: deque[Pending] = deque()  # asked ahead, compiling
+        self._current: list[Pending] = []  # being launched or measured
+        self._in_flight: Optional[InFlight] = None  # on the GPU, its reply not stored yet
         self.cap: Optional[int] = info.budget  # trials the study may hold in all (set again when run starts)
         self.repeat_streak = 0  # proposals in a row of points this study already holds
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
@@ -110,30 +104,54 @@ class ProblemSearch:
 
     def _in_hand(self) -> list[int]:
         """Storage ids of the trials this worker asked and has not told yet."""
-        current = self._current  # read once: the main thread may clear it meanwhile
-        return [item.trial._trial_id for item in ([current] if current else []) + list(self._pending)]
+        held = list(self._current)  # copied once: the main thread changes it meanwhile
+        return [item.trial._trial_id for item in held + list(self._pending)]
 
     def _loop(self, lookahead: int) -> None:
-        pending = self._pending
+        """Ask ahead (the compile pool works on the pending points); collect the GPU's reply, put the
+        next point on the GPU, then store and tell the reply while the card measures."""
         try:
-            while not self.ctx.stop.is_set():
-                while len(pending) < lookahead and self._may_ask():
-                    item = self._ask()
-                    if item is not None:
-                        pending.append(item)
-                if not pending or self.ctx.stop.is_set():
+            while True:
+                may_ask = self._ask_ahead(lookahead)
+                if self._in_flight is not None:
+                    self._in_flight.measurement = self._in_flight.handle.result()
+                launched = self._launch_next()
+                self._complete_in_flight()
+                self._in_flight = launched
+                if launched is None and (self.ctx.stop.is_set() or not may_ask):
                     break
-                self._current = pending.popleft()
-                self._finish(self._current)
-                self._current = None
         except KeyboardInterrupt:
             self.ctx.interrupt()
         finally:
-            for item in ([self._current] if self._current else []) + list(pending):
+            if self._in_flight is not None and self._in_flight.measurement is not None:
+                self._complete_in_flight()  # measured before the interrupt: stored like any other
+            for item in self._current + list(self._pending):
                 self._tell_interrupted(item)
-            self._current = None
+            self._current, self._in_flight = [], None
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
+
+    def _ask_ahead(self, lookahead: int) -> bool:
+        """Ask until `lookahead` points are pending; False once no more may be asked."""
+        while len(self._pending) < lookahead:
+            if not self._may_ask():
+                return False
+            item = self._ask()
+            if item is not None:
+                self._pending.append(item)
+        return True
+
+    def _launch_next(self) -> Optional[InFlight]:
+        """The next pending point that needs the GPU, sent to it; those settled on the way (a duplicate
+        another worker finished, a compile error) are stored and told here."""
+        while self._pending and not self.ctx.stop.is_set():
+            item = self._pending.popleft()
+            self._current.append(item)
+            launched = self._launch(item)
+            if launched is not None:
+                return launched
+            self._current.remove(item)
+        return None
 
     def _may_ask(self) -> bool:
         if self.ctx.stop.is_set():
@@ -154,7 +172,7 @@ class ProblemSearch:
             return False
         return True
 
-    def _ask(self) -> Optional[_Pending]:
+    def _ask(self) -> Optional[Pending]:
         """Ask one point; settle it at once when it needs no GPU, else start its compile."""
         trial = self.study.ask(self.distributions)
         trial.set_user_attr(ATTR_WORKER, WORKER_ID)
@@ -187,7 +205,7 @@ class ProblemSearch:
             return None
         self.asked += 1
         self.ctx.result.asked += 1
-        item = _Pending(trial, variant, feasibility)
+        item = Pending(trial, variant, feasibility)
         known = self._known(variant)
         if known is not None:  # measured by an earlier run: one of this study's points, told from the store
             self._tell_known(trial, known)
@@ -203,12 +221,12 @@ class ProblemSearch:
         return key in self._seen
 
     def _repeat(self, trial: Trial, variant: Variant, feasibility: Feasibility,
-                wait_for: Optional[int]) -> Optional[_Pending]:
+                wait_for: Optional[int]) -> Optional[Pending]:
         """A point this study already holds (or another worker is measuring): told what the store has,
         without using up the budget; the sampler is asked again."""
         self.repeat_streak += 1
         trial.set_user_attr(ATTR_REPEAT, True)
-        item = _Pending(trial, variant, feasibility, wait_for=wait_for, repeat=True)
+        item = Pending(trial, variant, feasibility, wait_for=wait_for, repeat=True)
         if wait_for is not None:
             return item  # still being measured (by another worker, or asked ahead here): wait for it
         known = self._known(variant)
@@ -219,21 +237,22 @@ class ProblemSearch:
         self._start_compile(item)
         return item
 
-    def _unrepeat(self, item: _Pending) -> None:
+    def _unrepeat(self, item: Pending) -> None:
         """The point will be measured here after all: a budgeted trial like any other."""
         item.repeat = False
         item.trial.set_user_attr(ATTR_REPEAT, False)
         self.asked += 1
         self.ctx.result.asked += 1
 
-    def _finish(self, item: _Pending) -> None:
+    def _launch(self, item: Pending) -> Optional[InFlight]:
         if item.wait_for is not None:
+            self._complete_in_flight()  # the duplicate may be the trial on the GPU now: stored first
             item.stage = "waiting for a duplicate"
             if self._await_duplicate(item):
-                return
+                return None
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
                 self._tell_interrupted(item)
-                return
+                return None
             if item.repeat:  # the other trial was abandoned: this one measures the point
                 self._unrepeat(item)
             self._start_compile(item)
@@ -252,24 +271,31 @@ class ProblemSearch:
                 self._store(item.trial, item.variant, TrialStatus.COMPILE_ERROR, compiled=compiled,
                             feasibility=item.feasibility, error="compile error (see the compile log)")
                 self._tell(item.trial, TrialState.FAIL, TrialStatus.COMPILE_ERROR, "measured")
-                return
+                return None
         # NVTX ranges of this trial are named run<id>/trial<n>/<variant>/<phase>.
         prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
         item.stage = "measuring"
-        started = time.perf_counter()
-        measurement = self.ctx.backend.measure(self.problem, item.variant, built, range_prefix=prefix)
-        self.ctx.result.spent("measuring (GPU worker)", time.perf_counter() - started)
-        self.ctx.result.measured += 1
-        self._store_measurement(item, compiled, measurement)
+        handle = submit_measure(self.ctx.backend, self.problem, item.variant, built, range_prefix=prefix)
+        return InFlight(item, handle, compiled)
 
-    def _start_compile(self, item: _Pending) -> None:
+    def _complete_in_flight(self) -> None:
+        launched, self._in_flight = self._in_flight, None
+        if launched is None:
+            return
+        measurement = launched.handle.result()
+        self._current.remove(launched.item)
+        self.ctx.result.spent("measuring (GPU worker)", launched.handle.seconds)
+        self.ctx.result.measured += 1
+        self._store_measurement(launched.item, launched.compiled, measurement)
+
+    def _start_compile(self, item: Pending) -> None:
         """Submit the variant to the compile pool, unless the backend measures without compiling."""
         if not getattr(self.ctx.backend, "needs_compile", True):
             return
         assert self.ctx.compile_pool is not None
         item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.build, item.variant, self.ctx.profile.nvcc_arch)
 
-    def _tell_interrupted(self, item: _Pending) -> None:
+    def _tell_interrupted(self, item: Pending) -> None:
         """Told FAIL, marked interrupted (with its stage: asked ahead, waiting for a duplicate, compiling,
         measuring): it does not count toward the budget and a resume asks again."""
         if item.compile is not None:
@@ -287,35 +313,14 @@ class ProblemSearch:
                                          variant.stored_params(), self.ctx.gpu_name)
 
     def _running_duplicate(self, trial: Trial) -> Optional[int]:
-        """Number of an earlier-asked running trial of the same point (another worker, or compiling ahead).
+        return running_duplicate(self.study, trial, len(self.distributions), self._ignored)
 
-        A running trial whose parameters are not all written yet (its ask is in
-        progress elsewhere) is waited for briefly, then ignored for good.
-        """
-        params, wanted = trial.params, len(self.distributions)
-        deadline = time.monotonic() + 2.0
-        while True:
-            incomplete = []
-            for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if other.number >= trial.number or other.number in self._ignored or abandoned(other):
-                    continue
-                if len(other.params) < wanted:
-                    incomplete.append(other.number)
-                elif other.params == params:
-                    return other.number
-            if not incomplete:
-                return None
-            if time.monotonic() > deadline:
-                self._ignored.update(incomplete)
-                return None
-            time.sleep(0.01)
-
-    def _await_duplicate(self, item: _Pending) -> bool:
+    def _await_duplicate(self, item: Pending) -> bool:
         """Wait for the other worker's trial of this variant; True when its result was reused."""
         deadline = time.monotonic() + DUPLICATE_WAIT_S
         while time.monotonic() < deadline and not self.ctx.stop.is_set():
             # Its state first, the store second: it is stored before it is told.
-            other = self._trial_by_number(item.wait_for)
+            other = trial_by_number(self.study, item.wait_for)
             known = self._known(item.variant)
             if known is not None:
                 self._tell_known(item.trial, known, repeat=item.repeat)
@@ -329,15 +334,9 @@ class ProblemSearch:
             time.sleep(0.05)
         return False
 
-    def _trial_by_number(self, number: Optional[int]) -> Optional[FrozenTrial]:
-        for other in self.study.get_trials(deepcopy=False):
-            if other.number == number:
-                return other
-        return None
-
     # Outcomes ----------------------------------------------------------------------------------
 
-    def _store_measurement(self, item: _Pending, compiled: Optional[CompileResult], m: Measurement) -> None:
+    def _store_measurement(self, item: Pending, compiled: Optional[CompileResult], m: Measurement) -> None:
         status = TrialStatus.parse(m.status)
         store_id = self._store(item.trial, item.variant, status, measurement=m, compiled=compiled,
                                feasibility=item.feasibility, error=m.error)
