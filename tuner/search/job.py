@@ -27,6 +27,7 @@ class WorkerJob:
     trials: Optional[int]
     deadline: Optional[float] = None  # wall-clock time after which no trial is started
     beyond_budget: bool = False  # `trials` are asked on top of what the study holds (`tuner worker --trials N`)
+    confirm: bool = True  # this worker runs the study's confirm stage (one worker per study does)
 
 
 @dataclass

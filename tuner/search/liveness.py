@@ -159,3 +159,14 @@ def trial_by_number(study: optuna.Study, number: Optional[int]) -> Optional[Froz
         if other.number == number:
             return other
     return None
+
+
+def await_running(study: optuna.Study, timeout_s: float = 120.0, poll_s: float = 0.1) -> None:
+    """Wait (at most `timeout_s`) until the study holds no live running trial: the other workers'
+    last measurements are stored before the confirm stage picks the best."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not any(not abandoned(t) for t in running):
+            return
+        time.sleep(poll_s)

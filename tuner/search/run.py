@@ -34,7 +34,7 @@ from tuner.search.job import WorkerJob, WorkerResult
 from tuner.search.options import SearchOptions, validate_options
 from tuner.search.prepare import choose_template, prepare_study, problems_of, study_name_for
 from tuner.search.progress import SearchProgress
-from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, split_budget, study_info
+from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
 from tuner.search.workers import WorkerSpec, run_here, run_processes
 from tuner.store import Store, default_db_url, open_store
@@ -123,18 +123,11 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
             budgets.append(budget)
         done = [finished_trials(s) for s in studies]
         remaining = [None if b is None else max(b - d, 0) for b, d in zip(budgets, done)]
-        start = hooks.now()
-        slice_s = options.time_budget_s / len(problems) if options.time_budget_s else None
-        specs = []
-        for w, device in enumerate(options.devices):
-            jobs = tuple(
-                WorkerJob(i, s.study_name, None if r is None else split_budget(r, len(options.devices))[w],
-                          None if slice_s is None else start + (i + 1) * slice_s)
-                for i, (s, r) in enumerate(zip(studies, remaining))
-            )
-            specs.append(WorkerSpec(w, device, db_url, db_url, options.backend, jobs, options.replay_from,
-                                    options.force, options.seed, local_workers=len(options.devices),
-                                    confirm=options.confirm, confirm_rounds=options.confirm_rounds))
+        specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
+                            worker_jobs(w, len(options.devices), studies, remaining, hooks.now(), options.time_budget_s),
+                            options.replay_from, options.force, options.seed, local_workers=len(options.devices),
+                            confirm=options.confirm, confirm_rounds=options.confirm_rounds)
+                 for w, device in enumerate(options.devices)]
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
                 progress.add_problem(i, problem, budgets[i], done[i])
@@ -145,6 +138,22 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
                     raise TunerError("replaced hooks serve one device only (other devices run in child processes)")
                 results = run_processes(specs, progress, say)
         return _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
+
+
+def worker_jobs(worker: int, workers: int, studies: list[Any], remaining: list[Optional[int]], start: float,
+                time_budget_s: Optional[float]) -> tuple[WorkerJob, ...]:
+    """The studies of one worker, in its order. Worker w starts on study w and goes round from there,
+    so that with several problems each card begins on its own study and confirms it (a study's budget
+    is shared: a worker leaves it once the trials taken reach it, and helps on the next). The time
+    budget gives each study in a worker's order an equal slice."""
+    count = len(studies)
+    order = [(worker + k) % count for k in range(count)]
+    slice_s = time_budget_s / count if time_budget_s else None
+    return tuple(
+        WorkerJob(i, studies[i].study_name, remaining[i] if workers == 1 else None,
+                  None if slice_s is None else start + (k + 1) * slice_s, confirm=i % workers == worker)
+        for k, i in enumerate(order)
+    )
 
 
 # --- `tuner worker`: join a study from another host ---------------------------------------------

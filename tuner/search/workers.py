@@ -30,6 +30,7 @@ from tuner.profiles import load_profile
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem
 from tuner.search.hooks import Hooks
 from tuner.search.job import Context, Events, WorkerJob, WorkerResult
+from tuner.search.liveness import await_running
 from tuner.search.loop import ProblemSearch
 from tuner.search.progress import SearchProgress
 from tuner.search.samplers import make_sampler
@@ -170,10 +171,11 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         return
     ctx.result.spent("baselines", time.perf_counter() - started)
     ProblemSearch(ctx, study, info, job).run()
-    if spec.confirm and spec.worker == 0 and not ctx.stop.is_set():  # one confirm stage per study
+    if spec.confirm and job.confirm and not ctx.stop.is_set():  # one confirm stage per study
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
         started = time.perf_counter()
         try:
+            await_running(study)
             confirm_problem(ctx, info.problem, info.template, spec.confirm, spec.confirm_rounds, note)
         except TunerError as exc:  # the search's results stand; only the confirmation is missing
             note(f"confirm stage skipped: {exc}")
