@@ -451,3 +451,54 @@ def test_shipped_files_have_source_comments():
     for path in sorted(Path(asset_dir("profiles")).glob("*.toml")):
         text = path.read_text()
         assert "datasheet" in text.lower(), f"{path.name} does not say where its figures come from"
+
+
+class _FakeLibcuda:
+    """The few driver calls cuda_query makes, answering for two H100s (a CUDA error once `fail` is set)."""
+
+    fail = 0
+
+    def cuInit(self, flags):
+        return self.fail
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = 2
+        return 0
+
+    def cuDeviceGet(self, handle, index):
+        handle._obj.value = index
+        return 0
+
+    def cuDeviceGetName(self, buffer, size, handle):
+        buffer.value = b"NVIDIA H100 80GB HBM3"
+        return 0
+
+    def cuDeviceGetAttribute(self, value, which, handle):
+        value._obj.value = {16: 132, 75: 9, 76: 0}[which]
+        return 0
+
+    def cuDeviceTotalMem_v2(self, memory, handle):
+        memory._obj.value = 80 << 30
+        return 0
+
+    def cuDeviceGetUuid(self, raw, handle):
+        for i in range(16):
+            raw[i] = 16 * handle.value + i
+        return 0
+
+
+def test_the_gpu_is_asked_of_the_cuda_driver_without_torch(monkeypatch):
+    """detect_gpu, visible_gpu_count and --gpu auto read the driver (no torch import, no context)."""
+    from tuner.profiles import cuda_query, detect_gpu, resolve_profile, visible_gpu_count
+
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(cuda_query, "_library", lambda: lib)
+    gpu = detect_gpu(1)
+    assert (gpu.name, gpu.compute_capability, gpu.sm_count, gpu.total_memory_bytes) == \
+        ("NVIDIA H100 80GB HBM3", (9, 0), 132, 80 << 30)
+    assert gpu.uuid == "10111213-1415-1617-1819-1a1b1c1d1e1f" and visible_gpu_count() == 2
+    assert resolve_profile("auto", device=1).name == "h100"
+    with pytest.raises(TunerError, match="CUDA device 2 does not exist; this machine has 2"):
+        detect_gpu(2)
+    lib.fail = 100  # CUDA_ERROR_NO_DEVICE: a driver, no usable GPU
+    assert detect_gpu(0) is None and visible_gpu_count() == 0

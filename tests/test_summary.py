@@ -38,3 +38,15 @@ def test_without_a_stored_row_the_runs_fastest_baseline_is_used(store) -> None:
     store.add_baseline(baseline(now, BIG, "sdpa_flash", 95.0))
     summary = summarize(_study_with_best("not_stored", 100.0), BIG, store, run_ids=[now])
     assert (summary.baseline_impl, summary.baseline_us) == ("sdpa_cudnn", 80.0)
+
+
+def test_the_time_line_gives_one_worker_its_phases_and_several_their_mean():
+    from tuner.cli.search_commands import time_line
+    from tuner.search.run import SearchReport
+
+    base = dict(summaries=[], run_ids=[1], studies=["s"], interrupted=False, measured=1, reused=0, asked=1)
+    one = SearchReport(**base, seconds=(("start-up", 2.0), ("measuring", 6.0)), wall_s=10.0)
+    assert time_line(one) == "time: 10.0 s wall; start-up 2.0 s (20%), measuring 6.0 s (60%), other 2.0 s (20%)"
+    two = SearchReport(**base, seconds=(("start-up", 4.0), ("measuring", 8.0)), wall_s=8.0, workers=2)
+    assert time_line(two) == ("time: 8.0 s wall; 2 workers, per worker (mean): start-up 2.0 s (25%), "
+                              "measuring 4.0 s (50%), other 2.0 s (25%)")

@@ -49,7 +49,7 @@ from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_
 from tuner.errors import NoGpuError, TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
-from tuner.profiles import GpuProfile
+from tuner.profiles import GpuProfile, visible_gpu_count
 from tuner.runtime.build import BuiltKernel
 from tuner.status import TrialStatus
 
@@ -160,12 +160,12 @@ class _Worker:
 
 
 def _check_gpu_environment() -> None:
-    try:
-        import torch
-    except ImportError:
-        raise NoGpuError("torch is not installed") from None
-    if not torch.cuda.is_available():
-        raise NoGpuError("no CUDA GPU is visible to torch on this machine")
+    """What the GPU worker needs, checked without importing torch (that costs a worker process seconds;
+    the worker imports it itself)."""
+    if importlib.util.find_spec("torch") is None:
+        raise NoGpuError("torch is not installed")
+    if visible_gpu_count() == 0:
+        raise NoGpuError("no usable CUDA GPU on this machine (the CUDA driver reports none)")
     if importlib.util.find_spec("pycuda") is None:
         raise NoGpuError("pycuda is not installed; install the gpu extra: pip install 'flashcore-tuner[gpu]'")
 

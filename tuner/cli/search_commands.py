@@ -45,6 +45,17 @@ def parse_devices(text: str) -> tuple[int, ...]:
     return devices
 
 
+def time_line(report: SearchReport) -> str:
+    """Where the wall time went, by phase; with several workers (cards) the mean per worker, since
+    they run side by side. `other` is the rest: the sampler, the store, Python, process start."""
+    workers = max(report.workers, 1)
+    phases = [(phase, s / workers) for phase, s in report.seconds]
+    phases.append(("other", max(report.wall_s - sum(s for _, s in phases), 0.0)))
+    parts = ", ".join(f"{phase} {s:.1f} s ({s / report.wall_s:.0%})" for phase, s in phases)
+    each = f"{workers} workers, per worker (mean): " if workers > 1 else ""
+    return f"time: {report.wall_s:.1f} s wall; {each}{parts}"
+
+
 def print_search_report(report: SearchReport) -> None:
     """The summary table and one line of counts; exit 130 when the search was interrupted."""
     console.print(summary_table(report.summaries))
@@ -57,11 +68,7 @@ def print_search_report(report: SearchReport) -> None:
     say(", ".join(counts) + "; "
         f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
     if report.wall_s and report.seconds:
-        parts = [f"{phase} {s:.1f} s ({s / report.wall_s:.0%})" for phase, s in report.seconds]
-        other = report.wall_s - sum(s for _, s in report.seconds)
-        if other >= 0:  # one worker: the rest is this process (sampler, store, Python)
-            parts.append(f"other {other:.1f} s ({other / report.wall_s:.0%})")
-        say(f"time: {report.wall_s:.1f} s wall; " + ", ".join(parts))
+        say(time_line(report))
     for name in report.exhausted:
         say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
             "the space looks exhausted for it, so the search stopped early", stderr=True)

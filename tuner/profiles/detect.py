@@ -1,4 +1,4 @@
-"""The GPU present (through torch.cuda, imported lazily) and the profile that describes it."""
+"""The GPU present (asked of the CUDA driver; torch.cuda where there is no driver library) and its profile."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from tuner.errors import NoGpuError, TunerError
 from tuner.profiles.catalog import list_profiles, load_profile, profile_names
+from tuner.profiles.cuda_query import DriverError, driver_devices
 from tuner.profiles.profile import GpuProfile, match_length
 
 AUTO = "auto"
@@ -33,7 +34,39 @@ class DetectedGpu:
 
 
 def detect_gpu(device: int = 0) -> DetectedGpu | None:
-    """The CUDA device `device` as torch sees it, or None without a usable GPU."""
+    """The CUDA device `device`, or None without a usable GPU: asked of the CUDA driver (milliseconds),
+    or of torch.cuda where this machine has no driver library torch could use either way."""
+    try:
+        devices = driver_devices()
+    except DriverError:  # a driver library but no usable device
+        return None
+    if devices is None:
+        return _torch_gpu(device)
+    if device < 0 or device >= len(devices):
+        if not devices:
+            return None
+        raise TunerError(f"CUDA device {device} does not exist; this machine has {len(devices)}")
+    d = devices[device]
+    return DetectedGpu(index=device, name=d.name, compute_capability=d.compute_capability, sm_count=d.sm_count,
+                       total_memory_bytes=d.total_memory_bytes, uuid=d.uuid)
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA devices this process may use (0 without a usable GPU)."""
+    try:
+        devices = driver_devices()
+    except DriverError:
+        return 0
+    if devices is not None:
+        return len(devices)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _torch_gpu(device: int) -> DetectedGpu | None:
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
@@ -101,7 +134,7 @@ def resolve_profile(
     if name.strip().lower() == AUTO:
         if detected is None:
             raise NoGpuError(
-                "no CUDA GPU found (torch.cuda.is_available() is False), so --gpu auto cannot pick a profile; "
+                "no CUDA GPU found (the CUDA driver reports none), so --gpu auto cannot pick a profile; "
                 f"name one with --gpu NAME ({', '.join(profile_names())}) for offline commands"
             )
         profile = _profile_for(detected, list_profiles())

@@ -19,7 +19,7 @@ from tuner.backends.gpu import GpuBackend
 from tuner.backends.replay import ReplayBackend
 from tuner.errors import NoGpuError, TunerError
 from tuner.kernels.variant import Variant
-from tuner.profiles import GpuProfile
+from tuner.profiles import GpuProfile, visible_gpu_count
 from tuner.runtime.build import BuiltKernel, build
 
 BACKENDS = ("gpu", "replay")
@@ -48,15 +48,13 @@ def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Op
 
 
 def require_gpus(devices: tuple[int, ...]) -> None:
-    """NoGpuError unless torch sees a CUDA GPU for every requested device."""
-    import torch
-
-    if not torch.cuda.is_available():
+    """NoGpuError unless a CUDA GPU is visible for every requested device (asked of the driver, not torch)."""
+    count = visible_gpu_count()
+    if count == 0:
         raise NoGpuError(
-            "no usable CUDA GPU on this machine (torch.cuda.is_available() is False); "
+            "no usable CUDA GPU on this machine (the CUDA driver reports none); "
             "use --backend replay --from DB_URL to replay a recorded search"
         )
-    count = torch.cuda.device_count()
     missing = [d for d in devices if d < 0 or d >= count]
     if missing:
         raise TunerError(f"CUDA device {missing[0]} does not exist; this machine has {count}")

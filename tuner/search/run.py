@@ -54,6 +54,7 @@ class SearchReport:
     exhausted: tuple[str, ...] = ()  # studies whose sampler kept proposing points they held
     seconds: tuple[tuple[str, float], ...] = ()  # the workers' time by phase, summed
     wall_s: float = 0.0
+    workers: int = 1  # worker processes (cards) the search ran on
 
 
 def _printer(console: Console) -> Callable[[str], None]:
@@ -90,6 +91,7 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         exhausted=tuple(dict.fromkeys(name for r in results for name in r.exhausted)),
         seconds=tuple((phase, sum(r.seconds.get(phase, 0.0) for r in results))
                       for phase in dict.fromkeys(p for r in results for p in r.seconds)),
+        workers=len(results),
     )
 
 

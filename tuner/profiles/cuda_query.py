@@ -1,0 +1,74 @@
+"""The CUDA devices as the driver reports them, through libcuda and ctypes.
+
+Asking torch costs a process about two seconds (importing torch, then CUDA's
+runtime); the driver answers in milliseconds and creates no context. Every
+worker of a search asks before it starts its GPU process, so this is what
+they use. CUDA_VISIBLE_DEVICES applies as it does to torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Optional
+
+_SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute values
+
+
+class DriverError(Exception):
+    """The driver library is there but a call failed (no device, driver/library mismatch)."""
+
+
+@dataclass(frozen=True)
+class DriverDevice:
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    total_memory_bytes: int
+    uuid: str
+
+
+def _library() -> Optional[Any]:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def _check(result: int, call: str) -> None:
+    if result != 0:
+        raise DriverError(f"{call} failed with CUDA error {result}")
+
+
+def driver_devices() -> Optional[list[DriverDevice]]:
+    """The visible CUDA devices; None when there is no CUDA driver library on this machine.
+    DriverError when the library is there but cannot serve (e.g. cuInit fails: no usable device)."""
+    lib = _library()
+    if lib is None:
+        return None
+    _check(lib.cuInit(0), "cuInit")
+    count = ctypes.c_int(0)
+    _check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    return [_device(lib, index) for index in range(count.value)]
+
+
+def _device(lib: Any, index: int) -> DriverDevice:
+    handle = ctypes.c_int(0)
+    _check(lib.cuDeviceGet(ctypes.byref(handle), index), "cuDeviceGet")
+    name = ctypes.create_string_buffer(256)
+    _check(lib.cuDeviceGetName(name, len(name), handle), "cuDeviceGetName")
+
+    def attribute(which: int) -> int:
+        value = ctypes.c_int(0)
+        _check(lib.cuDeviceGetAttribute(ctypes.byref(value), which, handle), "cuDeviceGetAttribute")
+        return value.value
+
+    memory = ctypes.c_size_t(0)
+    _check(lib.cuDeviceTotalMem_v2(ctypes.byref(memory), handle), "cuDeviceTotalMem")
+    raw = (ctypes.c_ubyte * 16)()
+    _check(lib.cuDeviceGetUuid(raw, handle), "cuDeviceGetUuid")
+    hexed = bytes(raw).hex()
+    uuid = f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
+    return DriverDevice(index, name.value.decode(errors="replace"), (attribute(_CC_MAJOR), attribute(_CC_MINOR)),
+                        attribute(_SM_COUNT), int(memory.value), uuid)
