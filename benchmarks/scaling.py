@@ -6,8 +6,8 @@ own phase breakdown (its `time:` line) and the confirmed winners.
 
     python benchmarks/scaling.py --out DIR [--devices 4] [--trials 100] [--skip-scaling] [--skip-agreement]
 
-Agreement: two searches of one problem in separate processes on two cards,
-fresh stores, different seeds; then, in one process on card 0, both confirmed
+Agreement: two searches of one problem in separate processes (on two cards
+side by side, or one after the other on one card), fresh stores, different seeds; then, in one process on card 0, both confirmed
 winners and the 20 fastest stored variants of the first store re-timed in
 interleaved rounds against SDPA (benchmarks/ab_ratio.py).
 """
@@ -97,11 +97,16 @@ def main() -> None:
                 results["scaling"].append(row)
                 print(json.dumps(row), flush=True)
                 save()
-    if not args.skip_agreement and args.devices >= 2:
+    if not args.skip_agreement:
         a, b = work / "agree_a.db", work / "agree_b.db"
-        procs = [subprocess.Popen([sys.executable, __file__, "--out", str(work / tag), "--one", str(db), str(dev),
-                                   str(seed), str(args.trials)]) for tag, db, dev, seed in
-                 (("a", a, args.devices - 2, 11), ("b", b, args.devices - 1, 22))]
+        # Two cards: side by side on the last two; one card: one after the other on it.
+        plan = (("a", a, max(args.devices - 2, 0), 11), ("b", b, args.devices - 1, 22))
+        procs = []
+        for tag, db, dev, seed in plan:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--out", str(work / tag), "--one", str(db),
+                                           str(dev), str(seed), str(args.trials)]))
+            if args.devices == 1:
+                procs[-1].wait()
         for proc in procs:
             proc.wait()
         winners = [confirmed(a), confirmed(b)]
