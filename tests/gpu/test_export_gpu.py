@@ -193,7 +193,7 @@ def test_jit_from_source_runs(package) -> None:
 
 def test_side_stream_work_is_ordered_with_the_kernel(package) -> None:
     """Inputs produced on a torch side stream right before the call must be seen by the kernel
-    (PyCUDA launches on the legacy default stream, which torch's streams do not wait for)."""
+    (it launches on torch's current stream, whichever that is)."""
     import torch
 
     mod, manifest = package
@@ -214,3 +214,49 @@ def test_side_stream_work_is_ordered_with_the_kernel(package) -> None:
         result = out.float()
     torch.cuda.synchronize()
     assert relative_error(result, ref) < TOLERANCE[p.dtype]
+
+
+def test_a_cuda_graph_captures_the_call_and_replays_it_on_new_inputs(package) -> None:
+    """Serving stacks capture their step in a CUDA graph: capture must not be invalidated (no launch on
+    the legacy stream, no synchronisation), and a replay after new values are copied into the captured
+    inputs must compute on those values (the TMA maps hold the addresses, which stay the same)."""
+    import torch
+
+    mod, manifest = package
+    entry = next(e for e in manifest["entries"] if e["dispatch"] and not e["problem"]["causal"])
+    p = Problem(**entry["problem"])
+    q, k, v = make_inputs(p, seed=1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: kernel loaded, layout checked and maps made before the capture
+            mod.attention(q, k, v, causal=p.causal)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = mod.attention(q, k, v, causal=p.causal)
+    for seed in (2, 3):
+        q2, k2, v2 = make_inputs(p, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, reference(q2, k2, v2, p.causal)[0]) < TOLERANCE[p.dtype], seed
+
+
+def test_torch_compile_reduce_overhead_runs_the_kernel_in_cuda_graphs(package) -> None:
+    import torch
+
+    mod, manifest = package
+    entry = next(e for e in manifest["entries"] if e["dispatch"] and not e["problem"]["causal"])
+    p = Problem(**entry["problem"])
+
+    def step(q, k, v):
+        return mod.attention(q, k, v, causal=p.causal) * 2.0
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for seed in (1, 2, 3, 4):  # the first calls record, later ones replay the graph
+            q, k, v = make_inputs(p, seed=seed)
+            got = compiled(q, k, v).clone()
+            torch.cuda.synchronize()
+            assert relative_error(got / 2.0, reference(q, k, v, p.causal)[0]) < TOLERANCE[p.dtype], seed

@@ -1,9 +1,12 @@
-"""Launch a compiled attention kernel on torch tensors through PyCUDA.
+"""Launch a compiled attention kernel on torch tensors, on torch's current stream.
 
 Standalone on purpose: this file imports nothing from `tuner`, so that an
 exported kernel package (tuner export) ships it verbatim and needs only
 torch, numpy and pycuda at run time. PyCUDA is bound to torch's primary
-context, so kernels read and write torch tensors directly.
+context, so kernels read and write torch tensors directly; the cubin is
+loaded and launched through the CUDA driver API (ctypes), on the stream
+torch is using, so launches order with the caller's work and CUDA graphs
+capture them.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class LaunchShape:
 
 @lru_cache(maxsize=1)
 def _libcuda() -> Any:
-    """The CUDA driver library, opened once, for the TMA entry points PyCUDA does not wrap."""
+    """The CUDA driver library, opened once: TMA maps and launches on torch's stream (PyCUDA wraps neither)."""
     import ctypes
 
     try:
@@ -216,37 +219,87 @@ def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
     return value
 
 
+class _DriverKernel:
+    """One kernel of a cubin, loaded and launched through the CUDA driver API (ctypes).
+
+    PyCUDA launches only on streams it created; a kernel must run on torch's current
+    stream, so that it is ordered with the caller's work on any stream and can be
+    captured in a CUDA graph (a launch on the legacy stream invalidates a capture).
+    """
+
+    _MAX_DYNAMIC_SMEM, _NUM_REGS = 8, 4  # CUfunction_attribute values
+
+    def __init__(self, cubin: bytes, entry: str, smem_bytes: int) -> None:
+        import ctypes
+
+        lib = self._lib = _libcuda()
+        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self._ctypes, self._module, self._fn = ctypes, ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(lib.cuModuleLoadData(ctypes.byref(self._module), cubin), "cuModuleLoadData")
+        self._check(lib.cuModuleGetFunction(ctypes.byref(self._fn), self._module, entry.encode()), "cuModuleGetFunction")
+        if smem_bytes > _DEFAULT_SMEM_LIMIT:
+            self._check(lib.cuFuncSetAttribute(self._fn, self._MAX_DYNAMIC_SMEM, smem_bytes), "cuFuncSetAttribute")
+        regs = ctypes.c_int(0)
+        self._check(lib.cuFuncGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn), "cuFuncGetAttribute")
+        self.registers = regs.value
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes, smem_bytes: int,
+               stream: int) -> None:
+        """Launch with the packed parameter buffer `params` on the CUstream `stream`."""
+        ct = self._ctypes
+        size = ct.c_size_t(len(params))
+        # CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
+        extra = (ct.c_void_p * 5)(1, ct.cast(params, ct.c_void_p), 2, ct.addressof(size), 0)
+        result = self._lib.cuLaunchKernel(self._fn, *grid, *block, smem_bytes, stream, None, ct.cast(extra, ct.c_void_p))
+        self._check(result, "cuLaunchKernel")
+
+    def _check(self, result: int, call: str) -> None:
+        if result:
+            name = self._ctypes.c_char_p()
+            self._lib.cuGetErrorName(result, self._ctypes.byref(name))
+            raise RuntimeError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({result})")
+
+    def __del__(self) -> None:
+        module = getattr(self, "_module", None)
+        if module is not None and module.value and "ctx" in _bound:  # not once the context is released at exit
+            self._lib.cuModuleUnload(module)
+
+
+def _stream_getter() -> Any:
+    """The handle of torch's current stream on a device: torch's raw getter (no Stream object, ~7 us
+    cheaper per call), else the public one."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return (lambda device: int(raw(device))) if raw is not None else \
+        (lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
 class AttentionKernel:
-    """A compiled attention variant, loaded and ready to launch on torch tensors."""
+    """A compiled attention variant, loaded and ready to launch on torch tensors (on torch's current stream)."""
 
     def __init__(self, cubin: bytes, entry: str, shape: LaunchShape, device: int = 0) -> None:
         drv = bind_torch_context(device)
         self.entry = entry
         self.shape = shape
-        self._module = drv.module_from_buffer(cubin)
-        self._fn = self._module.get_function(entry)
-        if shape.smem_bytes > _DEFAULT_SMEM_LIMIT:
-            self._fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem_bytes)
+        self._device = device
+        self._kernel = _DriverKernel(cubin, entry, shape.smem_bytes)
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
         self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
         self._fits: dict[tuple, tuple[bool, Any]] = {}  # per input layout: (passes the checks, TMA maps)
-        self._fn.prepare(self._format)
-        self.registers = self._fn.get_attribute(drv.function_attribute.NUM_REGS)
+        self.registers = self._kernel.registers
         self._block = (shape.threads, 1, 1)
         self._sm_count = drv.Device(device).get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
-        # prepared_call's Python wrapper (block-shape setter, an import and
-        # kwargs handling per call) costs a few microseconds; where PyCUDA has
-        # the underlying launcher, pack the prepared format and call it directly.
-        from pycuda._pvt_struct import pack
+        from pycuda._pvt_struct import pack  # C struct packing of the kernel's parameters
 
         self._pack = pack
-        self._launch_kernel = getattr(self._fn, "_launch_kernel", None)
+        self._stream = _stream_getter()
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                  check: bool = True) -> None:
-        """Launch on the legacy default stream. Tensors are logical [B, H, S, D] with any strides."""
+        """Launch on torch's current stream. Tensors are logical [B, H, S, D] with any strides."""
         if check:
             check_attention_tensors(q, k, v, out, lse)
         self.launch_unchecked(q, k, v, out, lse, scale)
@@ -327,10 +380,8 @@ class AttentionKernel:
         else:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
-        if self._launch_kernel is not None:
-            self._launch_kernel(grid, self._block, self._pack(self._format, *args), shape.smem_bytes, None)
-        else:
-            self._fn.prepared_call(grid, self._block, *args, shared_size=shape.smem_bytes)
+        self._kernel.launch(grid, self._block, self._pack(self._format, *args), shape.smem_bytes,
+                            self._stream(self._device))
 
     def _map_inputs(self, q: Any, k: Any, v: Any) -> tuple[tuple[str, Any, int], ...]:
         """(name, tensor, box rows) of each input read through a tensor map."""

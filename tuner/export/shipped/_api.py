@@ -2,8 +2,9 @@
 
 Copied verbatim into every package written by `tuner export`.
 Eager calls take the fast path: one dict lookup on a cheap tuple, a few
-attribute checks (the layout's are remembered by the kernel) and PyCUDA's
-packed launch. Under torch.compile the call
+attribute checks (the layout's are remembered by the kernel) and one driver
+launch on torch's current stream, so calls order with the caller's streams and
+CUDA graphs capture them. Under torch.compile the call
 goes through the registered custom op (with a fake implementation), so the
 graph traces; the op's real implementation is the same eager path.
 """
@@ -50,48 +51,9 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             out = torch.empty_like(q)
-            if _launch_in_order(hit[1], q, k, v, out, scale):  # the kernel checks the rest (layout cached)
+            if hit[1](q, k, v, out, None, scale):  # the kernel checks the rest (layout cached); torch's stream
                 return out
     return _slow(q, k, v, causal, scale, fallback)
-
-
-# torch.cuda.current_stream() builds a Stream object (~7 us on an H200 host);
-# the raw handle is what the check needs.
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _current_stream_handle(device: int) -> int:
-    if _RAW_STREAM is not None:
-        return int(_RAW_STREAM(device))
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-_DEFAULT_HANDLES: dict[int, int] = {}
-
-
-def _default_stream_handle(device: int) -> int:
-    """torch's default stream on `device` (the legacy stream 0, or per-thread 2 in some builds)."""
-    handle = _DEFAULT_HANDLES.get(device)
-    if handle is None:
-        handle = _DEFAULT_HANDLES[device] = torch.cuda.default_stream(device).cuda_stream
-    return handle
-
-
-def _launch_in_order(launch: Callable[..., Optional[bool]], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, scale: Optional[float]) -> Optional[bool]:
-    """Launch (on the legacy default stream, where PyCUDA launches) ordered after and before
-    the work of torch's current stream: torch's default stream synchronises with it, side
-    streams (created non-blocking) do not, so for those the order is made explicit.
-    Returns what `launch` returns."""
-    device = q.get_device()
-    if _current_stream_handle(device) == _default_stream_handle(device):  # the common case, checked cheaply
-        return launch(q, k, v, out, None, scale)
-    current = torch.cuda.current_stream(q.device)
-    default = torch.cuda.default_stream(q.device)
-    default.wait_stream(current)  # inputs written on the side stream are visible to the kernel
-    launched = launch(q, k, v, out, None, scale)
-    current.wait_stream(default)  # later work (and frees) on the side stream come after it
-    return launched
 
 
 def _check_structure(q: Any, k: Any, v: Any) -> None:
@@ -121,7 +83,7 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
     if q.numel() == 0:
         return torch.empty_like(q)
     out = torch.empty_like(q)
-    _launch_in_order(launch, q, k, v, out, scale)
+    launch(q, k, v, out, None, scale)
     return out
 
 
