@@ -29,6 +29,7 @@ _RUNTIME_FILES = (
     ("export/shipped/_dispatch.py", "_dispatch.py"),
     ("export/shipped/_kernels.py", "_kernels.py"),
     ("runtime/launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
+    ("runtime/_cuda_api.py", "_cuda_api.py"),
 )
 # What a manifest.json written by this module always holds: how --force tells an earlier export from user files.
 _PROVENANCE_KEYS = ("format", "package", "version", "tuner_version", "exported_at", "gpu", "kernels", "entries")

@@ -14,23 +14,23 @@ from __future__ import annotations
 import atexit
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
+
+from ._cuda_api import (  # noqa: F401 - the errors are this module's API too
+    AttentionInputError,
+    DriverKernel,
+    GpuUnavailableError,
+    TensorMapEncoder,
+    _bound,
+    _libcuda,
+    stream_getter,
+)
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 # TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
 # address (the map's first 8 bytes) and the other 120 bytes; heads, batch last.
 TMA_ARG_FORMAT = "Q120s" * 3 + ARG_FORMAT + "ii"
-_DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
-_bound: dict[str, Any] = {}
 
-
-class AttentionInputError(ValueError):
-    """Tensors a kernel cannot take; the message names the limit."""
-
-
-class GpuUnavailableError(RuntimeError):
-    """No CUDA GPU visible to torch, or pycuda missing."""
 
 
 def bind_torch_context(device: int = 0) -> Any:
@@ -76,75 +76,6 @@ class LaunchShape:
     tma_kv_rows: int = 0  # rows of a K/V box
     tma_q_rows: int = 0  # rows of a Q box (0: block_m)
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
-
-
-@lru_cache(maxsize=1)
-def _libcuda() -> Any:
-    """The CUDA driver library, opened once: TMA maps and launches on torch's stream (PyCUDA wraps neither)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise GpuUnavailableError(f"cannot open the CUDA driver library libcuda.so.1: {exc}") from None
-
-
-class TensorMapEncoder:
-    """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors.
-
-    A map encodes the tensor's address, extents and strides as 4-D (D, S, H, B),
-    so BHSD, BSHD and GQA need no copy and rows past S read as zeros. Encoding
-    is a driver call (about 9 us from Python, three per launch); the address
-    is the map's first 8 bytes, so AttentionKernel keeps one map per layout
-    and writes each call's addresses into it (`address_free`).
-    """
-
-    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
-    _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
-    _L2_PROMOTION_128B = 2
-    CACHE_LIMIT = 256  # cached input layouts per kernel
-
-    def __init__(self) -> None:
-        import ctypes
-
-        try:
-            self._fn = _libcuda().cuTensorMapEncodeTiled
-        except AttributeError as exc:
-            raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
-        self._fn.restype = ctypes.c_int
-        self._ctypes = ctypes
-
-    def encode(self, name: str, t: Any, rows: int, swizzle: int, address: int | None = None) -> bytes:
-        """The map of tensor t (at `address` instead of t's own, if given)."""
-        ct = self._ctypes
-        b, h, s, d = t.shape
-        esize = t.element_size()
-        dims = [d, s, h, b]
-        strides = [t.stride(2) * esize, t.stride(1) * esize, t.stride(0) * esize]
-        for i in range(3):  # an extent-1 dim may have any stride (even 0); give it a valid one
-            if dims[i + 1] == 1:
-                strides[i] = (strides[i - 1] if i else esize) * dims[i]
-        buf = (ct.c_ubyte * 192)()
-        offset = -ct.addressof(buf) % 64  # CUtensorMap is 64-byte aligned
-        rc = self._fn(ct.c_void_p(ct.addressof(buf) + offset), ct.c_int(self._DTYPES[str(t.dtype)]), ct.c_uint32(4),
-                      ct.c_void_p(t.data_ptr() if address is None else address), (ct.c_uint64 * 4)(*dims), (ct.c_uint64 * 3)(*strides),
-                      (ct.c_uint32 * 4)(swizzle // esize, rows, 1, 1), (ct.c_uint32 * 4)(1, 1, 1, 1),
-                      ct.c_int(0), ct.c_int(self._SWIZZLES[swizzle]), ct.c_int(self._L2_PROMOTION_128B), ct.c_int(0))
-        if rc != 0:
-            raise AttentionInputError(f"{name}: TMA cannot address this tensor (cuTensorMapEncodeTiled error {rc}; "
-                                      f"extents (D, S, H, B) {tuple(dims)}, byte strides {tuple(strides)}): strides "
-                                      f"must be positive multiples of 16 bytes")
-        return bytes(buf[offset:offset + 128])
-
-    def address_free(self, name: str, t: Any, rows: int, swizzle: int) -> bytes | None:
-        """t's map without its address (the last 120 bytes), valid for t's layout at any address;
-        None where this driver's maps do not hold the address, alone, in their first 8 bytes."""
-        here = t.data_ptr()
-        maps = [self.encode(name, t, rows, swizzle, address) for address in (here, here + 4096)]
-        for address, m in zip((here, here + 4096), maps):
-            if int.from_bytes(m[:8], "little") != address:
-                return None
-        return maps[0][8:] if maps[0][8:] == maps[1][8:] else None
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -219,62 +150,6 @@ def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
     return value
 
 
-class _DriverKernel:
-    """One kernel of a cubin, loaded and launched through the CUDA driver API (ctypes).
-
-    PyCUDA launches only on streams it created; a kernel must run on torch's current
-    stream, so that it is ordered with the caller's work on any stream and can be
-    captured in a CUDA graph (a launch on the legacy stream invalidates a capture).
-    """
-
-    _MAX_DYNAMIC_SMEM, _NUM_REGS = 8, 4  # CUfunction_attribute values
-
-    def __init__(self, cubin: bytes, entry: str, smem_bytes: int) -> None:
-        import ctypes
-
-        lib = self._lib = _libcuda()
-        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        self._ctypes, self._module, self._fn = ctypes, ctypes.c_void_p(), ctypes.c_void_p()
-        self._check(lib.cuModuleLoadData(ctypes.byref(self._module), cubin), "cuModuleLoadData")
-        self._check(lib.cuModuleGetFunction(ctypes.byref(self._fn), self._module, entry.encode()), "cuModuleGetFunction")
-        if smem_bytes > _DEFAULT_SMEM_LIMIT:
-            self._check(lib.cuFuncSetAttribute(self._fn, self._MAX_DYNAMIC_SMEM, smem_bytes), "cuFuncSetAttribute")
-        regs = ctypes.c_int(0)
-        self._check(lib.cuFuncGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn), "cuFuncGetAttribute")
-        self.registers = regs.value
-
-    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes, smem_bytes: int,
-               stream: int) -> None:
-        """Launch with the packed parameter buffer `params` on the CUstream `stream`."""
-        ct = self._ctypes
-        size = ct.c_size_t(len(params))
-        # CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
-        extra = (ct.c_void_p * 5)(1, ct.cast(params, ct.c_void_p), 2, ct.addressof(size), 0)
-        result = self._lib.cuLaunchKernel(self._fn, *grid, *block, smem_bytes, stream, None, ct.cast(extra, ct.c_void_p))
-        self._check(result, "cuLaunchKernel")
-
-    def _check(self, result: int, call: str) -> None:
-        if result:
-            name = self._ctypes.c_char_p()
-            self._lib.cuGetErrorName(result, self._ctypes.byref(name))
-            raise RuntimeError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({result})")
-
-    def __del__(self) -> None:
-        module = getattr(self, "_module", None)
-        if module is not None and module.value and "ctx" in _bound:  # not once the context is released at exit
-            self._lib.cuModuleUnload(module)
-
-
-def _stream_getter() -> Any:
-    """The handle of torch's current stream on a device: torch's raw getter (no Stream object, ~7 us
-    cheaper per call), else the public one."""
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return (lambda device: int(raw(device))) if raw is not None else \
-        (lambda device: torch.cuda.current_stream(device).cuda_stream)
-
-
 class AttentionKernel:
     """A compiled attention variant, loaded and ready to launch on torch tensors (on torch's current stream)."""
 
@@ -283,8 +158,8 @@ class AttentionKernel:
         self.entry = entry
         self.shape = shape
         self._device = device
-        self._kernel = _DriverKernel(cubin, entry, shape.smem_bytes)
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
+        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format)
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
         self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
@@ -292,10 +167,7 @@ class AttentionKernel:
         self.registers = self._kernel.registers
         self._block = (shape.threads, 1, 1)
         self._sm_count = drv.Device(device).get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
-        from pycuda._pvt_struct import pack  # C struct packing of the kernel's parameters
-
-        self._pack = pack
-        self._stream = _stream_getter()
+        self._stream = stream_getter()
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                  check: bool = True) -> None:
@@ -380,8 +252,7 @@ class AttentionKernel:
         else:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
-        self._kernel.launch(grid, self._block, self._pack(self._format, *args), shape.smem_bytes,
-                            self._stream(self._device))
+        self._kernel.launch(grid, self._block, args, shape.smem_bytes, self._stream(self._device))
 
     def _map_inputs(self, q: Any, k: Any, v: Any) -> tuple[tuple[str, Any, int], ...]:
         """(name, tensor, box rows) of each input read through a tensor map."""

@@ -1,0 +1,161 @@
+"""The CUDA driver API through ctypes, for what PyCUDA does not wrap: TMA tensor maps, and launches
+on a stream PyCUDA did not create (torch's current stream).
+
+Shipped verbatim next to the launcher in every export (as _cuda_api.py); imports nothing from `tuner`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
+_bound: dict[str, Any] = {}  # the PyCUDA driver and torch's primary context, once bound (launcher.bind_torch_context)
+
+
+class AttentionInputError(ValueError):
+    """Tensors a kernel cannot take; the message names the limit."""
+
+
+class GpuUnavailableError(RuntimeError):
+    """No CUDA GPU visible to torch, or pycuda missing."""
+
+
+@lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    """The CUDA driver library, opened once: TMA maps and launches on torch's stream (PyCUDA wraps neither)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise GpuUnavailableError(f"cannot open the CUDA driver library libcuda.so.1: {exc}") from None
+
+
+class TensorMapEncoder:
+    """TMA tensor maps (cuTensorMapEncodeTiled) of [B, H, S, D] tensors.
+
+    A map encodes the tensor's address, extents and strides as 4-D (D, S, H, B),
+    so BHSD, BSHD and GQA need no copy and rows past S read as zeros. Encoding
+    is a driver call (about 9 us from Python, three per launch); the address
+    is the map's first 8 bytes, so AttentionKernel keeps one map per layout
+    and writes each call's addresses into it (`address_free`).
+    """
+
+    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
+    _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
+    _L2_PROMOTION_128B = 2
+    CACHE_LIMIT = 256  # cached input layouts per kernel
+
+    def __init__(self) -> None:
+        import ctypes
+
+        try:
+            self._fn = _libcuda().cuTensorMapEncodeTiled
+        except AttributeError as exc:
+            raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
+        self._fn.restype = ctypes.c_int
+        self._ctypes = ctypes
+
+    def encode(self, name: str, t: Any, rows: int, swizzle: int, address: int | None = None) -> bytes:
+        """The map of tensor t (at `address` instead of t's own, if given)."""
+        ct = self._ctypes
+        b, h, s, d = t.shape
+        esize = t.element_size()
+        dims = [d, s, h, b]
+        strides = [t.stride(2) * esize, t.stride(1) * esize, t.stride(0) * esize]
+        for i in range(3):  # an extent-1 dim may have any stride (even 0); give it a valid one
+            if dims[i + 1] == 1:
+                strides[i] = (strides[i - 1] if i else esize) * dims[i]
+        buf = (ct.c_ubyte * 192)()
+        offset = -ct.addressof(buf) % 64  # CUtensorMap is 64-byte aligned
+        rc = self._fn(ct.c_void_p(ct.addressof(buf) + offset), ct.c_int(self._DTYPES[str(t.dtype)]), ct.c_uint32(4),
+                      ct.c_void_p(t.data_ptr() if address is None else address), (ct.c_uint64 * 4)(*dims), (ct.c_uint64 * 3)(*strides),
+                      (ct.c_uint32 * 4)(swizzle // esize, rows, 1, 1), (ct.c_uint32 * 4)(1, 1, 1, 1),
+                      ct.c_int(0), ct.c_int(self._SWIZZLES[swizzle]), ct.c_int(self._L2_PROMOTION_128B), ct.c_int(0))
+        if rc != 0:
+            raise AttentionInputError(f"{name}: TMA cannot address this tensor (cuTensorMapEncodeTiled error {rc}; "
+                                      f"extents (D, S, H, B) {tuple(dims)}, byte strides {tuple(strides)}): strides "
+                                      f"must be positive multiples of 16 bytes")
+        return bytes(buf[offset:offset + 128])
+
+    def address_free(self, name: str, t: Any, rows: int, swizzle: int) -> bytes | None:
+        """t's map without its address (the last 120 bytes), valid for t's layout at any address;
+        None where this driver's maps do not hold the address, alone, in their first 8 bytes."""
+        here = t.data_ptr()
+        maps = [self.encode(name, t, rows, swizzle, address) for address in (here, here + 4096)]
+        for address, m in zip((here, here + 4096), maps):
+            if int.from_bytes(m[:8], "little") != address:
+                return None
+        return maps[0][8:] if maps[0][8:] == maps[1][8:] else None
+
+
+class DriverKernel:
+    """One kernel of a cubin, loaded and launched through the CUDA driver API (ctypes).
+
+    PyCUDA launches only on streams it created; a kernel must run on torch's current
+    stream, so that it is ordered with the caller's work on any stream and can be
+    captured in a CUDA graph (a launch on the legacy stream invalidates a capture).
+    """
+
+    _MAX_DYNAMIC_SMEM, _NUM_REGS = 8, 4  # CUfunction_attribute values
+
+    def __init__(self, cubin: bytes, entry: str, smem_bytes: int, param_format: str) -> None:
+        import ctypes
+        import threading
+
+        from pycuda._pvt_struct import Struct  # C struct packing of the kernel's parameters
+
+        lib = self._lib = _libcuda()
+        self._ctypes, self._module, self._fn = ctypes, ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(lib.cuModuleLoadData(ctypes.byref(self._module), cubin), "cuModuleLoadData")
+        self._check(lib.cuModuleGetFunction(ctypes.byref(self._fn), self._module, entry.encode()), "cuModuleGetFunction")
+        if smem_bytes > _DEFAULT_SMEM_LIMIT:
+            self._check(lib.cuFuncSetAttribute(self._fn, self._MAX_DYNAMIC_SMEM, smem_bytes), "cuFuncSetAttribute")
+        regs = ctypes.c_int(0)
+        self._check(lib.cuFuncGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn), "cuFuncGetAttribute")
+        self.registers = regs.value
+        # One parameter buffer per kernel, packed in place each launch (the driver copies it at the
+        # launch, or into the graph node at a capture); the lock keeps two threads' launches apart.
+        self._struct = Struct(param_format)
+        self._params = ctypes.create_string_buffer(self._struct.size)
+        self._size = ctypes.c_size_t(self._struct.size)
+        # CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
+        self._extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._params), 2, ctypes.addressof(self._size), 0)
+        self._extra_ptr = ctypes.cast(self._extra, ctypes.c_void_p)
+        self._lock = threading.Lock()
+        self._launch = lib.cuLaunchKernel
+        self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple, smem_bytes: int,
+               stream: int) -> None:
+        """Launch with `args` (packed by the parameter format) on the CUstream `stream`."""
+        with self._lock:
+            self._struct.pack_into(self._params, 0, *args)
+            result = self._launch(self._fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem_bytes,
+                                  stream, None, self._extra_ptr)
+        if result:
+            self._check(result, "cuLaunchKernel")
+
+    def _check(self, result: int, call: str) -> None:
+        if result:
+            name = self._ctypes.c_char_p()
+            self._lib.cuGetErrorName(result, self._ctypes.byref(name))
+            raise RuntimeError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({result})")
+
+    def __del__(self) -> None:
+        module = getattr(self, "_module", None)
+        if module is not None and module.value and "ctx" in _bound:  # not once the context is released at exit
+            self._lib.cuModuleUnload(module)
+
+
+def stream_getter() -> Any:
+    """The handle of torch's current stream on a device: torch's raw getter (no Stream object, ~7 us
+    cheaper per call), else the public one."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return (lambda device: int(raw(device))) if raw is not None else \
+        (lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
