@@ -9,6 +9,7 @@ import os
 import pytest
 
 from tests.cli_helpers import run_tuner
+from tuner.backends.replay import NOT_RECORDED
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import check
 from tuner.kernels.variant import Variant
@@ -48,14 +49,18 @@ def test_trials_to_within_x_percent_match_an_independent_search(replay_recording
         all_rows = store.query_trials(TrialFilter())
     rows = [r for r in all_rows if r.status is TrialStatus.OK]
     ok_in_order = sorted(rows, key=lambda r: r.trial_number)
-    # Infeasible points are not budgeted trials: a trial's position skips them.
+    # Infeasible points, and points the recording never measured, are not budgeted trials: a trial's
+    # position skips them.
     profile = load_profile(replay_recording.profile)
     infeasible = [r.trial_number for r in all_rows if r.status is TrialStatus.PRUNED
-                  and not check(Variant.from_stored(r.template, r.params), r.problem, profile)]
+                  and (r.error == NOT_RECORDED or not check(Variant.from_stored(r.template, r.params), r.problem,
+                                                            profile))]
     assert infeasible  # the recording's space has some: the skip is exercised
 
+    budgeted = sorted({r.trial_number for r in all_rows} - set(infeasible))  # repeats leave no row at all
+
     def position(row) -> int:
-        return row.trial_number + 1 - sum(1 for n in infeasible if n < row.trial_number)
+        return budgeted.index(row.trial_number) + 1
 
     (summary,) = result.summaries
     for pct in pcts:
@@ -176,3 +181,58 @@ def test_replay_eval_command_bad_out_is_a_one_line_error(replay_recording, tmp_p
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: cannot write to ") and out in errors[0]
     assert result.stderr.splitlines()[-1] == errors[0]
+
+
+def _noisy_copy(recording, tmp_path, spread: float = 0.08):
+    """The recording plus a second run timing every ok variant again, off by up to ±spread, and its
+    baselines again: two timings per variant, as benchmarks/record_grid.py writes them."""
+    import random
+    import shutil
+
+    from tuner.store import BaselineRecord, RunInfo, TrialRecord
+
+    path = tmp_path / "noisy.db"
+    shutil.copy(recording.url[len("sqlite:///"):], path)
+    url, rng = f"sqlite:///{path}", random.Random(3)
+    with open_store(url) as store:
+        rows = [r for r in store.query_trials(TrialFilter(status=TrialStatus.OK)) if r.problem == recording.problem]
+        run = store.start_run(RunInfo(gpu_name=recording.gpu_name, profile=recording.profile))
+        for b in store.baselines_for(rows[0].run_id, rows[0].problem_id):
+            store.add_baseline(BaselineRecord(run_id=run, problem=recording.problem, impl=b.impl,
+                                              median_us=b.median_us * 1.02, p20_us=b.median_us, p80_us=b.median_us))
+        for r in rows:
+            store.add_trial(TrialRecord(run_id=run, problem=r.problem, template=r.template, template_hash=r.template_hash,
+                                        params=r.params, variant_name=r.variant_name, status=TrialStatus.OK,
+                                        median_us=r.median_us * (1 + rng.uniform(-spread, spread))))
+    return url, {r.variant_name: r.median_us for r in rows}
+
+
+def test_a_noisy_recording_replays_draws_among_its_timings_and_scores_the_picks_by_their_true_time(
+        replay_recording, tmp_path):
+    from tuner.backends.replay import ReplayBackend
+    from tuner.reporting.replay_eval import replay_once
+
+    url, first = _noisy_copy(replay_recording, tmp_path)
+    rec = load_recording(url)
+    assert rec.timings == 2 and set(rec.true_us) == set(first)
+    with open_store(url, create=False) as store:
+        again = {r.variant_name: r.median_us for r in store.query_trials(TrialFilter(status=TrialStatus.OK))
+                 if r.run_id == max(rec.run_ids)}
+    name = rec.best_variant
+    assert rec.true_us[name] == pytest.approx((first[name] + again[name]) / 2) == rec.best_us
+    # The backend answers with one of the two timings, drawn (seeded), so both come up.
+    backend = ReplayBackend(url, load_profile(rec.profile), seed=0)
+    variant = Variant.from_stored(rec.template, next(r.params for r in _ok_rows(url) if r.variant_name == name))
+    drawn = {backend.measure(rec.problem, variant, None).median_us for _ in range(40)}
+    assert drawn == {first[name], again[name]}
+    rounds = backend.confirm(rec.problem, [variant], [None], 9).rounds[name]
+    assert set(rounds) <= {first[name], again[name]} and len(rounds) == 9
+    # A replayed search scores its pick by the true time: regret >= 0, in % above the recorded best.
+    run = replay_once(rec, "tpe", 0, 30)
+    assert run.regret_pct is not None and run.regret_pct >= 0 and run.confirmed_regret_pct >= 0
+    assert min(v for v in run.best_so_far if v is not None) >= rec.best_us  # true times, never below the best
+
+
+def _ok_rows(url):
+    with open_store(url, create=False) as store:
+        return store.query_trials(TrialFilter(status=TrialStatus.OK))

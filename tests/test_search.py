@@ -215,7 +215,9 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
     run_search(options(rec, sqlite_url, shapes=(shape_arg(near),), trials=3),
                hooks=with_backend(CountingBackend(rec)))
     study = optuna.load_study(study_name=study_name(rec.profile, "attn_fwd_mma", near), storage=storage_for(sqlite_url))
-    assert [t.params for t in sorted(study.trials, key=lambda t: t.number)] == top[:3]
+    # (The recording does not hold the near problem: its points are not measurable there, so free, and the
+    # search stops after MAX_UNMEASURABLE_STREAK of them in a row.)
+    assert [t.params for t in sorted(study.trials, key=lambda t: t.number)][:3] == top[:3]
 
 
 def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url):

@@ -15,6 +15,8 @@ which is neither a measurement nor a failure of the kernel.
 from __future__ import annotations
 
 import os
+import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -48,36 +50,43 @@ class _Recorded:
 VariantKey = tuple[Problem, str, str]  # (problem, template, canonical JSON of the params)
 
 
-def newest_measurements(rows: Iterable[TrialRow]) -> dict[VariantKey, TrialRow]:
-    """The newest replayable row of each variant, from rows in query_trials order (newest first).
+def recorded_measurements(rows: Iterable[TrialRow]) -> dict[VariantKey, list[TrialRow]]:
+    """Every replayable row of each variant, from rows in query_trials order (newest first).
 
-    A variant measured twice replays as its last measurement (the backend and replay-eval agree on this).
+    A recording may time a variant several times (benchmarks/record_grid.py does, to keep the
+    noise of a real search): the backend draws one of them per measurement, as a GPU would give
+    one of its spread of timings, and replay-eval takes their median as the variant's true time.
     """
-    newest: dict[VariantKey, TrialRow] = {}
+    found: dict[VariantKey, list[TrialRow]] = {}
     for row in rows:
         if row.status in REPLAYED_STATUSES:
-            newest.setdefault((row.problem, row.template, canonical_json(row.params)), row)
-    return newest
+            found.setdefault((row.problem, row.template, canonical_json(row.params)), []).append(row)
+    return found
 
 
 class ReplayBackend:
-    """Measurements looked up in another results store (read once, at construction)."""
+    """Measurements looked up in another results store (read once, at construction).
+
+    A variant (or baseline) recorded several times answers each measurement, and each confirm
+    round, with one of its recorded timings drawn at random (seeded); one recorded once always
+    answers the same."""
 
     needs_compile = False
 
     def __init__(self, url: str, profile: Optional[GpuProfile] = None, *, force: bool = False,
-                 delay_s: Optional[float] = None) -> None:
+                 delay_s: Optional[float] = None, seed: Optional[int] = None) -> None:
         self._problem_of: dict[int, Problem] = {}
+        self._rng = random.Random(seed)
         with open_store(url, create=False) as source:
             rows = source.query_trials(TrialFilter())
             self._facts, self._run_ids = self._pick_gpu(source.url, rows, profile, force)
-            self._trials: dict[tuple, _Recorded] = {}
-            self._baselines: dict[Problem, dict[str, BaselineMeasurement]] = {}
+            self._trials: dict[tuple, list[_Recorded]] = {}
+            self._baselines: dict[Problem, dict[str, list[BaselineMeasurement]]] = {}
             mine = [row for row in rows if row.run_id in self._run_ids]
             baseline_keys = {(row.run_id, row.problem_id) for row in mine}
-            for key, row in newest_measurements(mine).items():
-                self._trials[key] = _Recorded(row.status, row.median_us, row.p20_us, row.p80_us, row.rel_error,
-                                              row.error)
+            for key, found in recorded_measurements(mine).items():
+                self._trials[key] = [_Recorded(r.status, r.median_us, r.p20_us, r.p80_us, r.rel_error, r.error)
+                                     for r in found]
             for row in mine:
                 if row.status in REPLAYED_STATUSES:
                     self._problem_of[row.problem_id] = row.problem
@@ -86,9 +95,8 @@ class ReplayBackend:
                 if problem is None:
                     continue
                 for b in source.baselines_for(run_id, problem_id):
-                    self._baselines.setdefault(problem, {}).setdefault(
-                        b.impl, BaselineMeasurement(b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us)
-                    )
+                    self._baselines.setdefault(problem, {}).setdefault(b.impl, []).append(
+                        BaselineMeasurement(b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us))
         self.source_url = source.url
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0) if delay_s is None else delay_s
 
@@ -120,28 +128,36 @@ class ReplayBackend:
         return self._facts
 
     def baselines(self, problem: Problem) -> list[BaselineMeasurement]:
-        return sorted(self._baselines.get(problem, {}).values(), key=lambda b: b.median_us)
+        """Each baseline's median over its recorded timings (one per recorded run)."""
+        out = [samples[0] if len(samples) == 1 else BaselineMeasurement(
+                   impl, statistics.median(b.median_us for b in samples), statistics.median(b.p20_us for b in samples),
+                   statistics.median(b.p80_us for b in samples))
+               for impl, samples in self._baselines.get(problem, {}).items()]
+        return sorted(out, key=lambda b: b.median_us)
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: str = "") -> Measurement:
         if self._delay:
             time.sleep(self._delay)
-        found = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
-        if found is None:
+        samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
+        if not samples:
             return Measurement(status=TrialStatus.PRUNED, error=NOT_RECORDED)
+        found = self._rng.choice(samples)
         return Measurement(status=found.status, median_us=found.median_us, p20_us=found.p20_us, p80_us=found.p80_us,
                            rel_error=found.rel_error, error=found.error)
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int) -> ConfirmTimings:
-        """The recording's figures, the same in every round (it holds one timing per variant)."""
+        """Each round draws one recorded timing of each variant and baseline (with a single recorded
+        timing, the same in every round)."""
         times: dict[str, tuple[float, ...]] = {}
         for variant in variants:
-            found = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
-            if found is not None and found.status is TrialStatus.OK and found.median_us is not None:
-                times[variant.name] = (found.median_us,) * rounds
-        for b in self.baselines(problem):
-            times[b.impl] = (b.median_us,) * rounds
+            samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
+            ok = [r.median_us for r in samples if r.status is TrialStatus.OK and r.median_us is not None]
+            if ok:
+                times[variant.name] = tuple(self._rng.choice(ok) for _ in range(rounds))
+        for impl, samples in self._baselines.get(problem, {}).items():
+            times[impl] = tuple(self._rng.choice(samples).median_us for _ in range(rounds))
         return ConfirmTimings(times)
 
     def close(self) -> None:

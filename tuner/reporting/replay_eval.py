@@ -20,6 +20,7 @@ import io
 import math
 import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -29,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 from rich.console import Console
 
-from tuner.backends.replay import REPLAYED_STATUSES, is_synthetic_run, newest_measurements
+from tuner.backends.replay import NOT_RECORDED, REPLAYED_STATUSES, is_synthetic_run, recorded_measurements
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import check
 from tuner.kernels.variant import Variant
@@ -54,7 +55,8 @@ from tuner.store import TrialFilter, open_store
 def load_recording(url: str, shape: Optional[str] = None) -> GridRecording:
     """The recorded problem (the one with most replayable variants, or `shape`) and its best ok variant.
 
-    Like the replay backend, the newest measurement of a variant is the one that counts.
+    A variant's true time is the median of its recorded timings (one, or several where the recording
+    timed it repeatedly); the replay backend draws among them as a GPU's noise would.
     """
     with open_store(url, create=False) as store:
         shape_filter = TrialFilter(shape=parse_shape(shape) if shape is not None else None)
@@ -65,16 +67,19 @@ def load_recording(url: str, shape: Optional[str] = None) -> GridRecording:
         counts = Counter((r.problem, r.gpu_name) for r in replayable)
         (problem, gpu_name), _ = counts.most_common(1)[0]
         chosen = [r for r in replayable if r.problem == problem and r.gpu_name == gpu_name]
-        variants = newest_measurements(chosen)
-        ok = [r for r in variants.values() if r.status is TrialStatus.OK and r.median_us is not None]
-        if not ok:
+        variants = recorded_measurements(chosen)
+        true_us = {rows[0].variant_name: statistics.median(r.median_us for r in ok) for rows in variants.values()
+                   if (ok := [r for r in rows if r.status is TrialStatus.OK and r.median_us is not None])}
+        if not true_us:
             raise TunerError(f"the recording at {store.url} has no ok trial of {problem.label}")
-        best = min(ok, key=lambda r: (r.median_us, r.id))
-        synthetic = is_synthetic_run(store.trial_detail(best.id).run)
+        best_variant = min(true_us, key=lambda name: (true_us[name], name))
+        first = next(rows[0] for rows in variants.values() if rows[0].variant_name == best_variant)
+        synthetic = is_synthetic_run(store.trial_detail(first.id).run)
         return GridRecording(
-            url=url, problem=problem, template=best.template, profile=best.profile, gpu_name=gpu_name,
+            url=url, problem=problem, template=first.template, profile=first.profile, gpu_name=gpu_name,
             run_ids=tuple(sorted({r.run_id for r in chosen})), date=max(r.created_at for r in chosen).date().isoformat(),
-            variants=len(variants), best_us=float(best.median_us), best_variant=best.variant_name, synthetic=synthetic,
+            variants=len(variants), best_us=float(true_us[best_variant]), best_variant=best_variant,
+            synthetic=synthetic, true_us=true_us, timings=max(len(rows) for rows in variants.values()),
         )  # fmt: skip
 
 
@@ -99,29 +104,40 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) 
         report = run_search(options, console=Console(file=io.StringIO()))
         with open_store(db_url, create=False) as store:
             rows = store.query_trials(TrialFilter(study=report.studies[0]))
-    # Infeasible points and repeats of a point the study held cost nothing and are not budgeted trials
-    # (a repeat leaves no row): the curve has one step per budgeted trial.
-    by_number: dict[int, float] = {}
-    infeasible: set[int] = set()
+            confirmed = store.confirmed(p)
+    # Infeasible points, points the recording does not hold and repeats of a point the study held cost
+    # nothing and are not budgeted trials (a repeat leaves no row): the curve has one step per budgeted trial.
+    by_number: dict[int, tuple[float, str]] = {}
+    free: set[int] = set()
     profile = load_profile(recording.profile)
     for row in rows:
         if row.trial_number is None:
             continue
         if row.status is TrialStatus.OK and row.median_us is not None:
-            by_number[row.trial_number] = min(row.median_us, by_number.get(row.trial_number, math.inf))
-        elif row.status is TrialStatus.PRUNED and not check(Variant.from_stored(row.template, row.params),
-                                                             row.problem, profile):
-            infeasible.add(row.trial_number)
+            by_number[row.trial_number] = min((row.median_us, row.variant_name),
+                                              by_number.get(row.trial_number, (math.inf, "")))
+        elif row.status is TrialStatus.PRUNED and (row.error == NOT_RECORDED or not check(
+                Variant.from_stored(row.template, row.params), row.problem, profile)):
+            free.add(row.trial_number)
     stored = {row.trial_number for row in rows}
-    best: Optional[float] = None
+    seen: Optional[tuple[float, str]] = None  # the fastest measurement so far: (µs as measured, variant)
     curve: list[Optional[float]] = []
     for number in range(report.asked + report.infeasible + report.repeated):
-        if number in infeasible or number not in stored:
+        if number in free or number not in stored:
             continue
-        if number in by_number and (best is None or by_number[number] < best):
-            best = by_number[number]
-        curve.append(best)
-    return SeedRun(sampler, seed, tuple(curve), time.perf_counter() - start)
+        if number in by_number and (seen is None or by_number[number] < seen):
+            seen = by_number[number]
+        curve.append(None if seen is None else recording.true_us.get(seen[1], seen[0]))
+    return SeedRun(sampler, seed, tuple(curve), time.perf_counter() - start,
+                   regret_pct=_regret(recording, seen[1] if seen else None),
+                   confirmed_regret_pct=_regret(recording, confirmed.variant_name if confirmed else None))
+
+
+def _regret(recording: GridRecording, variant: Optional[str]) -> Optional[float]:
+    """How far the variant's true time is above the recorded best, in %."""
+    if variant is None or variant not in recording.true_us:
+        return None
+    return (recording.true_us[variant] / recording.best_us - 1) * 100
 
 
 def _replay_job(args: tuple[GridRecording, str, int, int]) -> SeedRun:

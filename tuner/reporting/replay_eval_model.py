@@ -42,9 +42,11 @@ class GridRecording:
     run_ids: tuple[int, ...]
     date: str  # of the newest recorded trial (UTC)
     variants: int  # replayable variants (ok or failed measurements)
-    best_us: float
+    best_us: float  # the best true time: a variant's true time is the median of its recorded timings
     best_variant: str
     synthetic: bool
+    true_us: dict[str, float] = field(default_factory=dict)  # variant name -> true time (ok variants)
+    timings: int = 1  # most timings recorded for one variant (1: a noiseless replay)
 
     @property
     def caption(self) -> str:
@@ -53,12 +55,16 @@ class GridRecording:
 
 @dataclass(frozen=True)
 class SeedRun:
-    """One replayed search: best-so-far µs after each trial (None before the first ok one)."""
+    """One replayed search: after each trial, the true time of the variant it had measured fastest so
+    far (None before the first ok one); and the regret of its pick, in % above the recorded best:
+    the in-search best's (no confirm stage), and the confirm stage's winner's."""
 
     sampler: str
     seed: int
     best_so_far: tuple[Optional[float], ...]
     seconds: float
+    regret_pct: Optional[float] = None
+    confirmed_regret_pct: Optional[float] = None
 
     def trials_to(self, target_us: float) -> Optional[int]:
         """1-based number of the first trial whose best-so-far is <= target_us, or None (not reached)."""
@@ -89,6 +95,12 @@ class SamplerSummary:
     @property
     def seconds(self) -> float:
         return statistics.mean(r.seconds for r in self.runs)
+
+    def median_regret(self, confirmed: bool) -> Optional[float]:
+        """Median over seeds of the picked variant's regret (%); None when no seed picked one."""
+        values = [r.confirmed_regret_pct if confirmed else r.regret_pct for r in self.runs]
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
 
     def final_gappct_text(self, best_us: float) -> float:
         """Median over seeds of how far the final best is above the recorded best (%)."""

@@ -17,6 +17,10 @@ from tuner.reporting.plots import plot_replay_eval
 from tuner.reporting.replay_eval_model import EvalResult, SamplerSummary, fmt_trials, pct_text
 
 
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}%"
+
+
 def _spread_text(s: SamplerSummary, pct: float, trials: int) -> str:
     low, high = s.spread(pct)
     return f"{fmt_trials(low, trials)}–{fmt_trials(high, trials)}"
@@ -27,7 +31,7 @@ def table_rows(result: EvalResult) -> tuple[list[str], list[list[str]]]:
     header = ["sampler"]
     for p in result.thresholds_pct:
         header += [f"median to {pct_text(p)}", f"range to {pct_text(p)}", f"seeds at {pct_text(p)}"]
-    header += ["final gap", "s/search"]
+    header += ["final gap", "regret, in-search best", "regret, confirmed", "s/search"]
     rows = []
     for s in result.summaries:
         row = [s.sampler]
@@ -35,7 +39,8 @@ def table_rows(result: EvalResult) -> tuple[list[str], list[list[str]]]:
             row += [fmt_trials(s.median(p), result.trials), _spread_text(s, p, result.trials),
                     f"{s.hits(p)}/{len(s.runs)}"]
         gap = s.final_gappct_text(result.recording.best_us)
-        row += ["-" if math.isinf(gap) else f"{gap:.2f}%", f"{s.seconds:.1f}"]
+        row += ["-" if math.isinf(gap) else f"{gap:.2f}%", _pct(s.median_regret(False)), _pct(s.median_regret(True)),
+                f"{s.seconds:.1f}"]
         rows.append(row)
     return header, rows
 
@@ -58,13 +63,18 @@ def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:
         f"# Replay evaluation of search samplers: {rec.problem.label}",
         "",
         f"Recording: {rec.caption}; store {rec.url}.",
-        f"Template {rec.template}, {rec.variants} recorded variants; recorded best {rec.best_us:.3f} µs "
-        f"({rec.best_variant}).",
+        f"Template {rec.template}, {rec.variants} recorded variants"
+        + (f", up to {rec.timings} timings each (a replayed measurement draws one; a variant's true time is "
+           "their median)" if rec.timings > 1 else "")
+        + f"; recorded best {rec.best_us:.3f} µs ({rec.best_variant}).",
         f"Each sampler ran {result.seeds} seeds (0–{result.seeds - 1}) of {result.trials} trials through "
         "`tuner search --backend replay`. A trial is one budgeted trial, a distinct variant: repeats of a "
         "point the study holds and infeasible points (pruned before compiling) are free and do not count. "
         f"\">{result.trials}\" means not reached within the {result.trials} trials (infinity in the median); "
-        "final gap: median over seeds of the last best above the recorded best.",
+        "final gap: median over seeds of the true time of the last best above the recorded best. Regret: median "
+        "over seeds of how far the true time of the variant a search picks is above the recorded best, for the "
+        "in-search best (no confirm stage) and the confirm stage's winner (5 variants, 7 rounds, each round "
+        "drawing recorded timings).",
         f"Generated {result.generated_at:%Y-%m-%d %H:%M %Z}.",
         "",
         *markdown_table(header, rows),
@@ -78,7 +88,8 @@ def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
-CSV_FIELDS = ("sampler", "seed", "trials", "seconds", "final_best_us", "recorded_best_us")
+CSV_FIELDS = ("sampler", "seed", "trials", "seconds", "final_best_us", "recorded_best_us", "regret_pct",
+              "confirmed_regret_pct")
 
 
 def write_csv(result: EvalResult, path: str) -> None:
@@ -92,7 +103,12 @@ def write_csv(result: EvalResult, path: str) -> None:
                 final = run.best_so_far[-1] if run.best_so_far else None
                 reached = ["" if s.reached[p][i] is None else s.reached[p][i] for p in result.thresholds_pct]
                 writer.writerow([s.sampler, run.seed, len(run.best_so_far), f"{run.seconds:.3f}",
-                                 "" if final is None else repr(final), repr(result.recording.best_us), *reached])
+                                 "" if final is None else repr(final), repr(result.recording.best_us),
+                                 _csv(run.regret_pct), _csv(run.confirmed_regret_pct), *reached])
+
+
+def _csv(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,13 @@ def check_replay_source(kind: str, replay_from: Optional[str]) -> None:
 
 
 def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Optional[str] = None,
-                 force: bool = False) -> Backend:
-    """The backend `kind` ("gpu" or "replay") measuring on `device`."""
+                 force: bool = False, seed: Optional[int] = None) -> Backend:
+    """The backend `kind` ("gpu" or "replay") measuring on `device`; `seed` makes a replay's draws
+    among repeated recorded timings reproducible."""
     check_backend(kind)
     check_replay_source(kind, replay_from)
     if kind == "replay":
-        return ReplayBackend(replay_from, profile, force=force)
+        return ReplayBackend(replay_from, profile, force=force, seed=seed)
     return GpuBackend(device=device, profile=profile)
 
 

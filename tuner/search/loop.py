@@ -36,6 +36,7 @@ from tuner.search.job import (
     DUPLICATE_WAIT_S,
     MAX_INFEASIBLE_STREAK,
     MAX_REPEAT_STREAK,
+    MAX_UNMEASURABLE_STREAK,
     Context,
     WorkerJob,
     lookahead_for,
@@ -81,6 +82,7 @@ class ProblemSearch:
         self.distributions = distributions(self.manifest)
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
+        self.unmeasurable_streak = 0  # points the backend could not measure since the last measured one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
         self._pending: deque[Pending] = deque()  # asked ahead, compiling
         self._current: list[Pending] = []  # being launched or measured
@@ -112,13 +114,15 @@ class ProblemSearch:
         next point on the GPU, then store and tell the reply while the card measures."""
         try:
             while True:
-                may_ask = self._ask_ahead(lookahead)
+                self._ask_ahead(lookahead)
                 if self._in_flight is not None:
                     self._in_flight.measurement = self._in_flight.handle.result()
                 launched = self._launch_next()
                 self._complete_in_flight()
                 self._in_flight = launched
-                if launched is None and (self.ctx.stop.is_set() or not may_ask):
+                # Asked again: the trial just completed may have given its budget slot back (a point the
+                # backend could not measure is free).
+                if launched is None and (self.ctx.stop.is_set() or not self._may_ask()):
                     break
         except KeyboardInterrupt:
             self.ctx.interrupt()
@@ -131,15 +135,12 @@ class ProblemSearch:
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
 
-    def _ask_ahead(self, lookahead: int) -> bool:
-        """Ask until `lookahead` points are pending; False once no more may be asked."""
-        while len(self._pending) < lookahead:
-            if not self._may_ask():
-                return False
+    def _ask_ahead(self, lookahead: int) -> None:
+        """Ask until `lookahead` points are pending, or no more may be asked."""
+        while len(self._pending) < lookahead and self._may_ask():
             item = self._ask()
             if item is not None:
                 self._pending.append(item)
-        return True
 
     def _launch_next(self) -> Optional[InFlight]:
         """The next pending point that needs the GPU, sent to it; those settled on the way (a duplicate
@@ -160,8 +161,8 @@ class ProblemSearch:
             return False
         if self.cap is not None and budget_taken(self.study) >= self.cap:
             return False  # the study's budget is shared with every other process working on it
-        if self.infeasible_streak >= MAX_INFEASIBLE_STREAK:  # the sampler finds nothing feasible any more
-            return False
+        if self.infeasible_streak >= MAX_INFEASIBLE_STREAK or self.unmeasurable_streak >= MAX_UNMEASURABLE_STREAK:
+            return False  # the sampler finds nothing feasible (or measurable: a replay's problem not recorded)
         if self.repeat_streak >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
             self.ctx.result.exhausted.append(self.study.study_name)
             return False
@@ -340,11 +341,18 @@ class ProblemSearch:
         status = TrialStatus.parse(m.status)
         store_id = self._store(item.trial, item.variant, status, measurement=m, compiled=compiled,
                                feasibility=item.feasibility, error=m.error)
+        if status is not TrialStatus.PRUNED:
+            self.unmeasurable_streak = 0
         set_attr(item.trial, ATTR_STORE_ID, store_id)
         if status is TrialStatus.OK and m.median_us is not None and math.isfinite(m.median_us):
             self._tell(item.trial, TrialState.COMPLETE, status, "measured", m.median_us)
-        elif status is TrialStatus.PRUNED:
-            self._tell_pruned(item.trial, m.error or "pruned by the backend")
+        elif status is TrialStatus.PRUNED:  # the backend cannot measure the point (a replay that never
+            # recorded it): outside the space it serves, so free like an infeasible point
+            item.trial.set_user_attr(ATTR_INFEASIBLE, True)
+            self.unmeasurable_streak += 1
+            self.asked, self.ctx.result.asked = self.asked - 1, self.ctx.result.asked - 1
+            self.ctx.result.infeasible += 1
+            self._tell_pruned(item.trial, m.error or "pruned by the backend", budgeted=False)
         else:
             self._tell(item.trial, TrialState.FAIL, status, "measured")
 

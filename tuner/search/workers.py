@@ -121,7 +121,8 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
     started = time.perf_counter()
-    backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force)
+    backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force,
+                                 seed=None if spec.seed is None else spec.seed + spec.worker)
     compile_pool = None
     try:
         if getattr(backend, "needs_compile", True):
