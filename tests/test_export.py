@@ -33,7 +33,7 @@ GPU_NAME = "NVIDIA H100 80GB HBM3"
 
 BIG = Problem(2, 8, 2048, 2048, 64)                                # fp16 D64, buckets 11/11
 SMALL = Problem(2, 8, 256, 256, 64)                                # fp16 D64, buckets 8/8
-SHADOWED = Problem(1, 8, 2048, 2048, 64)                           # same key as BIG, less work
+SHADOWED = Problem(2, 6, 2048, 2048, 64)                           # same key as BIG (B x H bucket 4), less work
 GQA_CAUSAL = Problem(1, 16, 1024, 1024, 128, dtype="bf16", causal=True, heads_kv=4)  # group 4
 
 _COMMON = dict(NUM_WARPS=4, KV_SPLIT=1, STAGES=2, Q_IN_REGS=True, MIN_BLOCKS=1, LAZY_RESCALE=False)
@@ -147,7 +147,8 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
     assert big["best_baseline_impl"] == "sdpa_flash"
     assert big["run"]["driver"] == "580.65.06" and big["run"]["cuda_version"] == "12.8"
     assert big["run"]["torch_version"] == "2.9.0" and big["run"]["tuner_version"] == "0.1.0"
-    assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11}
+    assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11,
+                          "bh_bucket": 4}  # B2 x H8 = 16
     assert by_trial[ids["gqa"]]["key"]["group"] == 4 and by_trial[ids["gqa"]]["key"]["causal"] is True
     # Same key as BIG with less work: kept for provenance, out of dispatch.
     assert by_trial[ids["shadowed"]]["dispatch"] is False and by_trial[ids["shadowed"]]["shadowed_by"] == ids["big"]
@@ -501,9 +502,9 @@ def test_header_export(export_store, tmp_path) -> None:
     header = (out / "fc_tuned.h").read_text()
     assert (out / "attn_fwd_mma.cu").is_file()
     assert "namespace fc_tuned {" in header and "namespace h100 {" in header
-    assert "struct fp16_d64_noncausal_g1_sq11_sk11 {" in header
+    assert "struct fp16_d64_noncausal_g1_sq11_sk11_bh4 {" in header
     assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::Xor, 2, true, 1, false, false>;" in header
-    assert "struct bf16_d128_causal_g4_sq10_sk10 {" in header and "static constexpr int BLOCK_N = 32;" in header
+    assert "struct bf16_d128_causal_g4_sq10_sk10_bh" in header and "static constexpr int BLOCK_N = 32;" in header
     assert "sq11" in header and "sq8" in header
 
 
@@ -515,10 +516,10 @@ def test_header_instantiates_with_nvcc(export_store, tmp_path) -> None:
     user = out / "user.cu"
     user.write_text(
         '#include "attn_fwd_mma.cu"\n#include "fc_tuned.h"\n'
-        "using Cfg = fc_tuned::h100::fp16_d64_noncausal_g1_sq8_sk8::Config;\n"
+        "using Cfg = fc_tuned::h100::fp16_d64_noncausal_g1_sq8_sk8_bh4::Config;\n"
         'extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) my_attention(ATTN_FWD_PARAMS)'
         " { ATTN_FWD_BODY(Cfg) }\n"
-        "int pick() { return fc_tuned::h100::nearest_bucket(0, 64, false, 1, 9, 9); }\n")
+        "int pick() { return fc_tuned::h100::nearest_bucket(0, 64, false, 1, 9, 9, 4); }\n")
     run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
                           "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -582,7 +583,7 @@ def test_force_replaces_an_earlier_export(export_store, tmp_path) -> None:
     for shape in ("2,8,256,64", "2,8,2048,64"):
         export(ExportOptions(gpu="h100", out=hdr, db_url=export_store.url, format="header", name="fc_tuned",
                              force=True, shapes=(shape,)))
-    assert "sq11_sk11" in (hdr / "fc_tuned.h").read_text() and _no_staging_left(hdr)
+    assert "sq11_sk11_bh4" in (hdr / "fc_tuned.h").read_text() and _no_staging_left(hdr)
 
 
 def test_failed_export_keeps_the_earlier_one(export_store, tmp_path, monkeypatch) -> None:
@@ -698,7 +699,7 @@ def _synthetic_header_inputs():
     for trial, (dtype, group, sq, sk) in enumerate(rows, start=1):
         v = kernels[dtype]
         key = {"dtype": dtype, "head_dim": v.head_dim, "causal": v.causal, "group": group, "sq_bucket": sq,
-               "sk_bucket": sk}
+               "sk_bucket": sk, "bh_bucket": (3 * trial) % 11}  # work sizes that tie and differ
         entries.append({"key": key, "kernel": v.name, "trial_id": 100 - trial, "problem_label": f"p{trial}",
                         "median_us": 1.0, "ratio_to_best_baseline": None, "dispatch": True})
     return entries, built
@@ -725,18 +726,18 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
         "struct half; struct __nv_bfloat16;\n"
         "namespace fc { enum class Swizzle { None, Pad, Xor }; template <class T, auto... V> struct AttnConfig {}; }\n"
         '#include "fc_tuned.h"\n#include <cstdio>\n'
-        "int main() { int dt, hd, c, g, sq, sk;\n"
-        '  while (std::scanf("%d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk) == 6)\n'
-        '    std::printf("%d\\n", fc_tuned::h100::nearest_bucket(dt, hd, c != 0, g, sq, sk));\n}\n')
+        "int main() { int dt, hd, c, g, sq, sk, bh;\n"
+        '  while (std::scanf("%d %d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk, &bh) == 7)\n'
+        '    std::printf("%d\\n", fc_tuned::h100::nearest_bucket(dt, hd, c != 0, g, sq, sk, bh));\n}\n')
     exe = tmp_path / "lookup"
     build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-O1", "-o", str(exe), str(tmp_path / "main.cpp")],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr[-3000:]
-    keys = [Key(dtype, hd, causal, group, sq, sk) for dtype in ("fp16", "bf16") for hd, causal in
+    keys = [Key(dtype, hd, causal, group, sq, sk, bh) for dtype in ("fp16", "bf16") for hd, causal in
             ((64, False), (128, True), (64, True)) for group in (0, 1, 2, 3, 4, 5, 6, 8, 16)
-            for sq in range(15) for sk in range(15)]
+            for sq in range(15) for sk in range(15) for bh in (0, 4, 9)]
     stdin = "".join(f"{0 if k.dtype == 'fp16' else 1} {k.head_dim} {int(k.causal)} {k.group} {k.sq_bucket} "
-                    f"{k.sk_bucket}\n" for k in keys)
+                    f"{k.sk_bucket} {k.bh_bucket}\n" for k in keys)
     run = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True)
     chosen = [e for e in entries if e["dispatch"]]
     table = DispatchTable(entries)
@@ -755,3 +756,25 @@ def test_the_readme_example_calls_a_tuned_combination(export_store, tmp_path) ->
     readme = (report.out / "README.md").read_text()
     assert "causal=False" in readme and "causal=True" not in readme
     assert "dtype=torch.float16" in readme and "1024, 64," in readme
+
+
+def test_a_tuned_problem_is_served_by_its_own_kernel_and_work_size_picks_among_equal_buckets() -> None:
+    """B3 H12 S1536 and B16 H16 S2048 share the Sq/Sk bucket (11): both stay in dispatch, each serves
+    itself, and other shapes of that bucket go to the one of the nearer batch x heads (waves on the card)."""
+    from tuner.export.selection import _dispatch_key, resolve_collisions
+    from tuner.export.shipped._dispatch import DispatchTable, Key
+
+    large, small = Problem(16, 16, 2048, 2048, 64), Problem(3, 12, 1536, 1536, 64)
+    entries = [{"key": _dispatch_key(p), "kernel": name, "trial_id": i, "problem": p.to_dict(), "dispatch": True}
+               for i, (p, name) in enumerate(((large, "large"), (small, "small")), start=1)]
+    resolve_collisions(entries)
+    assert all(e["dispatch"] for e in entries)
+    table = DispatchTable(entries)
+
+    def served(b: int, h: int, s: int) -> str:
+        return table.choose(Key.of("fp16", 64, False, h, h, s, s, batch=b)).entry["kernel"]
+
+    assert served(3, 12, 1536) == "small" and served(16, 16, 2048) == "large"
+    assert served(4, 12, 1900) == "small" and served(32, 16, 1100) == "large"  # nearest work size
+    choice = table.choose(Key.of("fp16", 64, False, 16, 16, 2048, 2048, batch=1))
+    assert choice.exact and "tuned for batch x heads in bucket 6" in choice.reason

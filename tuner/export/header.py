@@ -34,7 +34,8 @@ def config_of(source: str) -> str:
 
 def _struct_name(key: dict[str, Any]) -> str:
     causal = "causal" if key["causal"] else "noncausal"
-    return f"{key['dtype']}_d{key['head_dim']}_{causal}_g{key['group']}_sq{key['sq_bucket']}_sk{key['sk_bucket']}"
+    return (f"{key['dtype']}_d{key['head_dim']}_{causal}_g{key['group']}_sq{key['sq_bucket']}_sk{key['sk_bucket']}"
+            f"_bh{key.get('bh_bucket', 0)}")
 
 
 def _first_line(name: str) -> str:
@@ -91,6 +92,7 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
         f"  static constexpr int GROUP = {key['group']};",
         f"  static constexpr int SQ_BUCKET = {key['sq_bucket']};",
         f"  static constexpr int SK_BUCKET = {key['sk_bucket']};",
+        f"  static constexpr int BH_BUCKET = {key.get('bh_bucket', 0)};",
     ]
     for pname, value in k.variant.params.items():
         if isinstance(value, str):
@@ -106,18 +108,20 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
     """nearest_bucket(): the same choice as the Python dispatch, over the structs' keys."""
     rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
-                     f"{e['key']['sk_bucket']}, {int(e.get('trial_id', 0))}}}" for e in chosen)
+                     f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}}}"
+                     for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
         "// dtype: 0 = fp16, 1 = bf16.",
         "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
-        "// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then the larger sq, then the larger",
-        "// sk bucket, then the older trial.",
-        "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket) {",
-        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk; long long trial; };",
+        "// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then nearest batch x heads bucket,",
+        "// then the larger sq, then the larger sk bucket, then the older trial.",
+        "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket,",
+        "                          int bh_bucket) {",
+        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; };",
         f"  static const Row rows[] = {{{rows}}};",
         "  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));",
-        "  int best = -1, best_d = 0;",
+        "  int best = -1, best_d = 0, best_w = 0;",
         "  double best_g = 0.0;",
         f"  for (int i = 0; i < {len(chosen)}; ++i) {{",
         "    const Row& r = rows[i];",
@@ -125,13 +129,14 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);",
         # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
         "    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);",
+        "    const int w = r.bh > bh_bucket ? r.bh - bh_bucket : bh_bucket - r.bh;",
         "    bool better = best < 0;",
         "    if (!better) {",
         "      const Row& b = rows[best];",
-        "      better = d != best_d ? d < best_d : g != best_g ? g < best_g : r.sq != b.sq ? r.sq > b.sq",
-        "             : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;",
+        "      better = d != best_d ? d < best_d : g != best_g ? g < best_g : w != best_w ? w < best_w",
+        "             : r.sq != b.sq ? r.sq > b.sq : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;",
         "    }",
-        "    if (better) { best = i; best_d = d; best_g = g; }",
+        "    if (better) { best = i; best_d = d; best_g = g; best_w = w; }",
         "  }",
         "  return best;",
         "}",

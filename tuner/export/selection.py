@@ -77,7 +77,7 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
 
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
     key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
-                 problem.seq_q, problem.seq_k)
+                 problem.seq_q, problem.seq_k, batch=problem.batch)
     return dataclasses.asdict(key)
 
 

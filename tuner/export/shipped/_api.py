@@ -47,7 +47,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
              fallback: Optional[str]) -> torch.Tensor:
     qs, ks = q.shape, k.shape
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
-        hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length()))
+        hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
+                          (qs[0] * qs[1] - 1).bit_length()))
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             out = torch.empty_like(q)
@@ -89,7 +90,7 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
 
 def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
     b, h, sq, d = q.shape
-    return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2])
+    return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
 
 
 def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
@@ -111,7 +112,8 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
                                   f"got tensors on cuda:{device}")
     kernel = _kernels.load_kernel(choice.entry["kernel"], device)
     # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
-    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket)] = (device, kernel.launch_if_fit)
+    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket, key.bh_bucket)] = \
+        (device, kernel.launch_if_fit)
     return kernel.launch_unchecked
 
 

@@ -3,9 +3,10 @@
 Copied verbatim into every package written by `tuner export`; imports
 nothing but the standard library. A problem is keyed on what the compiled
 kernel depends on (dtype, head dim, causal) plus what makes a different
-variant faster (GQA group, log2 buckets of Sq and Sk). Between tuned shapes
-the nearest bucket wins: kernels handle any sequence length and group, only
-their speed was measured at the tuned ones.
+variant faster (GQA group, log2 buckets of Sq and Sk, and of batch x heads:
+the work size decides how many waves of tiles fill the card, so a small grid
+wants other tiles than a large one). Between tuned shapes the nearest bucket
+wins: kernels handle any shape, only their speed was measured at the tuned ones.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ class Key:
     group: int  # query heads per K/V head (1: MHA)
     sq_bucket: int
     sk_bucket: int
+    bh_bucket: int = 0  # seq_bucket(batch x query heads)
 
     @classmethod
-    def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int) -> "Key":
-        return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk))
+    def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int,
+           batch: int = 1) -> "Key":
+        return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk),
+                   seq_bucket(max(batch * heads, 1)))
 
     @property
     def features(self) -> tuple[str, int, bool]:
@@ -45,7 +49,8 @@ class Key:
     def label(self) -> str:
         causal = "causal" if self.causal else "non-causal"
         return (f"{self.dtype} D{self.head_dim} {causal} group {self.group}, Sq bucket {self.sq_bucket} "
-                f"({bucket_range(self.sq_bucket)}), Sk bucket {self.sk_bucket} ({bucket_range(self.sk_bucket)})")
+                f"({bucket_range(self.sq_bucket)}), Sk bucket {self.sk_bucket} ({bucket_range(self.sk_bucket)}), "
+                f"batch x heads bucket {self.bh_bucket} ({bucket_range(self.bh_bucket)})")
 
 
 @dataclass(frozen=True)
@@ -53,27 +58,32 @@ class Choice:
     entry: Mapping[str, Any]  # the manifest entry (kernel, trial_id, problem_label, median_us, ...)
     key: Key  # the asked key
     tuned: Key  # the entry's key
-    exact: bool
+    exact: bool  # the Sq and Sk buckets and the group were tuned
     distance: int  # |d log2 Sq| + |d log2 Sk| between the buckets
     candidates: int  # tuned entries with the same dtype, head dim and causality
 
     @property
     def reason(self) -> str:
+        work = ""
+        if self.tuned.bh_bucket != self.key.bh_bucket:
+            work = (f"; tuned for batch x heads in bucket {self.tuned.bh_bucket} ({bucket_range(self.tuned.bh_bucket)}), "
+                    f"nearest to {self.key.bh_bucket} among those")
         if self.exact:
-            return "exact match: this bucket was tuned"
+            return "exact match: this bucket was tuned" + work
         parts = []
         if self.distance:
             parts.append(f"nearest tuned bucket (Sq bucket {self.tuned.sq_bucket}, Sk bucket {self.tuned.sk_bucket}) "
                          f"at log2 distance {self.distance}")
         if self.tuned.group != self.key.group:
             parts.append(f"tuned for GQA group {self.tuned.group}, not {self.key.group} (the kernel takes any group)")
-        return "; ".join(parts) + f"; chosen among {self.candidates} tuned entries for " \
+        return "; ".join(parts) + work + f"; chosen among {self.candidates} tuned entries for " \
                                   f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}"
 
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
     k = entry["key"]
-    return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]))
+    return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]),
+               int(k.get("bh_bucket", 0)))
 
 
 class DispatchTable:
@@ -102,12 +112,15 @@ class DispatchTable:
             tk, e = item
             dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
             group_dist = abs(math.log2(tk.group) - math.log2(max(key.group, 1)))
-            # Ties: prefer the larger bucket (long sequences are where tuning pays), then the older trial.
-            return (dist, group_dist, -tk.sq_bucket, -tk.sk_bucket, e.get("trial_id", 0))
+            # Then the nearest work size; ties: prefer the larger bucket (long sequences are where tuning
+            # pays), then the older trial.
+            return (dist, group_dist, abs(tk.bh_bucket - key.bh_bucket), -tk.sq_bucket, -tk.sk_bucket,
+                    e.get("trial_id", 0))
 
         tk, e = min(cands, key=rank)
         dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
-        return Choice(e, key, tk, tk == key, dist, len(cands))
+        exact = (tk.group, tk.sq_bucket, tk.sk_bucket) == (key.group, key.sq_bucket, key.sk_bucket)
+        return Choice(e, key, tk, exact, dist, len(cands))
 
     def unsupported_reason(self, key: Key) -> str:
         """Why no kernel fits `key` (names the limit), for errors and explain()."""
