@@ -778,3 +778,16 @@ def test_a_tuned_problem_is_served_by_its_own_kernel_and_work_size_picks_among_e
     assert served(4, 12, 1900) == "small" and served(32, 16, 1100) == "large"  # nearest work size
     choice = table.choose(Key.of("fp16", 64, False, 16, 16, 2048, 2048, batch=1))
     assert choice.exact and "tuned for batch x heads in bucket 6" in choice.reason
+
+
+def test_register_transformers_refuses_flash_names_and_says_what_is_missing(exported) -> None:
+    import importlib.util
+
+    _, mod = exported
+    with pytest.raises(ValueError, match="contains 'flash'"):
+        mod.register_transformers("flash_tuned")
+    if importlib.util.find_spec("transformers") is None:
+        with pytest.raises(ImportError, match="pip install transformers"):
+            mod.register_transformers()
+    else:
+        assert mod.register_transformers("tuned_test") == "tuned_test"

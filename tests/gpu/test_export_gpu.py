@@ -260,3 +260,44 @@ def test_torch_compile_reduce_overhead_runs_the_kernel_in_cuda_graphs(package) -
             got = compiled(q, k, v).clone()
             torch.cuda.synchronize()
             assert relative_error(got / 2.0, reference(q, k, v, p.causal)[0]) < TOLERANCE[p.dtype], seed
+
+
+def test_transformers_runs_the_tuned_kernels_and_matches_sdpa(package) -> None:
+    """register_transformers(): a Llama-style model (random weights, nothing downloaded) built with the
+    package's attention gives SDPA's logits; without padding the tuned kernel runs in every layer, with
+    a padding mask transformers' SDPA path does."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    mod, _ = package
+    name = mod.register_transformers()
+
+    def model(impl: str):  # bf16, D128, 8 heads over 2 K/V heads (group 4), causal: a tuned cell of the package
+        cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                                       num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                       max_position_embeddings=4096)
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).to("cuda",
+                                                                                               torch.bfloat16).eval()
+
+    ours, ref = model(name), model("sdpa")
+    ref.load_state_dict(ours.state_dict())
+    calls: list[int] = []
+    kernel_call = mod._hf.attention
+    mod._hf.attention = lambda *a, **k: (calls.append(1), kernel_call(*a, **k))[1]
+    try:
+        ids = torch.randint(0, 1000, (2, 256), device="cuda")
+        with torch.no_grad():
+            got, want = ours(ids).logits.float(), ref(ids).logits.float()
+        assert len(calls) == 2  # one per layer
+        assert (got - want).abs().max() <= 0.03 * want.abs().max()
+        mask = torch.ones_like(ids)
+        mask[0, :17] = 0  # left padding in the first sequence
+        with torch.no_grad():
+            got, want = ours(ids, attention_mask=mask).logits.float(), ref(ids, attention_mask=mask).logits.float()
+        assert len(calls) == 2  # the padded batch went to SDPA
+        torch.testing.assert_close(got, want)
+    finally:
+        mod._hf.attention = kernel_call
+    with pytest.raises(ValueError, match="flash"):
+        mod.register_transformers("my_flash_kernels")

@@ -3,6 +3,7 @@
     from PACKAGE import attention
     out = attention(q, k, v, causal=True)       # q [B, H, Sq, D], k/v [B, Hkv, Sk, D] on CUDA
     print(attention.explain(q, k, v, causal=True))
+    PACKAGE.register_transformers()             # attn_implementation="tuned_attention" in transformers
 
 Copied verbatim by `tuner export` as the package's __init__.py. Importing
 checks every shipped cubin and source against manifest.json's sha256.
@@ -13,7 +14,9 @@ from ._kernels import MANIFEST, IntegrityError, verify_package
 verify_package()
 
 from ._api import attention, explain  # noqa: E402 - only after the integrity check
+from ._hf import register_transformers  # noqa: E402
 from ._launcher import AttentionInputError, GpuUnavailableError  # noqa: E402
 
 __version__: str = MANIFEST["version"]
-__all__ = ["AttentionInputError", "GpuUnavailableError", "IntegrityError", "MANIFEST", "attention", "explain"]
+__all__ = ["AttentionInputError", "GpuUnavailableError", "IntegrityError", "MANIFEST", "attention", "explain",
+           "register_transformers"]
