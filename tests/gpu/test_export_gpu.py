@@ -24,7 +24,7 @@ SEARCHES = [
     ("4,16,2048,64", []),
     ("2,16,1024,128", ["--hkv", "4", "--causal", "--dtype", "bf16"]),
 ]
-HOST_OVERHEAD_US = 15.0
+HOST_OVERHEAD_RATIO = 1.0  # host time per call, at most SDPA's on the same host
 
 
 @pytest.fixture(scope="module")
@@ -92,40 +92,43 @@ def test_runs_within_5_percent_of_the_search(package) -> None:
         assert ratio <= 1.05, f"{p.label}: {best:.1f} us vs {e['median_us']:.1f} us measured by the search"
 
 
-def test_host_overhead_per_call(package) -> None:
-    """Dispatch, checks, output allocation and launch cost at most HOST_OVERHEAD_US of host time per
-    call, with new input tensors every call (as in a model: no per-address caching may hide costs).
-
-    Batches are short (200 calls after a synchronize): the launch queue never fills, so the wall
-    time is the host's, even where one tiny kernel takes longer on the GPU than its launch on the host.
-    """
+def _host_us_per_call(call, pool, n: int = 200) -> float:
+    """Host time per call over one batch, new inputs each call. Batches are short (n calls after a
+    synchronize): the launch queue never fills, so the wall time is the host's."""
     import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(n):
+        call(*pool[i % len(pool)])
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def test_host_overhead_per_call_is_below_sdpas(package) -> None:
+    """Dispatch, checks, output allocation and launch cost less host time per call than SDPA's own call,
+    with new input tensors every call (as in a model: no per-address caching may hide costs). A ratio of
+    batches timed in alternation in one process (median per-round ratio), not microseconds: hosts differ
+    (13.9 to 27 us per call for the same code on the lent H100 hosts of one day)."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
 
     mod, _ = package
     pool = [make_inputs(Problem(1, 1, 16, 16, 64), seed=s) for s in range(16)]
-    n, batches = 200, 25
-    means = []
+    ours, sdpa = [], []
     with torch.no_grad():
         for i in range(500):
-            mod.attention(*pool[i % 16])
-        for _ in range(batches):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for i in range(n):
-                mod.attention(*pool[i % 16])
-            means.append((time.perf_counter() - start) / n * 1e6)
+            mod.attention(*pool[i % 16]), F.scaled_dot_product_attention(*pool[i % 16])
+        for _ in range(25):
+            ours.append(_host_us_per_call(mod.attention, pool))
+            sdpa.append(_host_us_per_call(F.scaled_dot_product_attention, pool))
         torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for i in range(n):
-            mod.attention(*pool[i % 16])
-        end.record()
-        torch.cuda.synchronize()
-    per_call = sorted(means)[batches // 2]  # the median batch: one busy moment of a shared host does not decide
-    print(f"\nhost overhead: {per_call:.2f} us per call (dispatch + checks + output alloc + launch, new inputs "
-          f"each call; batches {min(means):.2f}-{max(means):.2f}); back to back on the GPU "
-          f"{begin.elapsed_time(end) * 1e3 / n:.2f} us per call")
-    assert per_call <= HOST_OVERHEAD_US, f"{per_call:.1f} us per call > {HOST_OVERHEAD_US} us"
+    ratio = statistics.median(o / s for o, s in zip(ours, sdpa))
+    print(f"\nhost time per call: {statistics.median(ours):.2f} us against SDPA's {statistics.median(sdpa):.2f} us "
+          f"(median of 25 alternating batches), median per-round ratio {ratio:.3f}; B1 H1 S16 D64 fp16, new inputs "
+          "each call")
+    assert ratio <= HOST_OVERHEAD_RATIO, (ours, sdpa)
 
 
 def test_torch_compile_of_a_module(package) -> None:
