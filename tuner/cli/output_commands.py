@@ -23,6 +23,7 @@ from tuner.cli.state import (
 from tuner.cli.tables import export_lines, metrics_table
 from tuner.errors import TunerError
 from tuner.export.run import ExportOptions, export
+from tuner.models import load_model, prefill_shapes
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
 from tuner.reporting.replay_eval import evaluate_samplers
 from tuner.reporting.replay_eval_model import EvalOptions
@@ -72,11 +73,15 @@ def export_command(
     allow_rebuild: Annotated[bool, typer.Option("--allow-rebuild", help="Accept kernels whose rebuilt cubin differs from the one measured.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an earlier export in --out.")] = False,
     db: DbOption = None,
+    model: Annotated[Optional[str], typer.Option(help="Export the problems `tuner search --model` tunes for this model (a preset or a config.json).")] = None,
 ) -> None:
     """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
     use_db(db)
-    if all_ and shape:
-        raise TunerError("give --shape or --all, not both")
+    if sum(bool(x) for x in (all_, shape, model)) > 1:
+        raise TunerError("give one of --shape, --all and --model")
+    if model is not None:
+        spec = load_model(model)
+        shape, dtype = list(prefill_shapes(spec)), spec.dtype
     report = export(ExportOptions(
         gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
         format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url,

@@ -11,6 +11,7 @@ import typer
 from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, say, state
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
+from tuner.models import load_model, prefill_shapes
 from tuner.reporting.profiling import profile_top
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.confirm_run import ConfirmOptions, run_confirm
@@ -100,8 +101,16 @@ def search_command(
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
     confirm: Annotated[int, typer.Option("--confirm", min=0, max=100, help="Re-time the K best variants interleaved with the baselines after each problem; the winner is the best median per-round ratio (0: off).")] = DEFAULT_CONFIRM,
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
+    model: Annotated[Optional[str], typer.Option(help="Tune the prefill problems of a model: a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
+    if model is not None:
+        if shape or hkv is not None:
+            raise TunerError("--model sets the shapes and K/V heads; do not pass --shape or --hkv with it")
+        spec = load_model(model)
+        shape, hkv, dtype, causal = list(prefill_shapes(spec)), spec.heads_kv, spec.dtype, True
+        say(f"model {spec.describe()}: {len(shape)} causal prefill problems ({', '.join(shape)}); decode "
+            "problems need a decode template, which this version does not have", stderr=True)
     options = SearchOptions(
         gpu=gpu, shapes=tuple(shape or ()), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
         template=template, trials=trials, time_budget_s=parse_duration(time_budget) if time_budget else None,
