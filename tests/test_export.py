@@ -791,3 +791,31 @@ def test_register_transformers_refuses_flash_names_and_says_what_is_missing(expo
             mod.register_transformers()
     else:
         assert mod.register_transformers("tuned_test") == "tuned_test"
+
+
+def test_a_cell_whose_kernel_lost_to_sdpa_is_routed_to_sdpa(tmp_path) -> None:
+    """An export never makes a call slower than SDPA: a tuned problem whose kernel measured below 0.98x
+    the best baseline is exported with route 'sdpa', and explain() says its calls run SDPA."""
+    import torch
+
+    from tuner.kernels.manifest import load_manifest
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    v = variant(BIG, PARAMS["big"])
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
+        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn", median_us=50.0))
+        store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
+                                    template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
+                                    variant_name=v.name, status=TrialStatus.OK, median_us=60.0, rel_error=3e-4,
+                                    cubin_sha256=compiled_sha(v)))
+        store.finish_run(run)
+    name = _unique()
+    res = run_tuner("--db", url, "export", "--gpu", "h100", "--out", str(tmp_path / name))
+    assert res.exit_code == 0, res.stderr
+    assert "0.83x" in res.stdout and "[routed to SDPA: slower than it]" in res.stdout
+    mod = import_exported(tmp_path / name, name)
+    (entry,) = mod.MANIFEST["entries"]
+    assert entry["route"] == "sdpa"
+    q = torch.empty(2, 8, 2048, 64, dtype=torch.float16, device="meta")
+    assert "routed to SDPA: the kernel measured 0.83x" in str(mod.explain(q, q, q))

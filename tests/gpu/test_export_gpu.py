@@ -304,3 +304,28 @@ def test_transformers_runs_the_tuned_kernels_and_matches_sdpa(package) -> None:
         mod._hf.attention = kernel_call
     with pytest.raises(ValueError, match="flash"):
         mod.register_transformers("my_flash_kernels")
+
+
+def test_a_routed_cell_runs_sdpa_with_the_kernels_semantics(package) -> None:
+    """A cell the export routed to SDPA (its kernel lost there) gives the reference result through SDPA,
+    causal alignment and GQA included, and the dispatch cache remembers the route."""
+    import torch
+
+    mod, manifest = package
+    entry = next(e for e in mod._api.TABLE.entries if e["problem"]["causal"])
+    p = Problem(**entry["problem"])
+    before = entry.get("route")
+    entry["route"] = "sdpa"
+    mod._api._cache.clear()
+    try:
+        q, k, v = make_inputs(p, seed=4)
+        with torch.no_grad():
+            out = mod.attention(q, k, v, causal=True)
+            again = mod.attention(q, k, v, causal=True)  # the fast path, from the cache
+        torch.cuda.synchronize()
+        assert any(hit[1] is None for hit in mod._api._cache.values())
+        for got in (out, again):
+            assert relative_error(got, reference(q, k, v, True)[0]) < TOLERANCE[p.dtype]
+    finally:
+        entry["route"] = before
+        mod._api._cache.clear()

@@ -75,6 +75,9 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
     return ExportedKernel(built, cubin, rebuilt=not same)
 
 
+ROUTE_BELOW = 0.98  # a cell whose kernel measured below this ratio to the best SDPA backend runs SDPA
+
+
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
     key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
                  problem.seq_q, problem.seq_k, batch=problem.batch)
@@ -104,6 +107,9 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
                 "torch_version": getattr(run, "torch_version", None),
                 "tuner_version": getattr(run, "tuner_version", None)},
         "dispatch": True,
+        # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
+        # slower, so calls of this cell run SDPA (explain() says so).
+        "route": "sdpa" if row.headline_ratio is not None and row.headline_ratio < ROUTE_BELOW else None,
     }
 
 

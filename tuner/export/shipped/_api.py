@@ -51,6 +51,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
                           (qs[0] * qs[1] - 1).bit_length()))
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+            if hit[1] is None:  # a cell routed to SDPA: its kernel measured slower there
+                return _sdpa(q, k, v, causal, scale)
             out = torch.empty_like(q)
             if hit[1](q, k, v, out, None, scale):  # the kernel checks the rest (layout cached); torch's stream
                 return out
@@ -81,6 +83,8 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
         if fallback == "sdpa":
             return _sdpa(q, k, v, causal, scale)
         raise
+    if launch is None:  # routed to SDPA
+        return _sdpa(q, k, v, causal, scale)
     if q.numel() == 0:
         return torch.empty_like(q)
     out = torch.empty_like(q)
@@ -93,8 +97,8 @@ def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
     return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
 
 
-def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
-    """Validate fully, choose the kernel, load it and fill the dispatch cache."""
+def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Optional[Callable[..., None]]:
+    """Validate fully, choose the kernel, load it and fill the dispatch cache; None for a cell routed to SDPA."""
     check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise AttentionInputError("the tuned kernels are forward-only: inputs require grad "
@@ -110,10 +114,13 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Callable[..., None]:
     if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
         raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
                                   f"got tensors on cuda:{device}")
+    cell = (q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket, key.bh_bucket)
+    if choice.entry.get("route") == "sdpa":
+        _cache[cell] = (device, None)
+        return None
     kernel = _kernels.load_kernel(choice.entry["kernel"], device)
     # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
-    _cache[(q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket, key.bh_bucket)] = \
-        (device, kernel.launch_if_fit)
+    _cache[cell] = (device, kernel.launch_if_fit)
     return kernel.launch_unchecked
 
 
@@ -189,6 +196,9 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
         lines.append(f"  kernel: {e['kernel']}")
         lines.append(f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}")
         lines.append(f"  why: {choice.reason}")
+        if e.get("route") == "sdpa":
+            lines.append(f"  routed to SDPA: the kernel measured {ratio:.2f}x the best baseline on its tuned problem "
+                         "(cells below 0.98x run torch SDPA, so the export never makes a call slower)")
         code = _kernels.code_source(e["kernel"], _device_cc(q))
         lines.append(f"  code: {code}")
     else:
