@@ -69,10 +69,10 @@ def main() -> None:
     from pycuda._pvt_struct import pack
 
     module = drv.module_from_buffer(built.compiled.cubin)  # the same cubin through PyCUDA, for comparison
-    fn = module.get_function(built.entry)
+    pyfn = module.get_function(built.entry)
     if smem > 48 * 1024:
-        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-    rows["PyCUDA _launch_kernel (legacy stream; before)"] = lambda i: fn._launch_kernel(
+        pyfn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+    rows["PyCUDA _launch_kernel (legacy stream; before)"] = lambda i: pyfn._launch_kernel(
         grid, block, pack(kernel._format, *params), smem, None)
     print(f"{torch.cuda.get_device_name(0)}, {name}")
     for label, fn in rows.items():
