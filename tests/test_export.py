@@ -489,7 +489,7 @@ def test_cli_export_package_and_errors(export_store, tmp_path) -> None:
     assert missing.exit_code == 2 and "no ok trials for h100 (shape 1,16,1024,1024,128, fp16)" in missing.stderr
     bad = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "y"), "--all",
                     "--shape", "2,8,2048,64")
-    assert bad.exit_code == 2 and bad.stderr.strip() == "error: give --shape or --all, not both"
+    assert bad.exit_code == 2 and bad.stderr.strip() == "error: give one of --shape, --all and --model"
     none = run_tuner("--db", export_store.url, "export", "--gpu", "a100", "--out", str(tmp_path / "z"))
     assert none.exit_code == 2 and none.stderr.count("\n") == 1 and "no ok trials for a100" in none.stderr
 
