@@ -564,8 +564,11 @@ def test_the_next_trial_goes_to_the_gpu_before_the_previous_one_is_stored(replay
     rec = replay_recording
     backend = _PipelinedBackend(rec, sqlite_url)
     report = run_search(options(rec, sqlite_url, trials=12, confirm=0), hooks=with_backend(backend))
-    measured = [r for r in stored(sqlite_url) if r.status is not TrialStatus.PRUNED or r.error == NOT_RECORDED]
-    assert report.measured == len(backend.measured) == len(measured) >= 10
+    rows = stored(sqlite_url)
+    sent = [r for r in rows if r.status is not TrialStatus.PRUNED or r.error == NOT_RECORDED]
+    assert len(backend.measured) == len(sent) >= 10
+    # The count says what was measured: points the recording lacks are sent but not measured.
+    assert report.measured == len([r for r in rows if r.status is not TrialStatus.PRUNED]) >= 10
     assert backend.stored_at_submit == [max(i - 1, 0) for i in range(len(backend.measured))]
 
 

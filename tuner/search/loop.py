@@ -351,6 +351,7 @@ class ProblemSearch:
             item.trial.set_user_attr(ATTR_INFEASIBLE, True)
             self.unmeasurable_streak += 1
             self.asked, self.ctx.result.asked = self.asked - 1, self.ctx.result.asked - 1
+            self.ctx.result.measured -= 1  # nothing was measured
             self.ctx.result.infeasible += 1
             self._tell_pruned(item.trial, m.error or "pruned by the backend", budgeted=False)
         else:
