@@ -100,12 +100,8 @@ class _Worker:
     def pid(self) -> Optional[int]:
         return self.process.pid
 
-    def request(self, op: str, args: dict[str, Any], watchdog_s: float, long_budget_s: float) -> Any:
-        """Send one request, wait for its reply; _Timeout or _Fault leave this worker dead."""
-        self.send(op, args)
-        return self.receive(watchdog_s, long_budget_s)
-
     def send(self, op: str, args: dict[str, Any]) -> None:
+        """Send one request; a _Fault leaves this worker dead."""
         try:
             self.conn.send((op, args))
         except (OSError, ValueError) as exc:
@@ -235,6 +231,10 @@ class GpuBackend:
         return self._worker
 
     def _request(self, op: str, args: dict[str, Any]) -> Any:
+        return self._receive(self._send(op, args))
+
+    def _send(self, op: str, args: dict[str, Any]) -> _Worker:
+        """Send a request to the worker (collecting an outstanding reply first); _Fault when it is gone."""
         self._settle()
         worker = self._ensure_worker()
         try:
@@ -242,7 +242,7 @@ class GpuBackend:
         except _Fault:
             self._lost()
             raise
-        return self._receive(worker)
+        return worker
 
     def _receive(self, worker: _Worker) -> Any:
         try:
@@ -302,12 +302,9 @@ class GpuBackend:
             "built": dataclasses.replace(built, source=""),  # the child needs the cubin's path, not the source
             "range_prefix": self.range_prefix if range_prefix is None else range_prefix,
         }
-        self._settle()
-        worker = self._ensure_worker()
         try:
-            worker.send("measure", request)
+            worker = self._send("measure", request)
         except _Fault as exc:
-            self._lost()
             return Measured(Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc)))
         self._pending = _GpuMeasurement(self, worker)
         return self._pending

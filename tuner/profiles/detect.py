@@ -8,7 +8,7 @@ from typing import Any
 
 from tuner.errors import NoGpuError, TunerError
 from tuner.profiles.catalog import list_profiles, load_profile, profile_names
-from tuner.profiles.cuda_query import DriverError, driver_devices
+from tuner.profiles.cuda_query import DriverDevice, DriverError, driver_devices
 from tuner.profiles.profile import GpuProfile, match_length
 
 AUTO = "auto"
@@ -36,10 +36,7 @@ class DetectedGpu:
 def detect_gpu(device: int = 0) -> DetectedGpu | None:
     """The CUDA device `device`, or None without a usable GPU: asked of the CUDA driver (milliseconds),
     or of torch.cuda where this machine has no driver library torch could use either way."""
-    try:
-        devices = driver_devices()
-    except DriverError:  # a driver library but no usable device
-        return None
+    devices = _driver_view()
     if devices is None:
         return _torch_gpu(device)
     if device < 0 or device >= len(devices):
@@ -51,12 +48,18 @@ def detect_gpu(device: int = 0) -> DetectedGpu | None:
                        total_memory_bytes=d.total_memory_bytes, uuid=d.uuid)
 
 
+def _driver_view() -> list[DriverDevice] | None:
+    """The driver's devices ([] where it has a library but no usable device); None where there is no
+    driver library, so torch.cuda is asked instead."""
+    try:
+        return driver_devices()
+    except DriverError:
+        return []
+
+
 def visible_gpu_count() -> int:
     """How many CUDA devices this process may use (0 without a usable GPU)."""
-    try:
-        devices = driver_devices()
-    except DriverError:
-        return 0
+    devices = _driver_view()
     if devices is not None:
         return len(devices)
     try:

@@ -125,8 +125,9 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
             budgets.append(budget)
         done = [finished_trials(s) for s in studies]
         remaining = [None if b is None else max(b - d, 0) for b, d in zip(budgets, done)]
+        start = hooks.now()  # one clock reading: every worker's deadlines count from it
         specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
-                            worker_jobs(w, len(options.devices), studies, remaining, hooks.now(), options.time_budget_s),
+                            worker_jobs(w, len(options.devices), studies, remaining, start, options.time_budget_s),
                             options.replay_from, options.force, options.seed, local_workers=len(options.devices),
                             confirm=options.confirm, confirm_rounds=options.confirm_rounds)
                  for w, device in enumerate(options.devices)]

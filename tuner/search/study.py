@@ -179,9 +179,3 @@ def counts_toward_budget(trial: FrozenTrial) -> bool:
 def finished_trials(study: optuna.Study) -> int:
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
     return sum(1 for t in trials if counts_toward_budget(t))
-
-
-def split_budget(total: int, workers: int) -> list[int]:
-    """`total` trials over `workers`, as evenly as possible (first workers get the remainder)."""
-    base, extra = divmod(max(total, 0), workers)
-    return [base + (1 if i < extra else 0) for i in range(workers)]
