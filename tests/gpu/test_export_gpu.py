@@ -28,22 +28,34 @@ HOST_OVERHEAD_RATIO = 2.0  # host time per call against SDPA's on the same host:
 
 
 @pytest.fixture(scope="module")
-def package(gpu_profile, tmp_path_factory):
-    """(module, manifest) of a package exported from a fresh search on this card."""
+def searched(gpu_profile, tmp_path_factory):
+    """(folder, store url) after a fresh short search of SEARCHES on this card."""
     base = tmp_path_factory.mktemp("export_gpu")
     url = f"sqlite:///{base / 'results.db'}"
     for shape, extra in SEARCHES:
         res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", shape, "--trials", "8",
                         "--seed", "0", *extra)
         assert res.exit_code == 0, res.stderr[-3000:]
+    return base, url
+
+
+def _export(searched, gpu_profile, *extra: str):
+    base, url = searched
     name = f"attn_gpu_{uuid.uuid4().hex[:8]}"
-    res = run_tuner("--db", url, "export", "--gpu", gpu_profile.name, "--out", str(base / name))
+    res = run_tuner("--db", url, "export", "--gpu", gpu_profile.name, "--out", str(base / name), *extra)
     assert res.exit_code == 0, res.stderr
     sys.path.insert(0, str(base / name))
     try:
         mod = importlib.import_module(name)
     finally:
         sys.path.remove(str(base / name))
+    return mod, res.stdout
+
+
+@pytest.fixture(scope="module")
+def package(searched, gpu_profile):
+    """(module, manifest) of a package exported from the fresh search."""
+    mod, _ = _export(searched, gpu_profile)
     return mod, mod.MANIFEST
 
 
@@ -306,6 +318,31 @@ def test_transformers_runs_the_tuned_kernels_and_matches_sdpa(package) -> None:
         mod.register_transformers("my_flash_kernels")
 
 
+def test_transformers_prefill_into_an_empty_static_cache_runs_the_kernel(package) -> None:
+    """With no mask and more keys than queries (prefill into an empty static cache), transformers means
+    the first Sq keys, top-left causal: the kernel runs on that view and matches SDPA's answer."""
+    import types
+
+    import torch
+
+    mod, _ = package
+    q = torch.randn(1, 8, 100, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    calls: list[tuple] = []
+    kernel_call = mod._hf.attention
+    mod._hf.attention = lambda *a, **kw: (calls.append(tuple(a[1].shape)), kernel_call(*a, **kw))[1]
+    try:
+        with torch.no_grad():
+            out, _ = mod._hf.transformers_attention(types.SimpleNamespace(is_causal=True, num_key_value_groups=4),
+                                                    q, k, v, None)
+    finally:
+        mod._hf.attention = kernel_call
+    want = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :100], v[:, :, :100], is_causal=True,
+                                                            enable_gqa=True).transpose(1, 2)
+    assert calls == [(1, 2, 100, 128)]
+    assert relative_error(out, want.float()) < 2 * TOLERANCE["bf16"]
+
+
 def test_a_routed_cell_runs_sdpa_with_the_kernels_semantics(package) -> None:
     """A cell the export routed to SDPA (its kernel lost there) gives the reference result through SDPA,
     causal alignment and GQA included, and the dispatch cache remembers the route."""
@@ -329,3 +366,36 @@ def test_a_routed_cell_runs_sdpa_with_the_kernels_semantics(package) -> None:
     finally:
         entry["route"] = before
         mod._api._cache.clear()
+
+
+def test_export_check_measures_every_cell_and_calls_follow_it(searched, gpu_profile) -> None:
+    """--check times each dispatch cell on this card: a cell keeps a kernel only at >= 0.98x the best SDPA
+    backend, calls of a routed cell run SDPA, and every cell's answer matches the fp32 reference."""
+    import torch
+
+    from tuner.export.check_cells import check_cells
+    from tuner.export.selection import ROUTE_BELOW
+
+    mod, stdout = _export(searched, gpu_profile, "--check")
+    print("\n" + stdout)
+    records = mod.MANIFEST["checked"]["cells"]
+    assert len(records) == len(check_cells(mod.MANIFEST["entries"]))
+    for r in records:
+        if r["route"] == "kernel":
+            assert r["ratio"] is None or r["ratio"] >= ROUTE_BELOW, r
+        else:
+            assert r["ratio"] is None or r["ratio"] < ROUTE_BELOW or r["kernel"] is None, r
+    chosen = [r for r in records if r["route"] == "sdpa"][:3] + [r for r in records if r["route"] == "kernel"][:3]
+    for r in chosen:
+        problem = Problem.from_dict(r["problem"])
+        q, k, v = make_inputs(problem, seed=2)
+        with torch.no_grad():
+            out = mod.attention(q, k, v, causal=problem.causal)
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, problem.causal)
+        assert relative_error(out, ref) < 2 * TOLERANCE[problem.dtype], r["problem_label"]
+        hit = mod._api._cache[(q.dtype, problem.head_dim, problem.causal, problem.heads // problem.heads_kv,
+                               (problem.seq_q - 1).bit_length(), (problem.seq_k - 1).bit_length(),
+                               (problem.batch * problem.heads - 1).bit_length())]
+        assert (hit[1] is None) == (r["route"] == "sdpa"), r["problem_label"]
+        assert "export --check" in str(mod.explain(q, k, v, causal=problem.causal))

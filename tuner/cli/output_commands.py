@@ -22,6 +22,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.tables import export_lines, metrics_table
 from tuner.errors import TunerError
+from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
 from tuner.models import load_model, prefill_shapes
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
@@ -74,6 +75,7 @@ def export_command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an earlier export in --out.")] = False,
     db: DbOption = None,
     model: Annotated[Optional[str], typer.Option(help="Export the problems `tuner search --model` tunes for this model (a preset or a config.json).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="On the GPU: time every dispatch cell's kernels against SDPA and route the cells where they lose to SDPA.")] = False,
 ) -> None:
     """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
     use_db(db)
@@ -84,10 +86,12 @@ def export_command(
         shape, dtype = list(prefill_shapes(spec)), spec.dtype
     report = export(ExportOptions(
         gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
-        format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url,
-    ))
+        format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url, check=check,
+    ), progress=lambda record: typer.echo(cell_line(record)))
     for line in export_lines(report.entries):
         typer.echo(line)
+    if report.checked:
+        typer.echo(checked_summary(report.checked))
     what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
     typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
 

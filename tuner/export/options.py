@@ -24,6 +24,7 @@ class ExportOptions:
     allow_rebuild: bool = False  # accept a rebuilt cubin that differs from the one the search measured
     force: bool = False  # write into a non-empty out folder, replacing an earlier export there (nothing else)
     db_url: Optional[str] = None
+    check: bool = False  # measure every dispatch cell on this GPU against SDPA and route the losing ones (package)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ExportReport:
     entries: list[dict[str, Any]]
     kernels: int
     files: list[Path] = field(default_factory=list)
+    checked: list[dict[str, Any]] = field(default_factory=list)  # measured cells (--check)
 
 
 def package_name(options: ExportOptions) -> str:

@@ -8,8 +8,9 @@ tuner.export.package or tuner.export.header through tuner.export.staging.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Optional
 
 import tuner
 from tuner.errors import TunerError
@@ -25,11 +26,21 @@ from tuner.store import open_store
 __all__ = ["ExportOptions", "ExportReport", "export"]
 
 
-def export(options: ExportOptions) -> ExportReport:
-    """Export the best ok trials of `options.gpu` as a package or a header (see module doc)."""
+def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]], None]] = None) -> ExportReport:
+    """Export the best ok trials of `options.gpu` as a package or a header (see module doc).
+
+    With options.check the written package is measured cell by cell on this GPU (tuner.export.check);
+    `progress` gets each measured cell's record.
+    """
     if options.format not in FORMATS:
         raise TunerError(f"unknown export format {options.format!r}; expected one of {', '.join(FORMATS)}")
     profile = load_profile(options.gpu)
+    if options.check:
+        if options.format != "package":
+            raise TunerError("--check measures an importable package: it needs --format package")
+        from tuner.export.check import require_gpu_for
+
+        require_gpu_for(profile)  # before anything is written
     name = package_name(options)
     with open_store(options.db_url, create=False) as store:
         rows = select_trials(store, profile, options.shapes, options.dtype)
@@ -59,4 +70,10 @@ def export(options: ExportOptions) -> ExportReport:
     }
     if options.format == "header":
         return write_header(options, name, profile, manifest, built)
-    return write_package(options, name, profile, manifest, built)
+    report = write_package(options, name, profile, manifest, built)
+    if not options.check:
+        return report
+    from tuner.export.check import check_package
+
+    checked = check_package(options.out, name, profile, progress or (lambda record: None))
+    return dataclasses.replace(report, checked=checked)

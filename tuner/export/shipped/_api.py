@@ -15,11 +15,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import _kernels
-from ._dispatch import DispatchTable, Explanation, Key
+from ._dispatch import DispatchTable, Explanation, Key, cell_summary
 from ._launcher import AttentionInputError, GpuUnavailableError, _bound, check_attention_tensors
 
 PACKAGE: str = _kernels.MANIFEST["package"]
-TABLE = DispatchTable(_kernels.MANIFEST["entries"])
+# Measured cells (tuner export --check) decide their keys; other keys take the nearest tuned entry.
+TABLE = DispatchTable(_kernels.MANIFEST["entries"], _kernels.MANIFEST.get("checked", {}).get("cells", []))
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FALLBACKS = (None, "sdpa")
 # (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
@@ -115,7 +116,7 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Optional[Callable[..., Non
         raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
                                   f"got tensors on cuda:{device}")
     cell = (q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket, key.bh_bucket)
-    if choice.entry.get("route") == "sdpa":
+    if choice.route == "sdpa":
         _cache[cell] = (device, None)
         return None
     kernel = _kernels.load_kernel(choice.entry["kernel"], device)
@@ -196,7 +197,11 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
         lines.append(f"  kernel: {e['kernel']}")
         lines.append(f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}")
         lines.append(f"  why: {choice.reason}")
-        if e.get("route") == "sdpa":
+        if choice.cell is not None:
+            checked = _kernels.MANIFEST["checked"]
+            lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
+                         f"{cell_summary(choice.cell)}")
+        elif e.get("route") == "sdpa":
             lines.append(f"  routed to SDPA: the kernel measured {ratio:.2f}x the best baseline on its tuned problem "
                          "(cells below 0.98x run torch SDPA, so the export never makes a call slower)")
         code = _kernels.code_source(e["kernel"], _device_cc(q))

@@ -7,6 +7,9 @@ variant faster (GQA group, log2 buckets of Sq and Sk, and of batch x heads:
 the work size decides how many waves of tiles fill the card, so a small grid
 wants other tiles than a large one). Between tuned shapes the nearest bucket
 wins: kernels handle any shape, only their speed was measured at the tuned ones.
+A package checked on its GPU (`tuner export --check`) also holds measured
+cells: for those keys the kernel that measured fastest runs, or SDPA where
+every kernel lost to it.
 """
 
 from __future__ import annotations
@@ -61,9 +64,19 @@ class Choice:
     exact: bool  # the Sq and Sk buckets and the group were tuned
     distance: int  # |d log2 Sq| + |d log2 Sk| between the buckets
     candidates: int  # tuned entries with the same dtype, head dim and causality
+    cell: Optional[Mapping[str, Any]] = None  # the measured cell of `tuner export --check` for this key
+
+    @property
+    def route(self) -> Optional[str]:
+        """'sdpa' when calls of this key run torch SDPA: a measured cell decides, else the entry's own figure."""
+        if self.cell is not None:
+            return "sdpa" if self.cell.get("route") == "sdpa" else None
+        return self.entry.get("route")
 
     @property
     def reason(self) -> str:
+        if self.cell is not None:
+            return "this key was measured by `tuner export --check`: the fastest verified choice there runs"
         work = ""
         if self.tuned.bh_bucket != self.key.bh_bucket:
             work = (f"; tuned for batch x heads in bucket {self.tuned.bh_bucket} ({bucket_range(self.tuned.bh_bucket)}), "
@@ -80,6 +93,16 @@ class Choice:
                                   f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}"
 
 
+def cell_summary(cell: Mapping[str, Any]) -> str:
+    """One line on a measured cell: what ran fastest there against the best SDPA backend."""
+    ratio, base = cell.get("ratio"), cell.get("sdpa_impl") or "SDPA"
+    where = f"at {cell.get('problem_label', '?')}"
+    kernel = f"{cell['kernel']} {ratio:.2f}x {base}" if cell.get("kernel") and ratio else "no kernel verified"
+    if cell.get("route") == "sdpa":
+        return f"routed to SDPA {where} (best kernel: {kernel})"
+    return f"{kernel} {where}"
+
+
 def entry_key(entry: Mapping[str, Any]) -> Key:
     k = entry["key"]
     return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]),
@@ -89,8 +112,10 @@ def entry_key(entry: Mapping[str, Any]) -> Key:
 class DispatchTable:
     """The tuned entries of one package, with nearest-bucket choice."""
 
-    def __init__(self, entries: list[Mapping[str, Any]]) -> None:
+    def __init__(self, entries: list[Mapping[str, Any]], cells: list[Mapping[str, Any]] = ()) -> None:
         self.entries = [e for e in entries if e.get("dispatch", True)]
+        self._by_trial = {e["trial_id"]: e for e in entries}  # a measured cell may pick a shadowed entry
+        self.cells = {entry_key(c): c for c in cells if c.get("trial_id") in self._by_trial}
         self._by_features: dict[tuple[str, int, bool], list[tuple[Key, Mapping[str, Any]]]] = {}
         for e in self.entries:
             key = entry_key(e)
@@ -104,9 +129,20 @@ class DispatchTable:
 
     def choose(self, key: Key) -> Optional[Choice]:
         """The entry for `key`, or None when no kernel has its dtype, head dim and causality."""
+        ranked = self.ranked(key)
+        if not ranked:
+            return None
+        cell = self.cells.get(key)
+        tk, e = (entry_key(self._by_trial[cell["trial_id"]]), self._by_trial[cell["trial_id"]]) if cell else ranked[0]
+        dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
+        exact = (tk.group, tk.sq_bucket, tk.sk_bucket) == (key.group, key.sq_bucket, key.sk_bucket)
+        return Choice(e, key, tk, exact, dist, len(ranked), cell)
+
+    def ranked(self, key: Key) -> list[tuple[Key, Mapping[str, Any]]]:
+        """The tuned entries that can run `key` (same dtype, head dim, causality), the rule's choice first."""
         cands = self._by_features.get(key.features)
         if not cands:
-            return None
+            return []
 
         def rank(item: tuple[Key, Mapping[str, Any]]) -> tuple:
             tk, e = item
@@ -117,10 +153,7 @@ class DispatchTable:
             return (dist, group_dist, abs(tk.bh_bucket - key.bh_bucket), -tk.sq_bucket, -tk.sk_bucket,
                     e.get("trial_id", 0))
 
-        tk, e = min(cands, key=rank)
-        dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
-        exact = (tk.group, tk.sq_bucket, tk.sk_bucket) == (key.group, key.sq_bucket, key.sk_bucket)
-        return Choice(e, key, tk, exact, dist, len(cands))
+        return sorted(cands, key=rank)
 
     def unsupported_reason(self, key: Key) -> str:
         """Why no kernel fits `key` (names the limit), for errors and explain()."""

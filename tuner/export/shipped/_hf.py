@@ -9,8 +9,8 @@ Copied verbatim by `tuner export`; transformers is optional and imported only wh
 
 Masks: the name is registered with transformers' SDPA mask function, so a batch without padding
 reaches the attention as "no mask" (causal from the module) and runs the tuned kernel; a padding
-mask, dropout, gradients, a causal call with fewer queries than keys (SDPA aligns that top-left,
-the kernel bottom-right) or a shape the kernels cannot take go to transformers' own SDPA path,
+mask (a static cache's decode steps pass one), dropout, gradients, a causal call with more queries
+than keys or a shape the kernels cannot take go to transformers' own SDPA path,
 so results are SDPA's wherever the kernel does not apply.
 """
 
@@ -46,6 +46,10 @@ def transformers_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     """transformers' attention signature: q [B, H, Sq, D], k/v [B, Hkv, Sk, D]; returns ([B, Sq, H, D], None)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and query.shape[2] > 1
+    if causal and attention_mask is None and key.shape[2] > query.shape[2]:
+        # Prefill into an empty static cache: transformers' causal is top-left here, which is the first
+        # Sq keys (what its SDPA path slices too); the view keeps the kernel's bottom-right rule exact.
+        key, value = key[:, :, :query.shape[2]], value[:, :, :query.shape[2]]
     grads = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     if (attention_mask is not None or dropout or grads or kwargs.get("position_bias") is not None
             or kwargs.get("output_attentions") or (causal and query.shape[2] != key.shape[2])):

@@ -1,0 +1,276 @@
+"""End to end: a Llama-style model with an exported package's attention against torch SDPA, one process.
+
+    python benchmarks/model_e2e.py --package OUT/NAME [--layers 8] [--rounds 7] [--json e2e.json]
+
+The model has Llama-3.1-8B's published shape (hidden 4096, 32 heads over 8 K/V heads, head dim 128,
+MLP 14336, vocab 128256), `--layers` of them, random weights (nothing is downloaded), bf16 on the GPU.
+One model object switches implementation (set_attn_implementation) between timings, so the weights are
+the same. Every figure is a median of per-round ratios, the implementations interleaved in each round.
+
+- prefill: tokens/s of a forward without cache (logits of the last position only) at B4 S4096 and B1 S16384;
+- attention share: CUDA time of the attention kernels in one profiled forward of each implementation;
+- kernel ratio: the attention call alone at the layers' shape (what transformers' SDPA path calls);
+- decode: B8 at context 8192, static cache, one decode step captured in a CUDA graph and replayed;
+- greedy: 32 tokens generated from one prompt by each implementation (dynamic cache), compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5,
+                max_position_embeddings=32768)
+PREFILL = ((4, 4096), (1, 16384))
+DECODE = (8, 8192)
+SDPA_KERNEL = re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)
+
+
+def load_package(path: str) -> Any:
+    folder = Path(path).resolve()
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module(folder.name)
+
+
+def build_model(layers: int) -> Any:
+    import transformers
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA_8B)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16)
+    return model.eval()
+
+
+def event_ms(fn: Callable[[], Any], reps: int) -> float:
+    """Median of `reps` timings of fn (one warm-up call first)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, reps: int) -> dict[str, list[float]]:
+    """ms per call of each fn, round by round, the fns interleaved within each round."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name].append(event_ms(fn, reps))
+    return out
+
+
+def ratio_of(times: dict[str, list[float]], ours: str, base: str) -> float:
+    """Median per-round speed-up of `ours` over `base` (> 1: ours is faster)."""
+    return statistics.median(b / o for o, b in zip(times[ours], times[base]))
+
+
+def with_impl(model: Any, impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        model.set_attn_implementation(impl)
+        return fn()
+    return run
+
+
+def attention_ms(model: Any, impl: str, fn: Callable[[], Any], ours: set[str],
+                 per_kernel: dict[str, float] | None = None) -> tuple[float, float, int]:
+    """(attention kernel ms, all kernels ms, tuned-kernel launches) in one profiled call of fn;
+    `per_kernel` (if given) gets the ms of every kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.set_attn_implementation(impl)
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    attn = total = 0.0
+    launches = 0
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if getattr(ev, "device_type", None) is not None and "CUDA" not in str(ev.device_type):
+            continue
+        total += t
+        if per_kernel is not None:
+            per_kernel[ev.key] = per_kernel.get(ev.key, 0.0) + t / 1000.0
+        tuned = any(ev.key.startswith(n) for n in ours)
+        if tuned or SDPA_KERNEL.search(ev.key):
+            attn += t
+        launches += ev.count if tuned else 0
+    return attn / 1000.0, total / 1000.0, launches
+
+
+def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    ours = set(pkg.MANIFEST["kernels"])
+    cfg = model.config
+    for b, s in PREFILL:
+        ids = torch.randint(0, cfg.vocab_size, (b, s), device="cuda")
+
+        def forward() -> Any:
+            with torch.inference_mode():
+                return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+        times = interleaved({"ours": with_impl(model, impl, forward), "sdpa": with_impl(model, "sdpa", forward)},
+                            rounds, reps=3)
+        q = torch.randn(b, cfg.num_attention_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, cfg.num_key_value_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        with torch.inference_mode():
+            kernel = interleaved({
+                "ours": lambda: pkg.attention(q, k, v, causal=True),
+                "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                 enable_gqa=True)}, rounds, reps=5)
+        k_ours: dict[str, float] = {}
+        k_sdpa: dict[str, float] = {}
+        a_ours, t_ours, launches = attention_ms(model, impl, forward, ours, k_ours)
+        a_sdpa, t_sdpa, _ = attention_ms(model, "sdpa", forward, ours, k_sdpa)
+        # Where the two forwards differ, kernel by kernel (ms, ours - SDPA): what the end-to-end ratio holds
+        # besides attention.
+        diff = {n[:90]: k_ours.get(n, 0.0) - k_sdpa.get(n, 0.0) for n in set(k_ours) | set(k_sdpa)}
+        rows.append({
+            "shape": f"B{b} S{s}", "tokens": b * s,
+            "ours_ms": statistics.median(times["ours"]), "sdpa_ms": statistics.median(times["sdpa"]),
+            "ours_tok_s": b * s / statistics.median(times["ours"]) * 1e3,
+            "sdpa_tok_s": b * s / statistics.median(times["sdpa"]) * 1e3,
+            "e2e_ratio": ratio_of(times, "ours", "sdpa"),
+            "kernel_ratio": ratio_of(kernel, "ours", "sdpa"),
+            "kernel_ours_us": statistics.median(kernel["ours"]) * 1e3,
+            "kernel_sdpa_us": statistics.median(kernel["sdpa"]) * 1e3,
+            "attn_share_ours": a_ours / t_ours, "attn_share_sdpa": a_sdpa / t_sdpa,
+            "in_model_attn_ratio": a_sdpa / a_ours if a_ours else None,
+            "tuned_kernel_launches": launches,
+            "profiled_ms_ours": t_ours, "profiled_ms_sdpa": t_sdpa,
+            "largest_kernel_differences_ms": dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:8]),
+        })
+        print(json.dumps(rows[-1], indent=1), flush=True)
+    return rows
+
+
+def decode_row(model: Any, impl: str, rounds: int, steps: int = 32) -> dict[str, Any]:
+    """Decode tokens/s with a static cache, one step captured in a CUDA graph per implementation."""
+    import transformers
+
+    b, ctx = DECODE
+    cfg = model.config
+    graphs = {}
+    for name in (impl, "sdpa"):
+        model.set_attn_implementation(name)
+        cache = transformers.StaticCache(config=cfg, max_cache_len=ctx + steps + 8)
+        prompt = torch.randint(0, cfg.vocab_size, (b, ctx), device="cuda")
+        tok = torch.zeros(b, 1, dtype=torch.long, device="cuda")
+        pos = torch.full((1,), ctx, dtype=torch.long, device="cuda")
+        with torch.inference_mode():
+            model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(ctx, device="cuda"),
+                  logits_to_keep=1)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(input_ids=tok, past_key_values=cache, cache_position=pos, logits_to_keep=1)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(input_ids=tok, past_key_values=cache, cache_position=pos, logits_to_keep=1)
+
+        def run(graph=graph, pos=pos, cache=cache) -> None:
+            with torch.inference_mode():  # the cache's tensors were made in inference mode
+                for layer in cache.layers:  # the layers count their length on the GPU, inside the graph
+                    layer.cumulative_length.fill_(ctx)
+                for i in range(steps):
+                    pos.fill_(ctx + i)
+                    graph.replay()
+
+        graphs[name] = run
+    times = interleaved({"ours": graphs[impl], "sdpa": graphs["sdpa"]}, rounds, reps=3)
+    return {"shape": f"B{b} ctx{ctx}", "steps": steps,
+            "ours_tok_s": b * steps / statistics.median(times["ours"]) * 1e3,
+            "sdpa_tok_s": b * steps / statistics.median(times["sdpa"]) * 1e3,
+            "e2e_ratio": ratio_of(times, "ours", "sdpa")}
+
+
+def greedy_row(model: Any, pkg: Any, impl: str, tokens: int = 32, prompt_len: int = 4096) -> dict[str, Any]:
+    """Greedy generation from one prompt with each implementation; which kernel the prompt's prefill ran."""
+    cfg = model.config
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(1))
+    q = torch.empty(1, cfg.num_attention_heads, prompt_len, cfg.head_dim, device="meta", dtype=torch.bfloat16)
+    kv = torch.empty(1, cfg.num_key_value_heads, prompt_len, cfg.head_dim, device="meta", dtype=torch.bfloat16)
+    prefill = pkg.explain(q, kv, kv, causal=True)
+    outs = {}
+    for name in (impl, "sdpa"):
+        model.set_attn_implementation(name)
+        with torch.inference_mode():
+            outs[name] = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                        output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                                        pad_token_id=0)
+    a, b = outs[impl].sequences[0, prompt_len:], outs["sdpa"].sequences[0, prompt_len:]
+    same = int((a == b).long().cumprod(0).sum())  # tokens equal before the first difference
+    first = outs[impl].scores[0].float(), outs["sdpa"].scores[0].float()
+    return {"tokens": tokens, "prompt": prompt_len, "prefill_kernel": prefill.kernel,
+            "prefill_routed_to_sdpa": "routed to SDPA" in str(prefill),
+            "identical": bool(torch.equal(a, b)), "same_prefix": same,
+            "first_logits_max_abs_diff": float((first[0] - first[1]).abs().max()),
+            "first_logits_max_abs": float(first[1].abs().max())}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result['gpu']}, {result['layers']} layers of Llama-3.1-8B's shape, bf16, random weights; "
+             f"{result['rounds']} interleaved rounds, median per-round ratios.", "",
+             "| run | ours tok/s | SDPA tok/s | end to end | kernel alone | in model | attention share (ours / SDPA) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["prefill"]:
+        inside = f"{r['in_model_attn_ratio']:.3f}x" if r["in_model_attn_ratio"] else "n/a"
+        lines.append(f"| prefill {r['shape']} | {r['ours_tok_s']:,.0f} | {r['sdpa_tok_s']:,.0f} | "
+                     f"**{r['e2e_ratio']:.3f}x** | {r['kernel_ratio']:.3f}x | {inside} | "
+                     f"{r['attn_share_ours']:.1%} / {r['attn_share_sdpa']:.1%} |")
+    d = result["decode"]
+    lines.append(f"| decode {d['shape']} (graph) | {d['ours_tok_s']:,.0f} | {d['sdpa_tok_s']:,.0f} | "
+                 f"**{d['e2e_ratio']:.3f}x** | | | |")
+    g = result["greedy"]
+    ran = "SDPA (routed)" if g["prefill_routed_to_sdpa"] else g["prefill_kernel"]
+    lines += ["", f"Greedy {g['tokens']} tokens after a {g['prompt']}-token prompt (its prefill ran {ran}): "
+                  f"identical {g['identical']} (first {g['same_prefix']} equal); "
+                  f"first-step logits max |diff| {g['first_logits_max_abs_diff']:.3g} of max |logit| "
+                  f"{g['first_logits_max_abs']:.3g}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--package", required=True, help="folder of an exported package (OUT/NAME)")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args()
+    pkg = load_package(args.package)
+    impl = pkg.register_transformers("tuned_e2e")
+    model = build_model(args.layers)
+    result = {"gpu": torch.cuda.get_device_name(), "layers": args.layers, "rounds": args.rounds,
+              "package": pkg.MANIFEST["package"]}
+    # Each part is printed as it is measured: a failure later keeps the figures already taken.
+    result["prefill"] = prefill_rows(model, pkg, impl, args.rounds)
+    result["decode"] = decode_row(model, impl, args.rounds)
+    print(json.dumps(result["decode"]), flush=True)
+    result["greedy"] = greedy_row(model, pkg, impl)
+    print(markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""tuner export --check: measure every dispatch cell of a written package on this GPU.
+
+For each cell (tuner.export.check_cells) the candidate kernels, loaded from
+the package itself (the shipped cubins, the shipped launcher), are verified
+against the fp32 reference, then timed in interleaved rounds with every SDPA
+backend that takes the shape, all in one child process. The fastest kernel keeps the cell if its median
+per-round ratio to the best backend reaches ROUTE_BELOW; otherwise the cell
+runs SDPA. The records land in the package's manifest.json under "checked"
+(manifest.json is not among the hashed files: it holds the hashes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.errors import TunerError
+from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
+from tuner.profiles import GpuProfile
+
+ROUNDS = 5  # interleaved rounds per cell: a ratio counts as the median per-round ratio
+
+
+def require_gpu_for(profile: GpuProfile) -> int:
+    """The device index to check on: a GPU of the profile's compute capability, else a one-line TunerError."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise TunerError("tuner export --check times the kernels on the GPU: no CUDA device is visible here "
+                         "(export without --check, or run it on the GPU machine)")
+    device = torch.cuda.current_device()
+    cc = torch.cuda.get_device_capability(device)
+    if tuple(cc) != tuple(profile.compute_capability):
+        raise TunerError(f"tuner export --check for profile {profile.name} needs compute capability "
+                         f"{profile.compute_capability[0]}.{profile.compute_capability[1]}; cuda:{device} "
+                         f"({torch.cuda.get_device_name(device)}) has {cc[0]}.{cc[1]}")
+    return device
+
+
+def _import_package(root: Path, name: str) -> Any:
+    """The written package, imported from `root` (its own integrity check runs on import)."""
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(root))
+
+
+def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any,
+                 errors: dict[str, str]) -> dict[str, Callable[[], Any]]:
+    """A launch closure per candidate kernel that takes the shape and verifies; why the others do not."""
+    from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
+
+    kernels = importlib.import_module(f"{pkg.__name__}._kernels")
+    runs: dict[str, Callable[[], Any]] = {}
+    for entry in cell.candidates:
+        name = entry["kernel"]
+        kernel = kernels.load_kernel(name, q.get_device())
+        out = empty_output(q)
+        try:
+            kernel(q, k, v, out)
+        except pkg.AttentionInputError as exc:
+            errors[name] = f"does not take the shape: {exc}"
+            continue
+        err = relative_error(out, ref)
+        if not err < TOLERANCE[cell.problem.dtype]:
+            errors[name] = f"relative error {err:.2e} >= {TOLERANCE[cell.problem.dtype]:g}"
+            continue
+        runs[name] = lambda kernel=kernel, out=out: kernel.launch_unchecked(q, k, v, out)
+    return runs
+
+
+def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Verify and time one cell's kernels against SDPA in `rounds` interleaved rounds; its manifest record.
+
+    Each timing is a trial's (25 ms warm-up, 100 ms of repetitions, L2 flushed): shorter ones read a
+    sustained kernel faster than it runs once the card reaches its power limit, and not every kernel
+    by as much (cuDNN read 14% faster at 30 ms on an H100 at B1 S16384 D128, the tuned kernel 2%).
+    """
+    import torch
+
+    from tuner.runtime.baselines import available_baselines
+    from tuner.runtime.timing import time_cuda
+    from tuner.runtime.verify import make_inputs, reference
+
+    q, k, v = make_inputs(cell.problem, seed=0)
+    ref, _ = reference(q, k, v, cell.problem.causal)
+    errors: dict[str, str] = {}
+    runs = _kernel_runs(pkg, cell, q, k, v, ref, errors)
+    del ref
+    baselines = available_baselines(cell.problem, q, k, v)
+    calls: dict[str, Callable[[], Any]] = {
+        **{name: (lambda fn=fn: time_cuda(fn, l2_bytes=l2_bytes)) for name, fn in runs.items()},
+        **{b.name: (lambda b=b: b.time(l2_bytes=l2_bytes)) for b in baselines}}
+    order, timed = list(calls), []
+    for r in range(rounds):  # the start rotates: no implementation always runs first (or on a cooler card)
+        timed.append({name: calls[name]().median_us for name in order[r % len(order):] + order[:r % len(order)]})
+    torch.cuda.synchronize()
+    names = [b.name for b in baselines]
+    ratios = median_ratios(timed, list(runs), names) if names else {n: 1.0 for n in runs}
+
+    def median_of(name: str) -> float:
+        return sorted(r[name] for r in timed)[len(timed) // 2]
+
+    return decide(cell, ratios, {n: median_of(n) for n in names}, errors, {n: median_of(n) for n in runs})
+
+
+def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable[[dict[str, Any]], None]
+                  = lambda record: None) -> list[dict[str, Any]]:
+    """Measure every cell of the package `root/name` and record the results in its manifest.json.
+
+    The cells are measured in a child process that imports the package as a user would: this process
+    never imports it, so a later import here reads the checked manifest (a package's torch op can be
+    registered once per process).
+    """
+    require_gpu_for(profile)
+    path = root / name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    records: list[dict[str, Any]] = []
+    header: dict[str, Any] = {}
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: warnings cannot block the child
+        child = subprocess.Popen([sys.executable, "-m", "tuner.export.check", str(root), name, str(profile.l2_bytes)],
+                                 stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert child.stdout is not None
+        for line in child.stdout:  # anything else the child prints is ignored
+            if line.startswith(_CELL):
+                records.append(json.loads(line[len(_CELL):]))
+                progress(records[-1])
+            elif line.startswith(_DONE):
+                header = json.loads(line[len(_DONE):])
+        child.wait()
+        errors.seek(0)
+        stderr = errors.read()
+    if child.returncode != 0 or not header:
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {child.returncode}"
+        raise TunerError(f"export --check failed while measuring the cells of {name}: {last}")
+    manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records}
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return records
+
+
+_CELL, _DONE = "@cell ", "@done "  # the child's line prefixes: a measured cell, then where it was measured
+
+
+def _measure_all(root: Path, name: str, l2_bytes: int) -> None:
+    """The child: import the package, measure each cell, print one record line per cell, then the header."""
+    import torch
+
+    pkg = _import_package(root, name)
+    for cell in check_cells(pkg.MANIFEST["entries"]):
+        print(_CELL + json.dumps(measure_cell(pkg, cell, l2_bytes)), flush=True)
+    device = torch.cuda.current_device()
+    header = {"gpu_name": torch.cuda.get_device_name(device), "torch_version": torch.__version__,
+              "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    print(_DONE + json.dumps(header), flush=True)
+
+
+if __name__ == "__main__":
+    _measure_all(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,122 @@
+"""Which dispatch cells `tuner export --check` measures, and what it decides from the timings (no GPU here).
+
+A cell is a dispatch key (dtype, head dim, causal, GQA group, log2 buckets of
+Sq, Sk and batch x heads) measured at one representative shape. Besides every
+tuned problem, the check covers the shapes a model meets in serving for each
+(dtype, head dim, causal, heads, K/V heads) the export was tuned for: prefill
+batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1) at short
+and long contexts, so that no call a model makes lands on an unmeasured cell
+whose nearest tuned kernel happens to lose.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from tuner.export.selection import ROUTE_BELOW  # one threshold for tuned entries and measured cells
+from tuner.export.shipped._dispatch import DispatchTable, Key
+from tuner.problem import Problem
+
+PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
+PREFILL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+DECODE_STEPS = ((64, 1024), (8, 8192), (1, 32768))  # (batch, context): many short, a batch, one long
+MAX_CANDIDATES = 4  # kernels timed per cell: the rule's choice and its nearest rivals
+
+
+@dataclass(frozen=True)
+class CheckCell:
+    problem: Problem  # the representative shape timed for the cell
+    key: Key
+    candidates: tuple[Mapping[str, Any], ...]  # manifest entries whose kernels are timed, the rule's choice first
+
+
+def _key_of(p: Problem) -> Key:
+    return Key.of(p.dtype, p.head_dim, p.causal, p.heads, p.heads_kv, p.seq_q, p.seq_k, batch=p.batch)
+
+
+def serving_problems(tuned: Problem) -> list[Problem]:
+    """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality and layout."""
+    base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
+                causal=tuned.causal, layout=tuned.layout)
+    found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, **base) for s in PREFILL_LENGTHS]
+    found += [Problem(batch=b, seq_q=1, seq_k=ctx, **base) for b, ctx in DECODE_STEPS]
+    return found
+
+
+def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
+    """One cell per dispatch key met by the tuned problems and their serving shapes (tuned problems first)."""
+    table = DispatchTable(list(entries))
+    tuned = [Problem.from_dict(e["problem"]) for e in table.entries]
+    cells: dict[Key, CheckCell] = {}
+    for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
+        key = _key_of(problem)
+        if key in cells:
+            continue
+        ranked, kernels = [], set()
+        for _, entry in table.ranked(key):
+            if entry["kernel"] not in kernels:  # one timing per kernel, whichever entry shipped it
+                kernels.add(entry["kernel"])
+                ranked.append(entry)
+        if ranked:
+            cells[key] = CheckCell(problem, key, tuple(ranked[:MAX_CANDIDATES]))
+    return list(cells.values())
+
+
+def median_ratios(rounds: list[dict[str, float]], kernels: list[str], baselines: list[str]) -> dict[str, float]:
+    """Per kernel, the median over rounds of (best SDPA backend's time in the round) / (kernel's time)."""
+    ratios: dict[str, float] = {}
+    for name in kernels:
+        per_round = [min(r[b] for b in baselines) / r[name] for r in rounds if name in r]
+        if per_round:
+            ratios[name] = statistics.median(per_round)
+    return ratios
+
+
+def decide(cell: CheckCell, ratios: Mapping[str, float], sdpa: Mapping[str, float], errors: Mapping[str, str],
+           kernel_us: Mapping[str, float]) -> dict[str, Any]:
+    """The manifest record of a measured cell: the fastest verified kernel, or SDPA where it loses.
+
+    `ratios` maps kernel name -> median ratio to the best SDPA backend, `sdpa` backend name -> median us,
+    `errors` kernel name -> why it was not timed (does not fit, wrong result), `kernel_us` name -> median us.
+    """
+    best: Optional[str] = max(ratios, key=lambda n: ratios[n]) if ratios else None
+    entry = next((e for e in cell.candidates if e["kernel"] == best), cell.candidates[0])
+    sdpa_impl = min(sdpa, key=lambda n: sdpa[n]) if sdpa else None
+    ratio = ratios.get(best) if best else None
+    if not sdpa:  # no SDPA backend takes the shape: the kernel is all there is
+        route = "kernel" if best else "sdpa"
+    else:
+        route = "kernel" if ratio is not None and ratio >= ROUTE_BELOW else "sdpa"
+    return {
+        "key": dict(cell.key.__dict__),
+        "problem": cell.problem.to_dict(),
+        "problem_label": cell.problem.label,
+        "route": route,
+        "trial_id": entry["trial_id"],
+        "kernel": best,
+        "ratio": ratio,
+        "kernel_us": kernel_us.get(best) if best else None,
+        "sdpa_impl": sdpa_impl,
+        "sdpa_us": sdpa.get(sdpa_impl) if sdpa_impl else None,
+        "candidates": [{"kernel": e["kernel"], "trial_id": e["trial_id"], "ratio": ratios.get(e["kernel"]),
+                        "error": errors.get(e["kernel"])} for e in cell.candidates],
+    }
+
+
+def cell_line(record: Mapping[str, Any]) -> str:
+    """One line per measured cell for the CLI."""
+    where = f"{record['problem_label']:<40}"
+    if record["kernel"] is None:
+        return f"{where} -> SDPA  (no candidate kernel verified)"
+    ratio = f"{record['ratio']:.2f}x {record['sdpa_impl']}" if record["ratio"] is not None else "no SDPA backend"
+    verdict = "kernel" if record["route"] == "kernel" else "-> SDPA"
+    return f"{where} {verdict:<8} {record['kernel']} {ratio}"
+
+
+def checked_summary(records: list[Mapping[str, Any]]) -> str:
+    routed = sum(r["route"] == "sdpa" for r in records)
+    kept = [r["ratio"] for r in records if r["route"] == "kernel" and r["ratio"] is not None]
+    low = f"; slowest kernel cell {min(kept):.2f}x SDPA" if kept else ""
+    return f"checked {len(records)} cells: {len(records) - routed} run a tuned kernel, {routed} run SDPA{low}"
