@@ -55,6 +55,7 @@ class Features:
     causal: bool
     gqa: bool
     layouts: tuple[str, ...]
+    max_seq_q: int = 0  # the longest query the search picks the template for (0: any)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class Manifest:
     # templates folders (template_folders()), then the manifest's own folder
     # if it is not one of them.
     include_dirs: tuple[Path, ...] = ()
+    # Attributes written on the entry point after __launch_bounds__ (e.g. __cluster_dims__(...)).
+    entry_attributes: str = ""
 
     @property
     def source(self) -> str:
@@ -189,6 +192,7 @@ def load_manifest_file(path: Path) -> Manifest:
             causal=bool(_require(feats, "causal", bool, f"{where} [features]")),
             gqa=bool(_require(feats, "gqa", bool, f"{where} [features]")),
             layouts=tuple(_require(feats, "layouts", list, f"{where} [features]")),
+            max_seq_q=int(feats.get("max_seq_q", 0)),
         ),
         params=params,
         name_format=name_format,
@@ -200,6 +204,7 @@ def load_manifest_file(path: Path) -> Manifest:
         source_hash=_source_hash(path, files),
         files=files,
         include_dirs=include_dirs,
+        entry_attributes=str(data.get("entry_attributes", "")),
     )
 
 

@@ -10,7 +10,7 @@ _CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16"}
 # Resources the launcher and feasibility act on, and the template constant
 # each must equal: a drift would hang a TMA copy or launch the wrong grid.
 _LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("tma_q_rows", "Q_ROWS"),
-                    ("persistent", "PERSISTENT"), ("consumer_regs", "CONSUMER_REGS"))
+                    ("persistent", "PERSISTENT"), ("consumer_regs", "CONSUMER_REGS"), ("splits", "SPLITS"))
 
 
 def _cxx_value(value: ParamValue) -> str:
@@ -54,6 +54,8 @@ def render(variant: Variant) -> str:
         + f'static_assert(TunerCfg::THREADS == {res["threads"]}, "manifest threads disagrees with the template");\n'
         + "".join(f'static_assert(TunerCfg::{const} == {res[key]}, "manifest {key} disagrees with the template");\n'
                   for key, const in _LAUNCH_CONTRACT if key in res)
-        + f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
+        + 'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)'
+        + (f" {manifest.entry_attributes}" if manifest.entry_attributes else "")
+        + f'\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
         + "  ATTN_FWD_BODY(TunerCfg)\n}\n"
     )

@@ -76,6 +76,19 @@ class LaunchShape:
     tma_kv_rows: int = 0  # rows of a K/V box
     tma_q_rows: int = 0  # rows of a Q box (0: block_m)
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
+    splits: int = 0  # > 0: a decode kernel, grid (row blocks x splits, Hkv, B) over rows = Sq x group
+
+
+def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count: int) -> tuple[int, int, int]:
+    """The grid of a launch: (query tiles, heads, batch); a decode kernel's rows are (query, head of the GQA
+    group) pairs, its key splits one cluster per row block, (row blocks x splits, K/V heads, batch); a
+    persistent kernel runs one CTA per SM (at most one per work item)."""
+    if shape.splits:
+        return ((sq * (h // hkv) + shape.block_m - 1) // shape.block_m * shape.splits, hkv, b)
+    tiles = (sq + shape.block_m - 1) // shape.block_m
+    if shape.persistent:
+        return (min(tiles * h * b, sm_count), 1, 1)
+    return (tiles, h, b)
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -230,9 +243,7 @@ class AttentionKernel:
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         os_ = out.stride()
         shape = self.shape
-        grid = ((sq + shape.block_m - 1) // shape.block_m, h, b)
-        if shape.persistent:
-            grid = (min(grid[0] * h * b, self._sm_count), 1, 1)
+        grid = launch_grid(shape, b, h, hkv, sq, self._sm_count)
         lp = lse.data_ptr() if lse is not None else 0
         if maps is not None:
             # A map depends on the layout (looked up here, unless given) and the address (written per call).

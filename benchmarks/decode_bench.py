@@ -1,0 +1,112 @@
+"""Decode attention at the memory-bandwidth limit: the store's best decode kernels against SDPA, one process.
+
+    python benchmarks/decode_bench.py --db sqlite:///results.db [--gpu h100] [--rounds 7] [--json out.json]
+
+For each problem of issue 15's targets that the store has tuned (B8 H32 Hkv8 Sq1 Sk8192 D128 bf16,
+B1 Sk32768, B64 Sk1024, and Sq4 of the first), the best ok trial (the confirmed one when there is one)
+is rebuilt, verified against the fp32 reference and timed with every SDPA backend in interleaved
+rounds (the start rotates; L2 flushed before each repetition, as trials are timed). Reported: the
+median µs, the K/V bytes the step must read, GB/s and the fraction of the profile's HBM bandwidth,
+and the median per-round ratio to each backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from tuner.kernels.variant import Variant
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.runtime.baselines import available_baselines
+from tuner.runtime.build import build
+from tuner.runtime.driver import cuda_driver
+from tuner.runtime.timing import time_cuda
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.store import TrialFilter, open_store
+
+TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
+    (Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8), 0.90),
+    (Problem(1, 32, 1, 32768, 128, dtype="bf16", heads_kv=8), 0.85),
+    (Problem(64, 32, 1, 1024, 128, dtype="bf16", heads_kv=8), 0.75),
+    (Problem(8, 32, 4, 8192, 128, dtype="bf16", heads_kv=8), None),  # Sq 4: within 1.3x of the Sq 1 time
+]
+
+
+def kv_bytes(p: Problem) -> int:
+    """What a decode step must read at least: K and V once (2 bytes an element)."""
+    return 2 * p.batch * p.heads_kv * p.seq_k * p.head_dim * 2
+
+
+def best_trial(store: Any, gpu: str, p: Problem) -> Any:
+    rows = store.prefer_confirmed(store.best_trials(TrialFilter(gpu=gpu, shape=(p.batch, p.heads, p.seq_q, p.seq_k,
+                                                                                p.head_dim), dtype=p.dtype)))
+    rows = [r for r in rows if r.problem == p]
+    return rows[0] if rows else None
+
+
+def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int) -> dict[str, Any]:
+    built = build(Variant.from_stored(row.template, row.params), arch)
+    kernel = built.load()
+    q, k, v = make_inputs(p, seed=0)
+    ref, _ = reference(q, k, v, p.causal)
+    out = empty_output(q)
+    kernel(q, k, v, out)
+    err = relative_error(out, ref)
+    assert err < TOLERANCE[p.dtype], f"{built.variant.name} on {p.label}: rel error {err:.2e}"
+    calls = {"tuned": lambda: time_cuda(lambda: kernel.launch_unchecked(q, k, v, out), l2_bytes=l2_bytes)}
+    for b in available_baselines(p, q, k, v):
+        calls[b.name] = lambda b=b: b.time(l2_bytes=l2_bytes)
+    order, times = list(calls), {n: [] for n in calls}
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            times[name].append(calls[name]().median_us)
+    us = statistics.median(times["tuned"])
+    return {"problem": p.label, "variant": built.variant.name, "us": us, "kv_bytes": kv_bytes(p),
+            "gbs": kv_bytes(p) / us / 1e3, "rel_error": err,
+            "baselines_us": {n: statistics.median(t) for n, t in times.items() if n != "tuned"},
+            "ratios": {n: statistics.median(b / o for b, o in zip(t, times["tuned"]))
+                       for n, t in times.items() if n != "tuned"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    import torch
+
+    profile = load_profile(args.gpu)
+    cuda_driver(0)
+    results = []
+    with open_store(args.db, create=False) as store:
+        chosen = [(p, goal, best_trial(store, profile.name, p)) for p, goal in TARGETS]
+    for p, goal, row in chosen:
+        if row is None:
+            print(f"{p.label}: not tuned in this store, skipped")
+            continue
+        res = measure(p, row, profile.nvcc_arch, args.rounds, profile.l2_bytes)
+        res["fraction_of_peak"] = res["gbs"] / profile.mem_bandwidth_gbs
+        res["goal"] = goal
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, {args.rounds} interleaved rounds, L2 flushed; peak "
+          f"{profile.mem_bandwidth_gbs:.0f} GB/s\n")
+    print("| problem | variant | µs | K/V MB | GB/s | of peak (goal) | vs cuDNN | vs flash |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        goal = f" ({r['goal']:.0%})" if r["goal"] else ""
+        ratios = [f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "n/a" for n in ("sdpa_cudnn", "sdpa_flash")]
+        print(f"| {r['problem']} | {r['variant'].split('_', 4)[-1]} | {r['us']:.1f} | {r['kv_bytes'] / 1e6:.0f} | "
+              f"{r['gbs']:.0f} | {r['fraction_of_peak']:.0%}{goal} | {ratios[0]} | {ratios[1]} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

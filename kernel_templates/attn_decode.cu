@@ -1,0 +1,345 @@
+// Decode and short-query attention (flash-decoding) for sm_90a.
+//
+// A CTA computes one block of BM rows for one (batch, K/V head): the rows are
+// (query position, query head of the GQA group) pairs, so every K/V tile read
+// serves the whole group. The keys are split across the SPLITS CTAs of a
+// thread-block cluster; the warps of a CTA split each K/V tile again. Each
+// warp keeps an online softmax over its keys (mma.sync m16n8k16, K/V in a
+// cp.async ring); the warps merge in shared memory, then the CTAs of the
+// cluster merge through distributed shared memory, each finishing a share of
+// the rows: no workspace, no second kernel, nothing to allocate per call.
+//
+// Problem: see common/attn_args.h. Grid: (row blocks * SPLITS, Hkv, B), row
+// blocks = ceil(Sq * H / Hkv / BM). Causal masking is bottom-right aligned:
+// query i sees key j iff j <= i + (Sk - Sq); rows that see no key give 0 and
+// lse = -inf.
+
+#include <cooperative_groups.h>
+
+#include "attn_decode/config.h"
+#include "attn_fwd_mma/load_tile.h"
+#include "attn_fwd_mma/ptx_sm80.h"
+#include "attn_fwd_mma/tree_reduce.h"
+#include "common/attn_args.h"
+#include "common/utils.h"
+
+namespace fc {
+
+// Q rows r0 .. r0 + BM of the packed (position, head) order into the tile;
+// rows past the problem are zero (their scores are finite and never stored).
+template <class C>
+__device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs& a, int b, int hk, int r0,
+                                              int rows) {
+  using T = typename C::T;
+  constexpr int CHUNKS = C::D / 8;
+  for (int i = threadIdx.x; i < C::BM * CHUNKS; i += C::THREADS) {
+    const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+    const int gr = r0 + r;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (gr < rows) {
+      const int p = gr / a.h_per_kv, h = hk * a.h_per_kv + gr % a.h_per_kv;
+      val = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + p * a.q_ss + c);
+    }
+    *reinterpret_cast<uint4*>(sQ + C::Layout::offset(r, c)) = val;
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void attn_decode(const AttnArgs& a) {
+  using T = typename C::T;
+  using L = typename C::Layout;
+  using M = Mma<T>;
+  namespace cg = cooperative_groups;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + C::Q_TILE;
+  T* sV = sK + C::STAGES * C::KV_TILE;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int split = (int)blockIdx.x % C::SPLITS;  // the CTA's rank in its cluster
+  const int m0 = ((int)blockIdx.x / C::SPLITS) * C::BM;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int group = a.h_per_kv;
+  const int rows = group * a.sq;
+  const int diag = a.sk - a.sq;  // bottom-right alignment offset
+
+  const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
+  const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+
+  // Keys the block's last query position sees, split in whole tiles across the cluster.
+  int n_end = a.sk;
+  if (C::CAUSAL) n_end = min(a.sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
+  const int tiles_all = (n_end + C::BN - 1) / C::BN;
+  const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
+  const int j0 = split * per_split;
+  const int n_tiles = max(0, min(tiles_all, j0 + per_split) - j0);
+  const int p_first = m0 / group;  // the block's first query position: tiles past its diagonal need masks
+
+  load_packed_q<C>(sQ, a, b, hk, m0, rows);
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < n_tiles) load_tile<C, C::BN>(sK + s * C::KV_TILE, k, a.k_ss, (j0 + s) * C::BN, n_end);
+    cp_async_commit();
+    if (s < n_tiles) load_tile<C, C::BN>(sV + s * C::KV_TILE, v, a.v_ss, (j0 + s) * C::BN, n_end);
+    cp_async_commit();
+  }
+
+  const int key_base = warp * C::KEYS_PER_WARP;
+  const int q_row0 = (lane % 8) + ((lane / 8) % 2) * 8;
+  const uint32_t q_rb = smem_u32(sQ) + q_row0 * L::ROW_BYTES, q_cb = L::chunk_bytes(q_row0, lane / 16);
+  const int k_row0 = key_base + (lane / 16) * 8 + (lane % 8);
+  const uint32_t k_rb = smem_u32(sK) + k_row0 * L::ROW_BYTES, k_cb = L::chunk_bytes(k_row0, (lane / 8) % 2);
+  const int v_row0 = key_base + ((lane / 8) % 2) * 8 + (lane % 8);
+  const uint32_t v_rb = smem_u32(sV) + v_row0 * L::ROW_BYTES, v_cb = L::chunk_bytes(v_row0, lane / 16);
+  constexpr uint32_t KV_TILE_BYTES = C::KV_TILE * 2;
+
+  float acc_o[C::MT][C::DT][4];
+  float row_max[C::MT][2], row_sum[C::MT][2];
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < C::DT; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_o[mt][dt][i] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = NEG_INF;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  const float scale_log2 = a.scale * LOG2E;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int slot = j % C::STAGES;
+    if constexpr (C::STAGES == 1) {
+      load_tile<C, C::BN>(sK, k, a.k_ss, (j0 + j) * C::BN, n_end);
+      cp_async_commit();
+      load_tile<C, C::BN>(sV, v, a.v_ss, (j0 + j) * C::BN, n_end);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<2 * (C::STAGES - 2)>();  // K_j and V_j have landed
+    }
+    __syncthreads();  // (the first time also: Q's plain stores are visible)
+    if constexpr (C::STAGES > 1) {
+      const int jn = j + C::STAGES - 1;  // prefetch into the slot tile j-1 used
+      const int slot_n = jn % C::STAGES;
+      if (jn < n_tiles) load_tile<C, C::BN>(sK + slot_n * C::KV_TILE, k, a.k_ss, (j0 + jn) * C::BN, n_end);
+      cp_async_commit();
+      if (jn < n_tiles) load_tile<C, C::BN>(sV + slot_n * C::KV_TILE, v, a.v_ss, (j0 + jn) * C::BN, n_end);
+      cp_async_commit();
+    }
+    const uint32_t slot_bytes = (uint32_t)slot * KV_TILE_BYTES;
+    const uint32_t tk_rb = k_rb + slot_bytes, tv_rb = v_rb + slot_bytes;
+
+    // ---- S = Q K^T: every row of the block x this warp's keys of the tile
+    float acc_s[C::MT][C::NT][4];
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < C::KD; ++kd) {
+      uint32_t a_frag[C::MT][4];
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) ldmatrix_x4(a_frag[mt], L::addr(q_rb, q_cb, mt * 16, kd * 16));
+#pragma unroll
+      for (int np = 0; np < C::NT / 2; ++np) {
+        uint32_t b_frag[4];
+        ldmatrix_x4(b_frag, L::addr(tk_rb, k_cb, np * 16, kd * 16));
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) {
+          M::run(acc_s[mt][2 * np], a_frag[mt], b_frag[0], b_frag[1]);
+          M::run(acc_s[mt][2 * np + 1], a_frag[mt], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+
+    // ---- masks: keys past the end, and past each row's causal limit
+    const int n0 = (j0 + j) * C::BN;
+    if (n0 + C::BN > n_end || (C::CAUSAL && n0 + C::BN - 1 > p_first + diag)) {
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int p = (m0 + mt * 16 + g + r * 8) / group;
+          const int limit = C::CAUSAL ? min(n_end, p + diag + 1) : n_end;
+#pragma unroll
+          for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (n0 + key_base + nt * 8 + 2 * t + e >= limit) acc_s[mt][nt][2 * r + e] = NEG_INF;
+        }
+    }
+
+    // ---- online softmax (row max shared by the thread quad; sums reduced at the end)
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float vals[2 * C::NT];
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt) {
+          vals[2 * nt] = acc_s[mt][nt][2 * r];
+          vals[2 * nt + 1] = acc_s[mt][nt][2 * r + 1];
+        }
+        TreeReduce<C::NT>::run(vals, MaxOp());
+        float mx = fmaxf(row_max[mt][r], vals[0]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_scaled = (mx == NEG_INF) ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        row_max[mt][r] = mx;
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(fmaf(acc_s[mt][nt][2 * r + e], scale_log2, -m_scaled));
+            acc_s[mt][nt][2 * r + e] = p;
+            vals[2 * nt + e] = p;
+          }
+        TreeReduce<C::NT>::run(vals, AddOp());
+        row_sum[mt][r] = row_sum[mt][r] * alpha + vals[0];
+#pragma unroll
+        for (int dt = 0; dt < C::DT; ++dt) {
+          acc_o[mt][dt][2 * r] *= alpha;
+          acc_o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+
+    // ---- O += P V
+#pragma unroll
+    for (int kk = 0; kk < C::KN; ++kk) {
+      uint32_t p_frag[C::MT][4];
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) {
+        p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < C::DT / 2; ++dp) {
+        uint32_t b_frag[4];
+        ldmatrix_x4_trans(b_frag, L::addr(tv_rb, v_cb, kk * 16, dp * 16));
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) {
+          M::run(acc_o[mt][2 * dp], p_frag[mt], b_frag[0], b_frag[1]);
+          M::run(acc_o[mt][2 * dp + 1], p_frag[mt], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+    if constexpr (C::STAGES == 1) __syncthreads();  // the next tile overwrites the only slot
+  }
+  cp_async_wait<0>();
+
+  // ---- merge the warps: O (unnormalised, relative to the CTA's row max) and the row stats in shared memory
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 1);
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 2);
+    }
+  __syncthreads();  // every warp is done with the K/V ring, which the merge reuses
+  float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_TILE * sizeof(T));  // [BM][D]
+  float* s_wmax = s_acc + C::BM * C::D;                                        // [NUM_WARPS][BM]
+  float* s_wsum = s_wmax + C::NUM_WARPS * C::BM;                               // [NUM_WARPS][BM]
+  float* s_m = s_wsum + C::NUM_WARPS * C::BM;  // [BM] the CTA's row max, log2 units (-inf: no key)
+  float* s_l = s_m + C::BM;                    // [BM] the CTA's row sum relative to s_m
+  for (int i = tid; i < C::BM * C::D; i += C::THREADS) s_acc[i] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (t == 0) {
+        const int row = mt * 16 + g + r * 8;
+        s_wmax[warp * C::BM + row] = row_max[mt][r];
+        s_wsum[warp * C::BM + row] = row_sum[mt][r];
+      }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = mt * 16 + g + r * 8;
+      float m_all = NEG_INF;
+#pragma unroll
+      for (int w = 0; w < C::NUM_WARPS; ++w) m_all = fmaxf(m_all, s_wmax[w * C::BM + row]);
+      const float m_scaled = (m_all == NEG_INF) ? 0.f : m_all * scale_log2;
+      const float factor = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+#pragma unroll
+      for (int dt = 0; dt < C::DT; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        atomicAdd(s_acc + row * C::D + col, acc_o[mt][dt][2 * r] * factor);
+        atomicAdd(s_acc + row * C::D + col + 1, acc_o[mt][dt][2 * r + 1] * factor);
+      }
+      if (warp == 0 && t == 0) {
+        float l_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < C::NUM_WARPS; ++w)
+          l_all += s_wsum[w * C::BM + row] * fast_exp2(s_wmax[w * C::BM + row] * scale_log2 - m_scaled);
+        s_m[row] = m_all == NEG_INF ? NEG_INF : m_scaled;
+        s_l[row] = l_all;
+      }
+    }
+
+  // ---- merge the CTAs of the cluster: rank s finishes rows s, s + SPLITS, ...
+  cg::cluster_group cluster = cg::this_cluster();
+  if constexpr (C::SPLITS > 1) cluster.sync();  // every CTA's merge is in its shared memory
+  else __syncthreads();
+  const float* r_acc[C::SPLITS];
+  const float* r_m[C::SPLITS];
+  const float* r_l[C::SPLITS];
+#pragma unroll
+  for (int s = 0; s < C::SPLITS; ++s) {
+    r_acc[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_acc, s) : s_acc;
+    r_m[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_m, s) : s_m;
+    r_l[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_l, s) : s_l;
+  }
+  constexpr int CHUNKS = C::D / 8;
+  constexpr int MY_ROWS = (C::BM + C::SPLITS - 1) / C::SPLITS;
+  const int heads = (int)gridDim.y * group;
+  for (int i = tid; i < MY_ROWS * CHUNKS; i += C::THREADS) {
+    const int row = split + (i / CHUNKS) * C::SPLITS, c = (i % CHUNKS) * 8;
+    const int gr = m0 + row;
+    if (row >= C::BM || gr >= rows) continue;
+    float m_all = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < C::SPLITS; ++s) m_all = fmaxf(m_all, r_m[s][row]);
+    const float m_ref = m_all == NEG_INF ? 0.f : m_all;
+    float l_all = 0.f, o8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < C::SPLITS; ++s) {
+      const float w = fast_exp2(r_m[s][row] - m_ref);  // 0 for a CTA that saw no key of the row
+      l_all += r_l[s][row] * w;
+      const float4 lo = *reinterpret_cast<const float4*>(r_acc[s] + row * C::D + c);
+      const float4 hi = *reinterpret_cast<const float4*>(r_acc[s] + row * C::D + c + 4);
+      o8[0] += lo.x * w, o8[1] += lo.y * w, o8[2] += lo.z * w, o8[3] += lo.w * w;
+      o8[4] += hi.x * w, o8[5] += hi.y * w, o8[6] += hi.z * w, o8[7] += hi.w * w;
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const int p = gr / group, h = hk * group + gr % group;
+    uint4 packed;
+    packed.x = pack2<T>(o8[0] * inv, o8[1] * inv);
+    packed.y = pack2<T>(o8[2] * inv, o8[3] * inv);
+    packed.z = pack2<T>(o8[4] * inv, o8[5] * inv);
+    packed.w = pack2<T>(o8[6] * inv, o8[7] * inv);
+    *reinterpret_cast<uint4*>(static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + p * a.o_ss + c) = packed;
+    if (a.lse != nullptr && c == 0)
+      a.lse[((long long)b * heads + h) * a.sq + p] = l_all > 0.f ? (m_all + log2f(l_all)) / LOG2E : NEG_INF;
+  }
+  if constexpr (C::SPLITS > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+}  // namespace fc
+
+// The tuner appends, for one variant (tuner/kernels/render.py):
+//   using TunerCfg = fc::DecodeConfig<...>;
+//   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)
+//   __cluster_dims__(TunerCfg::SPLITS, 1, 1) <name>(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(TunerCfg) }
+#define ATTN_FWD_PARAMS ATTN_FWD_TENSOR_PARAMS
+
+#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(ATTN_FWD_ARGS((int)gridDim.y * h_per_kv, (int)gridDim.z));

@@ -1,0 +1,62 @@
+"""The decode template without a GPU: it is chosen for short queries only, every value of every parameter
+compiles (clusters included), and its launch grid covers the packed rows with one cluster per row block."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.kernels.feasibility import covering_sample, default_template, supports_problem
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.render import render
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.runtime.launcher import LaunchShape, launch_grid
+
+TEMPLATE = "attn_decode"
+DECODE_STEP = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)
+
+
+def test_the_search_picks_it_for_short_queries_only() -> None:
+    h100 = load_profile("h100")
+    assert default_template(h100, [DECODE_STEP, Problem(8, 32, 16, 8192, 128, heads_kv=8)]) == TEMPLATE
+    assert default_template(h100, [Problem(4, 32, 4096, 4096, 128, heads_kv=8)]) == "attn_fwd_wgmma"
+    why = supports_problem(load_manifest(TEMPLATE), Problem(1, 8, 17, 17, 64))
+    assert "queries of at most 16 rows (Sq 17)" in why
+
+
+def test_the_entry_point_forms_a_cluster_of_the_splits() -> None:
+    variant = covering_sample(TEMPLATE, DECODE_STEP, load_profile("h100"), seed=0)[0]
+    source = render(variant)
+    assert "__cluster_dims__(TunerCfg::SPLITS, 1, 1)" in source
+    assert f'TunerCfg::SPLITS == {variant.params["SPLITS"]}' in source
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("problem", [DECODE_STEP, Problem(2, 8, 4, 777, 64, causal=True, heads_kv=2)],
+                         ids=lambda p: p.label.replace(" ", "_"))
+def test_every_parameter_value_compiles_without_spills(problem: Problem) -> None:
+    from tuner.runtime.build import build_many
+
+    profile = load_profile("h100")
+    variants = covering_sample(TEMPLATE, problem, profile, seed=1)
+    for built in build_many(variants, profile.nvcc_arch):
+        assert built.ok, built.compiled.log[-2000:]
+        assert built.compiled.spill_bytes == 0, f"{built.variant.name} spills"
+        assert built.shape.splits == built.variant.params["SPLITS"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(b=st.integers(1, 64), hkv=st.integers(1, 16), group=st.sampled_from([1, 2, 4, 8]), sq=st.integers(1, 16),
+       block_m=st.sampled_from([16, 32, 64]), splits=st.sampled_from([1, 2, 4, 8]))
+def test_the_grid_covers_every_packed_row_once(b, hkv, group, sq, block_m, splits) -> None:
+    """Rows are (query, group head) pairs: ceil(rows / BLOCK_M) row blocks, each one cluster of `splits` CTAs
+    along x (the cluster dims), per K/V head and batch."""
+    shape = LaunchShape(block_m=block_m, threads=128, smem_bytes=0, splits=splits)
+    x, y, z = launch_grid(shape, b, hkv * group, hkv, sq, sm_count=132)
+    assert (y, z) == (hkv, b) and x % splits == 0
+    blocks = x // splits
+    assert (blocks - 1) * block_m < sq * group <= blocks * block_m
