@@ -17,6 +17,7 @@ the same. Every figure is a median of per-round ratios, the implementations inte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import re
@@ -211,19 +212,32 @@ def greedy_row(model: Any, pkg: Any, impl: str, tokens: int = 32, prompt_len: in
     q = torch.empty(1, cfg.num_attention_heads, prompt_len, cfg.head_dim, device="meta", dtype=torch.bfloat16)
     kv = torch.empty(1, cfg.num_key_value_heads, prompt_len, cfg.head_dim, device="meta", dtype=torch.bfloat16)
     prefill = pkg.explain(q, kv, kv, causal=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     outs = {}
-    for name in (impl, "sdpa"):
+    # The control: SDPA's flash backend against SDPA's default choice, the same model: how far two correct
+    # bf16 attentions drift apart in greedy decoding with random weights (near-tied logits).
+    for label, name, backends in ((impl, impl, None), ("sdpa", "sdpa", None),
+                                  ("sdpa_flash", "sdpa", [SDPBackend.FLASH_ATTENTION])):
         model.set_attn_implementation(name)
-        with torch.inference_mode():
-            outs[name] = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                                        output_scores=True, return_dict_in_generate=True, eos_token_id=None,
-                                        pad_token_id=0)
+        with torch.inference_mode(), (sdpa_kernel(backends) if backends else contextlib.nullcontext()):
+            outs[label] = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                         output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                                         pad_token_id=0)
+
+    def same_prefix(x: str, y: str) -> int:  # tokens equal before the first difference
+        a, b = outs[x].sequences[0, prompt_len:], outs[y].sequences[0, prompt_len:]
+        return int((a == b).long().cumprod(0).sum())
+
     a, b = outs[impl].sequences[0, prompt_len:], outs["sdpa"].sequences[0, prompt_len:]
-    same = int((a == b).long().cumprod(0).sum())  # tokens equal before the first difference
+    same = same_prefix(impl, "sdpa")
+    control = same_prefix("sdpa_flash", "sdpa")
     first = outs[impl].scores[0].float(), outs["sdpa"].scores[0].float()
+    flash_first = outs["sdpa_flash"].scores[0].float()
     return {"tokens": tokens, "prompt": prompt_len, "prefill_kernel": prefill.kernel,
             "prefill_routed_to_sdpa": "routed to SDPA" in str(prefill),
-            "identical": bool(torch.equal(a, b)), "same_prefix": same,
+            "identical": bool(torch.equal(a, b)), "same_prefix": same, "control_same_prefix": control,
+            "control_first_logits_max_abs_diff": float((flash_first - first[1]).abs().max()),
             "first_logits_max_abs_diff": float((first[0] - first[1]).abs().max()),
             "first_logits_max_abs": float(first[1].abs().max())}
 
@@ -246,7 +260,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"Greedy {g['tokens']} tokens after a {g['prompt']}-token prompt (its prefill ran {ran}): "
                   f"identical {g['identical']} (first {g['same_prefix']} equal); "
                   f"first-step logits max |diff| {g['first_logits_max_abs_diff']:.3g} of max |logit| "
-                  f"{g['first_logits_max_abs']:.3g}."]
+                  f"{g['first_logits_max_abs']:.3g}. Control, SDPA flash against SDPA's default: first "
+                  f"{g['control_same_prefix']} equal, first-step max |diff| {g['control_first_logits_max_abs_diff']:.3g}."]
     return "\n".join(lines)
 
 

@@ -701,7 +701,8 @@ def _synthetic_header_inputs():
         key = {"dtype": dtype, "head_dim": v.head_dim, "causal": v.causal, "group": group, "sq_bucket": sq,
                "sk_bucket": sk, "bh_bucket": (3 * trial) % 11}  # work sizes that tie and differ
         entries.append({"key": key, "kernel": v.name, "trial_id": 100 - trial, "problem_label": f"p{trial}",
-                        "median_us": 1.0, "ratio_to_best_baseline": None, "dispatch": True})
+                        "median_us": 1.0, "ratio_to_best_baseline": None, "dispatch": True,
+                        "max_seq_q": 16 if trial in (6, 13) else 0})  # two short-query (decode) entries
     return entries, built
 
 

@@ -214,3 +214,23 @@ def test_a_failed_check_is_one_line_and_leaves_the_manifest_as_it_was(tmp_path, 
         check.check_package(tmp_path / name, name, load_profile("h100"))
     assert "\n" not in str(err.value)
     assert manifest.read_bytes() == before
+
+
+def test_a_short_query_kernel_never_serves_long_queries() -> None:
+    """A decode kernel (its template's max_seq_q 16) computes any Sq but slowly: dispatch gives it queries
+    of up to 16 rows and sends longer ones to a prefill kernel, however near the decode entry's bucket."""
+    decode, prefill = Problem(8, 32, 1, 8192, 128, heads_kv=8), Problem(1, 32, 4096, 4096, 128, heads_kv=8)
+    entries = _entries([decode, prefill])
+    entries[0].update(kernel="decode", max_seq_q=16)
+    entries[1].update(kernel="prefill", max_seq_q=0)
+    table = DispatchTable(entries)
+
+    def served(sq: int) -> str:
+        return table.choose(Key.of("fp16", 128, False, 32, 8, sq, 8192, batch=8)).entry["kernel"]
+
+    assert [served(sq) for sq in (1, 4, 16)] == ["decode"] * 3
+    assert [served(sq) for sq in (17, 32, 512)] == ["prefill"] * 3
+    only_decode = DispatchTable(entries[:1])
+    long_query = Key.of("fp16", 128, False, 32, 8, 64, 8192)
+    assert only_decode.choose(long_query) is None
+    assert "queries of more than 16 rows are not supported" in only_decode.unsupported_reason(long_query)

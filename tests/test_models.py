@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import run_tuner
 
 from tuner.errors import TunerError
-from tuner.models import PREFILL, PRESETS, ModelShape, load_model, prefill_shapes
+from tuner.models import PREFILL, PRESETS, ModelShape, decode_shapes, load_model, prefill_shapes
 
 
 @pytest.mark.parametrize("name,heads,kv", [("llama-3.1-8b", 32, 8), ("Llama-3.1-70B", 64, 8),
@@ -49,7 +49,7 @@ def test_prefill_problems_of_a_model() -> None:
 def test_search_and_export_take_a_model_and_refuse_it_with_shapes(tmp_path) -> None:
     db = f"sqlite:///{tmp_path / 'r.db'}"
     both = run_tuner("--db", db, "search", "--gpu", "h100", "--model", "llama-3.1-8b", "--shape", "1,8,512,64")
-    assert both.exit_code == 2 and "do not pass --shape or --hkv with it" in both.stderr
+    assert both.exit_code == 2 and "do not pass --shape, --hkv or --study with it" in both.stderr
     unknown = run_tuner("--db", db, "search", "--gpu", "h100", "--model", "gpt-17")
     assert unknown.exit_code == 2 and "unknown model 'gpt-17'" in unknown.stderr
     export = run_tuner("--db", db, "export", "--gpu", "h100", "--out", str(tmp_path / "o"), "--model", "mistral-7b",
@@ -63,15 +63,18 @@ def test_search_model_tunes_its_causal_prefill_problems(tmp_path) -> None:
     from tuner.store import TrialFilter, open_store
 
     model = PRESETS["mistral-7b"]
-    problems = [problem_from_shape(s, dtype=model.dtype, causal=True, heads_kv=model.heads_kv)
-                for s in prefill_shapes(model)]
+    prefill, decode = ([problem_from_shape(s, dtype=model.dtype, causal=True, heads_kv=model.heads_kv) for s in shapes]
+                       for shapes in (prefill_shapes(model), decode_shapes(model)))
     recording = f"sqlite:///{tmp_path / 'synthetic.db'}"
-    write_synthetic_recording(recording, problems, profile="h100")
+    write_synthetic_recording(recording, prefill, profile="h100", template="attn_fwd_wgmma")
+    write_synthetic_recording(recording, decode, profile="h100", template="attn_decode")
     db = f"sqlite:///{tmp_path / 'r.db'}"
     result = run_tuner("--db", db, "search", "--gpu", "h100", "--model", "mistral-7b", "--backend", "replay",
                        "--from", recording, "--trials", "2", "--confirm", "0")
     assert result.exit_code == 0, result.stderr
     assert "model mistral-7b: 32 heads, 8 K/V heads, D128, bf16: 3 causal prefill problems" in result.stderr
+    assert "then 4 decode problems" in result.stderr
     with open_store(db) as store:
-        tuned = {r.problem for r in store.query_trials(TrialFilter())}
-    assert tuned == set(problems)
+        templates = {r.problem: r.template for r in store.query_trials(TrialFilter())}
+    # Each set is searched with its own template: the decode one for the short queries.
+    assert templates == {**{p: "attn_fwd_wgmma" for p in prefill}, **{p: "attn_decode" for p in decode}}

@@ -34,6 +34,9 @@ PRESETS = {
 }
 # Prefill of a serving run: (batch, sequence) from one long prompt to many short ones, causal.
 PREFILL = ((1, 16384), (4, 4096), (16, 1024))
+# Decode of a serving run: (batch, query rows, context) - a batch at a long context, many short ones, one
+# very long sequence, and a speculative-decoding verify step of 4 tokens.
+DECODE = ((8, 1, 8192), (64, 1, 1024), (1, 1, 32768), (8, 4, 8192))
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -77,3 +80,13 @@ def shape_from_config(config: dict, name: str) -> ModelShape:
 def prefill_shapes(model: ModelShape) -> tuple[str, ...]:
     """The B,H,S,D shapes of the prefill problems of a serving run (causal, the model's K/V heads and dtype)."""
     return tuple(f"{b},{model.heads},{s},{model.head_dim}" for b, s in PREFILL)
+
+
+def decode_shapes(model: ModelShape) -> tuple[str, ...]:
+    """The B,H,Sq,Sk,D shapes of the decode problems of a serving run (the model's heads and head dim)."""
+    return tuple(f"{b},{model.heads},{sq},{sk},{model.head_dim}" for b, sq, sk in DECODE)
+
+
+def serving_shapes(model: ModelShape) -> tuple[str, ...]:
+    """Every problem `tuner search --model` tunes: prefill, then decode."""
+    return prefill_shapes(model) + decode_shapes(model)

@@ -24,7 +24,7 @@ from tuner.cli.tables import export_lines, metrics_table
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
-from tuner.models import load_model, prefill_shapes
+from tuner.models import load_model, serving_shapes
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
 from tuner.reporting.replay_eval import evaluate_samplers
 from tuner.reporting.replay_eval_model import EvalOptions
@@ -83,7 +83,7 @@ def export_command(
         raise TunerError("give one of --shape, --all and --model")
     if model is not None:
         spec = load_model(model)
-        shape, dtype = list(prefill_shapes(spec)), spec.dtype
+        shape, dtype = list(serving_shapes(spec)), spec.dtype
     report = export(ExportOptions(
         gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
         format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url, check=check,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -11,7 +12,7 @@ import typer
 from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, say, state
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
-from tuner.models import load_model, prefill_shapes
+from tuner.models import decode_shapes, load_model, prefill_shapes
 from tuner.reporting.profiling import profile_top
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.confirm_run import ConfirmOptions, run_confirm
@@ -101,29 +102,39 @@ def search_command(
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
     confirm: Annotated[int, typer.Option("--confirm", min=0, max=100, help="Re-time the K best variants interleaved with the baselines after each problem; the winner is the best median per-round ratio (0: off).")] = DEFAULT_CONFIRM,
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
-    model: Annotated[Optional[str], typer.Option(help="Tune the prefill problems of a model: a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model: a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
+    phases: list[list[str]] = [list(shape or ())]
     if model is not None:
-        if shape or hkv is not None:
-            raise TunerError("--model sets the shapes and K/V heads; do not pass --shape or --hkv with it")
+        if shape or hkv is not None or study:
+            raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
+                             "with it")
         spec = load_model(model)
-        shape, hkv, dtype, causal = list(prefill_shapes(spec)), spec.heads_kv, spec.dtype, True
-        say(f"model {spec.describe()}: {len(shape)} causal prefill problems ({', '.join(shape)}); decode "
-            "problems need a decode template, which this version does not have", stderr=True)
-    options = SearchOptions(
-        gpu=gpu, shapes=tuple(shape or ()), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
-        template=template, trials=trials, time_budget_s=parse_duration(time_budget) if time_budget else None,
-        sampler=sampler.strip().lower(), seed=seed, study=study, resume=resume, devices=parse_devices(devices),
-        db_url=db or state.db_url, backend=backend.strip().lower(), replay_from=replay_from, force=force,
-        confirm=confirm, confirm_rounds=confirm_rounds,
-    )
-    report = run_search(options, console=err_console, hooks=state.hooks)
-    if top and report.run_ids and not report.interrupted:
-        with open_store(options.db_url) as store:
-            for run_id in report.run_ids:
-                profile_top(store, run_id, top)
-    print_search_report(report)
+        phases, hkv, dtype, causal = [list(prefill_shapes(spec)), list(decode_shapes(spec))], spec.heads_kv, \
+            spec.dtype, True
+        say(f"model {spec.describe()}: {len(phases[0])} causal prefill problems ({', '.join(phases[0])}), then "
+            f"{len(phases[1])} decode problems ({', '.join(phases[1])}); each set gets its own template", stderr=True)
+    budget = parse_duration(time_budget) if time_budget else None
+    started = time.monotonic()
+    for i, phase in enumerate(phases):
+        # One template per search: prefill and decode problems are searched one after the other, the time
+        # budget shared in proportion to their problem counts.
+        left = None if budget is None else max(1.0, (budget - (time.monotonic() - started)) * len(phase)
+                                               / sum(len(p) for p in phases[i:]))
+        options = SearchOptions(
+            gpu=gpu, shapes=tuple(phase), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
+            template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
+            study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
+            backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
+            confirm_rounds=confirm_rounds,
+        )
+        report = run_search(options, console=err_console, hooks=state.hooks)
+        if top and report.run_ids and not report.interrupted:
+            with open_store(options.db_url) as store:
+                for run_id in report.run_ids:
+                    profile_top(store, run_id, top)
+        print_search_report(report)
 
 
 def worker_command(

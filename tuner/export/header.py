@@ -17,6 +17,7 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.export.options import ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
+from tuner.export.shipped._dispatch import seq_bucket
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import GpuProfile
@@ -108,17 +109,19 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
     """nearest_bucket(): the same choice as the Python dispatch, over the structs' keys."""
     rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
-                     f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}}}"
+                     f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}, "
+                     f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}}}"
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
         "// dtype: 0 = fp16, 1 = bf16.",
         "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
         "// |d sq| + |d sk| bucket steps, then nearest group in |d log2 group|, then nearest batch x heads bucket,",
-        "// then the larger sq, then the larger sk bucket, then the older trial.",
+        "// then the larger sq, then the larger sk bucket, then the older trial. A short-query (decode) kernel",
+        "// (max_sq >= 0) takes no query past its Sq bucket.",
         "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket,",
         "                          int bh_bucket) {",
-        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; };",
+        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; int max_sq; };",
         f"  static const Row rows[] = {{{rows}}};",
         "  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));",
         "  int best = -1, best_d = 0, best_w = 0;",
@@ -126,6 +129,7 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         f"  for (int i = 0; i < {len(chosen)}; ++i) {{",
         "    const Row& r = rows[i];",
         "    if (r.dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;",
+        "    if (r.max_sq >= 0 && sq_bucket > r.max_sq) continue;",
         "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);",
         # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
         "    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);",

@@ -102,6 +102,8 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
         "best_baseline_us": row.best_baseline_us,
         "ratio_to_best_baseline": row.headline_ratio,
         "rebuilt": kernel.rebuilt,
+        # A template for short queries (decode) computes any Sq, slowly: dispatch never sends longer ones to it.
+        "max_seq_q": load_manifest(row.template).features.max_seq_q,
         "run": {"run_id": row.run_id, "gpu_name": row.gpu_name, "profile": row.profile,
                 "driver": getattr(run, "driver", None), "cuda_version": getattr(run, "cuda_version", None),
                 "torch_version": getattr(run, "torch_version", None),

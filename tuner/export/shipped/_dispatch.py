@@ -128,7 +128,7 @@ class DispatchTable:
         return sorted({d for (dt, d, c) in self._by_features if dt == dtype and c == causal})
 
     def choose(self, key: Key) -> Optional[Choice]:
-        """The entry for `key`, or None when no kernel has its dtype, head dim and causality."""
+        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length)."""
         ranked = self.ranked(key)
         if not ranked:
             return None
@@ -140,7 +140,9 @@ class DispatchTable:
 
     def ranked(self, key: Key) -> list[tuple[Key, Mapping[str, Any]]]:
         """The tuned entries that can run `key` (same dtype, head dim, causality), the rule's choice first."""
-        cands = self._by_features.get(key.features)
+        # An entry of a short-query (decode) kernel takes only queries up to its max_seq_q.
+        cands = [(tk, e) for tk, e in self._by_features.get(key.features, ())
+                 if not e.get("max_seq_q") or key.sq_bucket <= seq_bucket(int(e["max_seq_q"]))]
         if not cands:
             return []
 
@@ -164,6 +166,10 @@ class DispatchTable:
         dims = self.head_dims(key.dtype, key.causal)
         if not dims:
             return f"{causal} attention in {key.dtype} is not supported by this package (tuned: {self.describe()})"
+        if key.head_dim in dims:  # only short-query kernels for these features
+            longest = max(int(e.get("max_seq_q") or 0) for _, e in self._by_features[key.features])
+            return (f"queries of more than {longest} rows are not supported for {causal} {key.dtype} D{key.head_dim}: "
+                    f"this package has only short-query (decode) kernels for it")
         return f"head dim {key.head_dim} is not supported for {causal} {key.dtype}: tuned head dims are {dims}"
 
     def describe(self) -> str:
