@@ -4,8 +4,10 @@
 // (query position, query head of the GQA group) pairs, so every K/V tile read
 // serves the whole group. The keys are split across the SPLITS CTAs of a
 // thread-block cluster; the warps of a CTA split each K/V tile again. Each
-// warp keeps an online softmax over its keys (mma.sync m16n8k16, K/V in a
-// cp.async ring); the warps merge in shared memory, then the CTAs of the
+// warp keeps an online softmax over its keys (mma.sync m16n8k16 fed by
+// ldmatrix; K/V tiles brought by TMA into a STAGES-deep ring, one mbarrier a
+// stage, all STAGES in flight while a tile is used); the warps merge in
+// shared memory, then the CTAs of the
 // cluster merge through distributed shared memory, each finishing a share of
 // the rows: no workspace, no second kernel, nothing to allocate per call.
 //
@@ -17,9 +19,9 @@
 #include <cooperative_groups.h>
 
 #include "attn_decode/config.h"
-#include "attn_fwd_mma/load_tile.h"
 #include "attn_fwd_mma/ptx_sm80.h"
 #include "attn_fwd_mma/tree_reduce.h"
+#include "attn_fwd_wgmma/ptx_sm90.h"
 #include "common/attn_args.h"
 #include "common/utils.h"
 
@@ -40,21 +42,35 @@ __device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs&
       const int p = gr / a.h_per_kv, h = hk * a.h_per_kv + gr % a.h_per_kv;
       val = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + p * a.q_ss + c);
     }
-    *reinterpret_cast<uint4*>(sQ + C::Layout::offset(r, c)) = val;
+    *reinterpret_cast<uint4*>(sQ + C::QLayout::offset(r, c)) = val;
+  }
+}
+
+// Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread).
+template <class C>
+__device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, uint32_t sk, uint32_t sv,
+                                         uint32_t bar, int j, int hk, int b) {
+  mbar_expect_tx(bar, 2 * C::KV_TILE_BYTES);
+#pragma unroll
+  for (int cb = 0; cb < C::D / 64; ++cb) {
+    tma_load(sk + cb * C::KVLayout::BOX_BYTES, &tk, bar, cb * 64, j * C::BN, hk, b);
+    tma_load(sv + cb * C::KVLayout::BOX_BYTES, &tv, bar, cb * 64, j * C::BN, hk, b);
   }
 }
 
 template <class C>
-__device__ __forceinline__ void attn_decode(const AttnArgs& a) {
+__device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a) {
   using T = typename C::T;
-  using L = typename C::Layout;
+  using QL = typename C::QLayout;
+  using KL = typename C::KVLayout;
   using M = Mma<T>;
   namespace cg = cooperative_groups;
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + C::Q_TILE;
-  T* sV = sK + C::STAGES * C::KV_TILE;
+  const uint32_t sK = smem_u32(smem_raw + C::Q_BYTES);
+  const uint32_t sV = sK + C::STAGES * C::KV_TILE_BYTES;
+  const uint32_t bars = sV + C::STAGES * C::KV_TILE_BYTES;  // STAGES mbarriers ("tile landed")
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -66,9 +82,6 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
   const int rows = group * a.sq;
   const int diag = a.sk - a.sq;  // bottom-right alignment offset
 
-  const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
-  const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
-
   // Keys the block's last query position sees, split in whole tiles across the cluster.
   int n_end = a.sk;
   if (C::CAUSAL) n_end = min(a.sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
@@ -78,23 +91,27 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
   const int n_tiles = max(0, min(tiles_all, j0 + per_split) - j0);
   const int p_first = m0 / group;  // the block's first query position: tiles past its diagonal need masks
 
-  load_packed_q<C>(sQ, a, b, hk, m0, rows);
+  if (tid == 0) {
+    tma_prefetch_map(&tk);
+    tma_prefetch_map(&tv);
 #pragma unroll
-  for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_tiles) load_tile<C, C::BN>(sK + s * C::KV_TILE, k, a.k_ss, (j0 + s) * C::BN, n_end);
-    cp_async_commit();
-    if (s < n_tiles) load_tile<C, C::BN>(sV + s * C::KV_TILE, v, a.v_ss, (j0 + s) * C::BN, n_end);
-    cp_async_commit();
+    for (int s = 0; s < C::STAGES; ++s) mbar_init(bars + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < C::STAGES; ++s)
+      if (s < n_tiles)
+        issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b);
   }
+  load_packed_q<C>(sQ, a, b, hk, m0, rows);
+  __syncthreads();  // Q stored, barriers initialised
 
   const int key_base = warp * C::KEYS_PER_WARP;
   const int q_row0 = (lane % 8) + ((lane / 8) % 2) * 8;
-  const uint32_t q_rb = smem_u32(sQ) + q_row0 * L::ROW_BYTES, q_cb = L::chunk_bytes(q_row0, lane / 16);
+  const uint32_t q_rb = smem_u32(sQ) + q_row0 * QL::ROW_BYTES, q_cb = QL::chunk_bytes(q_row0, lane / 16);
   const int k_row0 = key_base + (lane / 16) * 8 + (lane % 8);
-  const uint32_t k_rb = smem_u32(sK) + k_row0 * L::ROW_BYTES, k_cb = L::chunk_bytes(k_row0, (lane / 8) % 2);
+  const uint32_t k_rb = sK + k_row0 * KL::ROW_BYTES, k_cb = KL::chunk_bytes(k_row0, (lane / 8) % 2);
   const int v_row0 = key_base + ((lane / 8) % 2) * 8 + (lane % 8);
-  const uint32_t v_rb = smem_u32(sV) + v_row0 * L::ROW_BYTES, v_cb = L::chunk_bytes(v_row0, lane / 16);
-  constexpr uint32_t KV_TILE_BYTES = C::KV_TILE * 2;
+  const uint32_t v_rb = sV + v_row0 * KL::ROW_BYTES, v_cb = KL::chunk_bytes(v_row0, lane / 16);
 
   float acc_o[C::MT][C::DT][4];
   float row_max[C::MT][2], row_sum[C::MT][2];
@@ -111,25 +128,8 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
 
   for (int j = 0; j < n_tiles; ++j) {
     const int slot = j % C::STAGES;
-    if constexpr (C::STAGES == 1) {
-      load_tile<C, C::BN>(sK, k, a.k_ss, (j0 + j) * C::BN, n_end);
-      cp_async_commit();
-      load_tile<C, C::BN>(sV, v, a.v_ss, (j0 + j) * C::BN, n_end);
-      cp_async_commit();
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<2 * (C::STAGES - 2)>();  // K_j and V_j have landed
-    }
-    __syncthreads();  // (the first time also: Q's plain stores are visible)
-    if constexpr (C::STAGES > 1) {
-      const int jn = j + C::STAGES - 1;  // prefetch into the slot tile j-1 used
-      const int slot_n = jn % C::STAGES;
-      if (jn < n_tiles) load_tile<C, C::BN>(sK + slot_n * C::KV_TILE, k, a.k_ss, (j0 + jn) * C::BN, n_end);
-      cp_async_commit();
-      if (jn < n_tiles) load_tile<C, C::BN>(sV + slot_n * C::KV_TILE, v, a.v_ss, (j0 + jn) * C::BN, n_end);
-      cp_async_commit();
-    }
-    const uint32_t slot_bytes = (uint32_t)slot * KV_TILE_BYTES;
+    mbar_wait(bars + 8 * slot, (j / C::STAGES) & 1);  // K_j and V_j have landed
+    const uint32_t slot_bytes = (uint32_t)slot * C::KV_TILE_BYTES;
     const uint32_t tk_rb = k_rb + slot_bytes, tv_rb = v_rb + slot_bytes;
 
     // ---- S = Q K^T: every row of the block x this warp's keys of the tile
@@ -144,11 +144,11 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
     for (int kd = 0; kd < C::KD; ++kd) {
       uint32_t a_frag[C::MT][4];
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) ldmatrix_x4(a_frag[mt], L::addr(q_rb, q_cb, mt * 16, kd * 16));
+      for (int mt = 0; mt < C::MT; ++mt) ldmatrix_x4(a_frag[mt], QL::addr(q_rb, q_cb, mt * 16, kd * 16));
 #pragma unroll
       for (int np = 0; np < C::NT / 2; ++np) {
         uint32_t b_frag[4];
-        ldmatrix_x4(b_frag, L::addr(tk_rb, k_cb, np * 16, kd * 16));
+        ldmatrix_x4(b_frag, KL::addr(tk_rb, k_cb, np * 16, kd * 16));
 #pragma unroll
         for (int mt = 0; mt < C::MT; ++mt) {
           M::run(acc_s[mt][2 * np], a_frag[mt], b_frag[0], b_frag[1]);
@@ -223,7 +223,7 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
 #pragma unroll
       for (int dp = 0; dp < C::DT / 2; ++dp) {
         uint32_t b_frag[4];
-        ldmatrix_x4_trans(b_frag, L::addr(tv_rb, v_cb, kk * 16, dp * 16));
+        ldmatrix_x4_trans(b_frag, KL::addr(tv_rb, v_cb, kk * 16, dp * 16));
 #pragma unroll
         for (int mt = 0; mt < C::MT; ++mt) {
           M::run(acc_o[mt][2 * dp], p_frag[mt], b_frag[0], b_frag[1]);
@@ -231,9 +231,10 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
         }
       }
     }
-    if constexpr (C::STAGES == 1) __syncthreads();  // the next tile overwrites the only slot
+    __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
+    if (tid == 0 && j + C::STAGES < n_tiles)
+      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b);
   }
-  cp_async_wait<0>();
 
   // ---- merge the warps: O (unnormalised, relative to the CTA's row max) and the row stats in shared memory
 #pragma unroll
@@ -243,8 +244,8 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
       row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 1);
       row_sum[mt][r] += __shfl_xor_sync(0xffffffff, row_sum[mt][r], 2);
     }
-  __syncthreads();  // every warp is done with the K/V ring, which the merge reuses
-  float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_TILE * sizeof(T));  // [BM][D]
+  __syncthreads();  // every warp is done with the K/V ring (all its loads waited for), which the merge reuses
+  float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_BYTES);  // [BM][D]
   float* s_wmax = s_acc + C::BM * C::D;                                        // [NUM_WARPS][BM]
   float* s_wsum = s_wmax + C::NUM_WARPS * C::BM;                               // [NUM_WARPS][BM]
   float* s_m = s_wsum + C::NUM_WARPS * C::BM;  // [BM] the CTA's row max, log2 units (-inf: no key)
@@ -340,6 +341,10 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
 //   using TunerCfg = fc::DecodeConfig<...>;
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)
 //   __cluster_dims__(TunerCfg::SPLITS, 1, 1) <name>(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(TunerCfg) }
-#define ATTN_FWD_PARAMS ATTN_FWD_TENSOR_PARAMS
+// The parameters are the Hopper template's: the tensor maps of q, k, v first (q's is not read: the packed
+// rows come from several heads), then the tensor arguments, heads and batch.
+#define ATTN_FWD_PARAMS                                                                                        \
+  const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_k,                      \
+      const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch
 
-#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(ATTN_FWD_ARGS((int)gridDim.y * h_per_kv, (int)gridDim.z));
+#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch));

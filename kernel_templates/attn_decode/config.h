@@ -6,8 +6,26 @@
 
 namespace fc {
 
+// K/V tiles in shared memory as TMA writes them with the 128-byte swizzle:
+// boxes of 64 columns (128 bytes) x ROWS rows, one after the other along the
+// head dim; in a box, 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+// addr() is TileLayout's ldmatrix addressing (a lane's row base and swizzled
+// chunk, moved by dr rows, dr % 8 == 0, and dc columns, dc % 16 == 0) with
+// the box step added.
+template <int ROWS>
+struct TmaTile {
+  static constexpr int ROW_BYTES = 128;
+  static constexpr int BOX_BYTES = ROWS * ROW_BYTES;
+  __device__ static __forceinline__ uint32_t chunk_bytes(int row0, int chunk0) {
+    return (uint32_t)((chunk0 ^ (row0 & 7)) << 4);
+  }
+  __device__ static __forceinline__ uint32_t addr(uint32_t row_base, uint32_t cb, int dr, int dc) {
+    return row_base + (dc / 64) * BOX_BYTES + dr * ROW_BYTES + (cb ^ (uint32_t)((dc % 64) * 2));
+  }
+};
+
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int SPLITS_, int STAGES_,
-          Swizzle SWIZZLE_, bool CAUSAL_>
+          bool CAUSAL_>
 struct DecodeConfig {
   using T = T_;
   static constexpr int D = HEAD_DIM_;
@@ -19,9 +37,12 @@ struct DecodeConfig {
   // CTAs of one thread-block cluster that split the keys; their partial
   // results are merged through distributed shared memory (no workspace).
   static constexpr int SPLITS = SPLITS_;
-  static constexpr int STAGES = STAGES_;
-  static constexpr Swizzle SWIZZLE = SWIZZLE_;
+  static constexpr int STAGES = STAGES_;  // K/V tiles in flight (TMA, one mbarrier per stage)
   static constexpr bool CAUSAL = CAUSAL_;
+  // The launcher's tensor maps: 128-byte swizzle (boxes of 64 columns), K/V boxes of BN rows; the Q map
+  // is not read (packed rows come from several heads) but has BM rows.
+  static constexpr int SWB = 128;
+  static constexpr int Q_ROWS = BM;
   static constexpr int MIN_BLOCKS = 1;
 
   static constexpr int THREADS = NUM_WARPS * 32;
@@ -35,17 +56,19 @@ struct DecodeConfig {
   static_assert(BM % 16 == 0, "rows come in m16 tiles");
   static_assert(BN % (16 * NUM_WARPS) == 0, "each warp needs a multiple of 16 keys per tile");
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-  static_assert(STAGES >= 1 && STAGES <= 4, "1-4 cp.async stages");
+  static_assert(STAGES >= 1 && STAGES <= 4, "1-4 stages");
+  static_assert(D % 64 == 0, "K/V rows are whole 128-byte swizzle boxes");
   static_assert(SPLITS >= 1 && SPLITS <= 8, "1-8 CTAs per cluster (portable cluster sizes)");
   static_assert((NT & (NT - 1)) == 0, "TreeReduce needs a power-of-two number of n8 tiles per warp");
 
-  using Layout = TileLayout<D, SWIZZLE>;
-  static constexpr int Q_TILE = BM * Layout::ROW_ELEMS;  // elements
-  static constexpr int KV_TILE = BN * Layout::ROW_ELEMS;
-  static constexpr int MAIN_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * (int)sizeof(T);
-  // After the loop: the CTA's O [BM][D] fp32 (unnormalised), per-warp row
-  // stats, and the CTA's row max / sum (read by the other CTAs of the cluster).
-  static constexpr int COMBINE_BYTES = Q_TILE * (int)sizeof(T) + (BM * D + 2 * NUM_WARPS * BM + 2 * BM) * 4;
+  using QLayout = TileLayout<D, Swizzle::Xor>;  // Q, stored by the threads
+  using KVLayout = TmaTile<BN>;
+  static constexpr int Q_BYTES = (BM * D * (int)sizeof(T) + 1023) / 1024 * 1024;  // K/V boxes stay 1024-aligned
+  static constexpr int KV_TILE_BYTES = BN * D * (int)sizeof(T);
+  static constexpr int MAIN_BYTES = Q_BYTES + 2 * STAGES * KV_TILE_BYTES + 8 * STAGES;  // + one mbarrier a stage
+  // After the loop (the ring reused): the CTA's O [BM][D] fp32 (unnormalised), per-warp row stats, and
+  // the CTA's row max / sum (read by the other CTAs of the cluster).
+  static constexpr int COMBINE_BYTES = Q_BYTES + (BM * D + 2 * NUM_WARPS * BM + 2 * BM) * 4;
   static constexpr int SMEM_BYTES = MAIN_BYTES > COMBINE_BYTES ? MAIN_BYTES : COMBINE_BYTES;
 };
 

@@ -27,9 +27,9 @@ CASES = {
         ("attn_fwd_wgmma_d64_fp16_m128n64_s3_sw64_r24_ov_pp_p_causal", Problem(2, 3, 700, 300, 64, causal=True)),
     ],
     "decode": [
-        ("attn_decode_d128_bf16_m16n64_w4_sp4_s3_xor", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
-        ("attn_decode_d64_fp16_m32n128_w8_sp8_s2_pad_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
-        ("attn_decode_d64_fp16_m16n32_w2_sp2_s4_xor_causal", Problem(1, 2, 20, 10, 64, causal=True)),
+        ("attn_decode_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
+        ("attn_decode_d64_fp16_m32n128_w8_sp8_s2_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
+        ("attn_decode_d64_fp16_m16n32_w2_sp2_s4_causal", Problem(1, 2, 20, 10, 64, causal=True)),
     ],
 }
 
