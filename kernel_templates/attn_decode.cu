@@ -291,15 +291,11 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   cg::cluster_group cluster = cg::this_cluster();
   if constexpr (C::SPLITS > 1) cluster.sync();  // every CTA's merge is in its shared memory
   else __syncthreads();
-  const float* r_acc[C::SPLITS];
-  const float* r_m[C::SPLITS];
-  const float* r_l[C::SPLITS];
-#pragma unroll
-  for (int s = 0; s < C::SPLITS; ++s) {
-    r_acc[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_acc, s) : s_acc;
-    r_m[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_m, s) : s_m;
-    r_l[s] = C::SPLITS > 1 ? cluster.map_shared_rank(s_l, s) : s_l;
-  }
+  // The other CTAs' shared memory, mapped per use (a register array of SPLITS pointers would not fit).
+  auto remote = [&](float* local, int s) -> const float* {
+    if constexpr (C::SPLITS > 1) return cluster.map_shared_rank(local, s);
+    else return local;
+  };
   constexpr int CHUNKS = C::D / 8;
   constexpr int MY_ROWS = (C::BM + C::SPLITS - 1) / C::SPLITS;
   const int heads = (int)gridDim.y * group;
@@ -309,15 +305,16 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
     if (row >= C::BM || gr >= rows) continue;
     float m_all = NEG_INF;
 #pragma unroll
-    for (int s = 0; s < C::SPLITS; ++s) m_all = fmaxf(m_all, r_m[s][row]);
+    for (int s = 0; s < C::SPLITS; ++s) m_all = fmaxf(m_all, remote(s_m, s)[row]);
     const float m_ref = m_all == NEG_INF ? 0.f : m_all;
     float l_all = 0.f, o8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < C::SPLITS; ++s) {
-      const float w = fast_exp2(r_m[s][row] - m_ref);  // 0 for a CTA that saw no key of the row
-      l_all += r_l[s][row] * w;
-      const float4 lo = *reinterpret_cast<const float4*>(r_acc[s] + row * C::D + c);
-      const float4 hi = *reinterpret_cast<const float4*>(r_acc[s] + row * C::D + c + 4);
+      const float w = fast_exp2(remote(s_m, s)[row] - m_ref);  // 0 for a CTA that saw no key of the row
+      l_all += remote(s_l, s)[row] * w;
+      const float* acc = remote(s_acc, s) + row * C::D + c;
+      const float4 lo = *reinterpret_cast<const float4*>(acc);
+      const float4 hi = *reinterpret_cast<const float4*>(acc + 4);
       o8[0] += lo.x * w, o8[1] += lo.y * w, o8[2] += lo.z * w, o8[3] += lo.w * w;
       o8[4] += hi.x * w, o8[5] += hi.y * w, o8[6] += hi.z * w, o8[7] += hi.w * w;
     }

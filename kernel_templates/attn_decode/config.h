@@ -58,7 +58,7 @@ struct DecodeConfig {
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(STAGES >= 1 && STAGES <= 4, "1-4 stages");
   static_assert(D % 64 == 0, "K/V rows are whole 128-byte swizzle boxes");
-  static_assert(SPLITS >= 1 && SPLITS <= 8, "1-8 CTAs per cluster (portable cluster sizes)");
+  static_assert(SPLITS >= 1 && SPLITS <= 16, "1-16 CTAs per cluster (above 8: non-portable, allowed by the launcher)");
   static_assert((NT & (NT - 1)) == 0, "TreeReduce needs a power-of-two number of n8 tiles per warp");
 
   using QLayout = TileLayout<D, Swizzle::Xor>;  // Q, stored by the threads

@@ -98,9 +98,9 @@ class DriverKernel:
     captured in a CUDA graph (a launch on the legacy stream invalidates a capture).
     """
 
-    _MAX_DYNAMIC_SMEM, _NUM_REGS = 8, 4  # CUfunction_attribute values
+    _MAX_DYNAMIC_SMEM, _NUM_REGS, _NON_PORTABLE_CLUSTER = 8, 4, 14  # CUfunction_attribute values
 
-    def __init__(self, cubin: bytes, entry: str, smem_bytes: int, param_format: str) -> None:
+    def __init__(self, cubin: bytes, entry: str, smem_bytes: int, param_format: str, cluster_size: int = 1) -> None:
         import ctypes
         import threading
 
@@ -112,6 +112,8 @@ class DriverKernel:
         self._check(lib.cuModuleGetFunction(ctypes.byref(self._fn), self._module, entry.encode()), "cuModuleGetFunction")
         if smem_bytes > _DEFAULT_SMEM_LIMIT:
             self._check(lib.cuFuncSetAttribute(self._fn, self._MAX_DYNAMIC_SMEM, smem_bytes), "cuFuncSetAttribute")
+        if cluster_size > 8:  # clusters of more than 8 CTAs must be allowed per kernel (sm_90: up to 16)
+            self._check(lib.cuFuncSetAttribute(self._fn, self._NON_PORTABLE_CLUSTER, 1), "cuFuncSetAttribute")
         regs = ctypes.c_int(0)
         self._check(lib.cuFuncGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn), "cuFuncGetAttribute")
         self.registers = regs.value

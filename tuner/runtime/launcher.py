@@ -172,7 +172,7 @@ class AttentionKernel:
         self.shape = shape
         self._device = device
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
-        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format)
+        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, max(shape.splits, 1))
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
         self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
