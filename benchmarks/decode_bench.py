@@ -7,7 +7,7 @@ B1 Sk32768, B64 Sk1024, and Sq4 of the first), the best ok trial (the confirmed 
 is rebuilt, verified against the fp32 reference and timed with every SDPA backend in interleaved
 rounds (the start rotates; L2 flushed before each repetition, as trials are timed). Reported: the
 median µs, the K/V bytes the step must read, GB/s and the fraction of the profile's HBM bandwidth,
-and the median per-round ratio to each backend.
+and the median per-round ratio to each backend (FlashAttention-4 too, where flash_attn.cute imports).
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def main() -> None:
         print(json.dumps(res), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, {args.rounds} interleaved rounds, L2 flushed; peak "
           f"{profile.mem_bandwidth_gbs:.0f} GB/s\n")
-    print("| problem | variant | µs | K/V MB | GB/s | of peak (goal) | vs cuDNN | vs flash |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| problem | variant | µs | K/V MB | GB/s | of peak (goal) | vs cuDNN | vs flash | vs FA4 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         goal = f" ({r['goal']:.0%})" if r["goal"] else ""
-        ratios = [f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "n/a" for n in ("sdpa_cudnn", "sdpa_flash")]
+        ratios = [f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "n/a" for n in ("sdpa_cudnn", "sdpa_flash", "fa4")]
         print(f"| {r['problem']} | {r['variant'].split('_', 4)[-1]} | {r['us']:.1f} | {r['kv_bytes'] / 1e6:.0f} | "
-              f"{r['gbs']:.0f} | {r['fraction_of_peak']:.0%}{goal} | {ratios[0]} | {ratios[1]} |")
+              f"{r['gbs']:.0f} | {r['fraction_of_peak']:.0%}{goal} | {ratios[0]} | {ratios[1]} | {ratios[2]} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

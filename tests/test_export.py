@@ -820,3 +820,26 @@ def test_a_cell_whose_kernel_lost_to_sdpa_is_routed_to_sdpa(tmp_path) -> None:
     assert entry["route"] == "sdpa"
     q = torch.empty(2, 8, 2048, 64, dtype=torch.float16, device="meta")
     assert "routed to SDPA: the kernel measured 0.83x" in str(mod.explain(q, q, q))
+
+
+def test_a_kernel_slower_than_fa4_but_faster_than_sdpa_is_not_routed(tmp_path) -> None:
+    """Routing falls back to SDPA, so it compares with SDPA only: a kernel that beats every SDPA backend but
+    not FlashAttention-4 (a baseline of its run) keeps its cell; the entry records both ratios."""
+    from tuner.kernels.manifest import load_manifest
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    v = variant(BIG, PARAMS["big"])
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
+        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn", median_us=50.0))
+        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="fa4", median_us=30.0))
+        store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
+                                    template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
+                                    variant_name=v.name, status=TrialStatus.OK, median_us=40.0, rel_error=3e-4,
+                                    cubin_sha256=compiled_sha(v)))
+        store.finish_run(run)
+    name = _unique()
+    report = export(ExportOptions(gpu="h100", out=tmp_path / name, db_url=url))
+    (entry,) = report.entries
+    assert entry["best_baseline_impl"] == "fa4" and entry["ratio_to_best_baseline"] == pytest.approx(0.75)
+    assert entry["ratio_to_sdpa"] == pytest.approx(1.25) and entry["route"] is None

@@ -17,7 +17,14 @@ from tuner.errors import TunerError
 from tuner.export.header import write_header
 from tuner.export.options import FORMATS, PACKAGE_VERSION, ExportOptions, ExportReport, package_name
 from tuner.export.package import write_package
-from tuner.export.selection import ExportedKernel, build_kernel, entry_of, resolve_collisions, select_trials
+from tuner.export.selection import (
+    ExportedKernel,
+    build_kernel,
+    entry_of,
+    resolve_collisions,
+    sdpa_ratio,
+    select_trials,
+)
 from tuner.kernels.compiler import BASE_OPTIONS, nvcc_version
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
@@ -45,12 +52,13 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
     with open_store(options.db_url, create=False) as store:
         rows = select_trials(store, profile, options.shapes, options.dtype)
         runs = {r.run_id: store.trial_detail(r.id).run for r in rows}
+        ratios = {r.id: sdpa_ratio(store, r) for r in rows}
     built: dict[str, ExportedKernel] = {}
     entries = []
     for row in rows:
         kernel = build_kernel(row, profile.nvcc_arch, options.allow_rebuild)
         built.setdefault(kernel.variant.name, kernel)
-        entries.append(entry_of(row, kernel, runs[row.run_id]))
+        entries.append(entry_of(row, kernel, runs[row.run_id], ratios[row.id]))
     resolve_collisions(entries)
     manifest: dict[str, Any] = {
         "format": 1,

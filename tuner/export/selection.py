@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -78,14 +79,33 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
 ROUTE_BELOW = 0.98  # a cell whose kernel measured below this ratio to the best SDPA backend runs SDPA
 
 
+def sdpa_ratio(store: Any, row: TrialRow) -> Optional[float]:
+    """The trial's speed-up over the fastest SDPA backend of its run (what a routed cell falls back to;
+    FlashAttention-4, when it was a baseline, is left out): the confirm stage's median per-round ratio
+    when the row is a confirmed winner, else the ratio of medians."""
+    from tuner.runtime.baselines import SDPA_BACKENDS
+
+    if row.confirmed_us is not None:
+        confirmed = store.confirmed(row.problem, row.profile)
+        timings = store.confirm_timings(confirmed.confirmation_id) if confirmed else {}
+        sdpa = [timings[n] for n in SDPA_BACKENDS if n in timings]
+        mine = timings.get(row.variant_name)
+        if sdpa and mine:
+            best = [min(r) for r in zip(*sdpa)]
+            return statistics.median(b / t for b, t in zip(best, mine))
+    sdpa_us = [b.median_us for b in store.trial_detail(row.id).baselines if b.impl in SDPA_BACKENDS]
+    return min(sdpa_us) / row.median_us if sdpa_us and row.median_us else None
+
+
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
     key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
                  problem.seq_q, problem.seq_k, batch=problem.batch)
     return dataclasses.asdict(key)
 
 
-def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
-    """The manifest entry of one exported trial: its dispatch key, kernel, timings and provenance."""
+def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Optional[float]) -> dict[str, Any]:
+    """The manifest entry of one exported trial: its dispatch key, kernel, timings and provenance
+    (`ratio_to_sdpa`: sdpa_ratio(), which decides the entry's route)."""
     p = row.problem
     return {
         "key": _dispatch_key(p),
@@ -101,6 +121,7 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
         "best_baseline_impl": row.best_baseline_impl,
         "best_baseline_us": row.best_baseline_us,
         "ratio_to_best_baseline": row.headline_ratio,
+        "ratio_to_sdpa": ratio_to_sdpa,
         "rebuilt": kernel.rebuilt,
         # A template for short queries (decode) computes any Sq, slowly: dispatch never sends longer ones to it.
         "max_seq_q": load_manifest(row.template).features.max_seq_q,
@@ -111,7 +132,7 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any) -> dict[str, Any]:
         "dispatch": True,
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
         # slower, so calls of this cell run SDPA (explain() says so).
-        "route": "sdpa" if row.headline_ratio is not None and row.headline_ratio < ROUTE_BELOW else None,
+        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW else None,
     }
 
 

@@ -12,7 +12,7 @@ from tuner.search.samplers import problem_key
 from tuner.store import NcuMetric, TrialRow
 
 # Shown first, in this order; other baselines follow alphabetically.
-BASELINE_ORDER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton_fa2")
+BASELINE_ORDER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "triton_fa2")
 TUNED = "tuned"
 MIN_IMPORTANCE_TRIALS = 10  # fewer complete trials give importances that are noise
 

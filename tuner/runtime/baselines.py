@@ -1,10 +1,13 @@
-"""torch SDPA backends, timed the same way as tuned kernels, in the same process."""
+"""The baselines a tuned kernel is timed against in the same process, the same way: every torch SDPA
+backend that takes the problem, and FlashAttention-4 (`flash_attn.cute`, an optional extra) where it
+imports and takes the problem."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from tuner.problem import Problem
 from tuner.runtime.timing import Timing, time_cuda
@@ -15,16 +18,19 @@ SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_efficient": "EFFICIENT_ATTENTION",
 }
+FA4 = "fa4"  # FlashAttention-4's forward (flash_attn.cute.flash_attn_func)
 
 
 @dataclass(frozen=True)
 class Baseline:
     name: str
-    call: Callable[[], Any]  # runs SDPA; must be called inside `restrict()`
-    backend: Any  # torch.nn.attention.SDPBackend member
+    call: Callable[[], Any]  # runs the baseline; must be called inside `restrict()`
+    backend: Any  # torch.nn.attention.SDPBackend member; None for a baseline that is not SDPA
 
     def restrict(self) -> Any:
         """Context manager limiting SDPA to this backend (entered once, outside the timed region)."""
+        if self.backend is None:
+            return contextlib.nullcontext()
         from torch.nn.attention import sdpa_kernel
 
         return sdpa_kernel([self.backend])
@@ -65,12 +71,42 @@ def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float 
     return baseline
 
 
-def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None) -> list[Baseline]:
-    """Every SDPA backend that runs this problem on this card."""
+def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> Optional[Baseline]:
+    """FlashAttention-4 on this problem, or None where it does not import or rejects the problem.
+
+    It takes [B, S, H, D] tensors: contiguous copies are made here, outside the timed call (the layout
+    change is not the kernel's work). Causal masking is bottom-right aligned, as the tuned kernels'. Its
+    first call for a shape compiles (seconds): made here, before any timing.
+    """
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # not installed, or its compiler library does not load here
+        return None
+    qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def run() -> Any:
+        return flash_attn_func(qb, kb, vb, softmax_scale=scale, causal=causal)
+
+    try:
+        run()
+        if qb.is_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+    except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
+        return None
+    return Baseline(FA4, run, None)
+
+
+def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
+                        fa4: bool = True) -> list[Baseline]:
+    """Every SDPA backend that runs this problem on this card, and FlashAttention-4 where it runs it
+    (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA)."""
     found = []
     for name in SDPA_BACKENDS:
         try:
             found.append(sdpa_baseline(name, q, k, v, problem.causal, scale))
         except RuntimeError:
             continue
-    return found
+    extra = fa4_baseline(q, k, v, problem.causal, scale) if fa4 else None
+    return found + ([extra] if extra is not None else [])

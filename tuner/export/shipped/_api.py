@@ -202,8 +202,9 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
             lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
                          f"{cell_summary(choice.cell)}")
         elif e.get("route") == "sdpa":
-            lines.append(f"  routed to SDPA: the kernel measured {ratio:.2f}x the best baseline on its tuned problem "
-                         "(cells below 0.98x run torch SDPA, so the export never makes a call slower)")
+            sdpa = e.get("ratio_to_sdpa", ratio)
+            lines.append(f"  routed to SDPA: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
+                         "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
         code = _kernels.code_source(e["kernel"], _device_cc(q))
         lines.append(f"  code: {code}")
     else:

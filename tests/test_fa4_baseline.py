@@ -1,0 +1,77 @@
+"""The baselines' construction without a GPU: FlashAttention-4 joins the SDPA backends where it imports and
+takes the problem, in its own [B, S, H, D] layout, and is left out where it does not or is not wanted."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from tuner.problem import Problem
+from tuner.runtime.baselines import FA4, available_baselines, fa4_baseline
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    """A flash_attn.cute whose flash_attn_func records its calls (or raises, when told to)."""
+    calls: list[dict] = []
+    state = {"raise": False}
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        if state["raise"]:
+            raise ValueError("head dim not supported")
+        calls.append(dict(q=q, k=k, v=v, scale=softmax_scale, causal=causal))
+        return q, None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls, state
+
+
+def _qkv():
+    import torch
+
+    q = torch.randn(2, 8, 5, 64)
+    k, v = torch.randn(2, 2, 7, 64), torch.randn(2, 2, 7, 64)
+    return q, k, v
+
+
+def test_fa4_runs_on_contiguous_bshd_copies_with_causal_and_scale(fake_fa4) -> None:
+    calls, _ = fake_fa4
+    q, k, v = _qkv()
+    baseline = fa4_baseline(q, k, v, True, 0.125)
+    assert baseline is not None and baseline.name == FA4 and baseline.backend is None
+    with baseline.restrict():  # no SDPA backend to restrict: a no-op context
+        baseline.call()
+    last = calls[-1]
+    assert tuple(last["q"].shape) == (2, 5, 8, 64) and last["q"].is_contiguous()
+    assert tuple(last["k"].shape) == (2, 7, 2, 64) and last["causal"] is True and last["scale"] == 0.125
+    assert (last["q"].transpose(1, 2) == q).all()
+
+
+def test_fa4_is_no_baseline_where_it_rejects_the_problem_or_is_not_installed(fake_fa4, monkeypatch) -> None:
+    _, state = fake_fa4
+    q, k, v = _qkv()
+    state["raise"] = True
+    assert fa4_baseline(q, k, v, False) is None
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # import fails
+    assert fa4_baseline(q, k, v, False) is None
+
+
+def test_fa4_can_be_left_out(fake_fa4, monkeypatch) -> None:
+    """export --check asks for SDPA only (its fallback is SDPA); searches and benchmarks take FA4 too."""
+    import tuner.runtime.baselines as baselines
+
+    def no_sdpa(name, *args, **kwargs):
+        raise RuntimeError("no SDPA backend on a CPU test")
+
+    monkeypatch.setattr(baselines, "sdpa_baseline", no_sdpa)
+    q, k, v = _qkv()
+    problem = Problem(2, 8, 5, 7, 64, heads_kv=2)
+    assert [b.name for b in available_baselines(problem, q, k, v)] == [FA4]
+    assert available_baselines(problem, q, k, v, fa4=False) == []
