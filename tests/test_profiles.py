@@ -502,3 +502,15 @@ def test_the_gpu_is_asked_of_the_cuda_driver_without_torch(monkeypatch):
         detect_gpu(2)
     lib.fail = 100  # CUDA_ERROR_NO_DEVICE: a driver, no usable GPU
     assert detect_gpu(0) is None and visible_gpu_count() == 0
+
+
+@pytest.mark.parametrize("name", ["h100", "h200"])
+def test_default_problems_cover_every_combination_the_hopper_template_takes(name) -> None:
+    """`tuner search` with no --shape tunes every (head dim, dtype, causal) attn_fwd_wgmma supports, so an
+    export of the defaults has a tuned kernel for each (D64 causal included)."""
+    from tuner.kernels.manifest import load_manifest
+
+    feats = load_manifest("attn_fwd_wgmma").features
+    wanted = {(d, dt, c) for d in feats.head_dims for dt in feats.dtypes for c in (False, True)}
+    have = {(p.head_dim, p.dtype, p.causal) for p in load_profile(name).default_problems}
+    assert wanted <= have, sorted(wanted - have)
