@@ -60,3 +60,45 @@ def test_the_grid_covers_every_packed_row_once(b, hkv, group, sq, block_m, split
     assert (y, z) == (hkv, b) and x % splits == 0
     blocks = x // splits
     assert (blocks - 1) * block_m < sq * group <= blocks * block_m
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(tmp_path) -> None:
+    """The header's usage names the decode Config, the cluster attribute and the decode grid, and the
+    usage, as written, compiles with nvcc."""
+    import re
+    import subprocess
+
+    from tuner.export.run import ExportOptions, export
+    from tuner.kernels.manifest import load_manifest
+    from tuner.kernels.variant import Variant
+    from tuner.runtime.build import build
+    from tuner.status import TrialStatus
+    from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    variant = Variant(TEMPLATE, 128, "bf16", False, dict(BLOCK_M=16, BLOCK_N=64, NUM_WARPS=4, SPLITS=2, STAGES=2))
+    built = build(variant, "sm_90a")
+    assert built.ok, built.compiled.log[-2000:]
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name="NVIDIA H100 80GB HBM3", profile="h100", host="test"))
+        store.add_baseline(BaselineRecord(run_id=run, problem=DECODE_STEP, impl="sdpa_cudnn", median_us=100.0))
+        store.add_trial(TrialRecord(run_id=run, problem=DECODE_STEP, template=TEMPLATE,
+                                    template_hash=load_manifest(TEMPLATE).source_hash, params=variant.stored_params(),
+                                    variant_name=variant.name, status=TrialStatus.OK, median_us=94.0, rel_error=3e-3,
+                                    cubin_sha256=built.compiled.cubin_sha256))
+        store.finish_run(run)
+    out = tmp_path / "hdr"
+    export(ExportOptions(gpu="h100", out=out, db_url=url, format="header", name="dec"))
+    header = (out / "dec.h").read_text()
+    assert "fc::DecodeConfig" in header and "__cluster_dims__(Cfg::SPLITS, 1, 1)" in header
+    assert "grid (ceil(Sq * H / Hkv / Cfg::BM) * Cfg::SPLITS, Hkv, B)" in header
+    bucket = re.search(r"struct (bf16_d128_\w+) \{", header).group(1)
+    usage = [line[4:] for line in header.splitlines() if line.startswith("//   ")]
+    user = out / "user.cu"
+    user.write_text('#include "attn_decode.cu"\n#include "dec.h"\n' + "\n".join(usage).replace("<bucket>", bucket)
+                    + "\n")
+    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
+                          "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert b"my_attention" in (out / "user.cubin").read_bytes()

@@ -12,14 +12,14 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from tuner.errors import TunerError
 from tuner.export.options import ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
 from tuner.export.shipped._dispatch import seq_bucket
 from tuner.export.staging import check_out, write_staged
-from tuner.kernels.manifest import load_manifest
+from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.profiles import GpuProfile
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
@@ -52,20 +52,43 @@ def is_header_export(out: Path, name: str) -> bool:
         return False
 
 
-def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template_file: str) -> list[str]:
+def _launch_lines(template: Optional[Manifest]) -> list[str]:
+    """How to launch the template's kernels: the grid and the parameters, as tuner/runtime/launcher.py does."""
+    resources = template.resources if template is not None else {}
+    lines = []
+    if "tma_swizzle" in resources:
+        lines.append("// Parameters: first one 4-D TMA tensor map (D, S, H, B) per input q, k, v (see the template's "
+                     "header comment), then the tensors, then heads and batch.")
+    if "splits" in resources:
+        lines += ["// Launch: grid (ceil(Sq * H / Hkv / Cfg::BM) * Cfg::SPLITS, Hkv, B): the rows are (query, head",
+                  "// of the GQA group) pairs and each row block is one cluster of Cfg::SPLITS CTAs (above 8: allow",
+                  "// cudaFuncAttributeNonPortableClusterSizeAllowed); block Cfg::THREADS, dynamic shared memory",
+                  "// Cfg::SMEM_BYTES"]
+    elif "persistent" in resources:
+        lines += ["// Launch: grid (ceil(Sq / Cfg::BM), H, B), or (min(its CTAs, SM count), 1, 1) when",
+                  "// Cfg::PERSISTENT; block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES"]
+    else:
+        lines.append("// Launch: grid (ceil(Sq / Cfg::BM), H, B), block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES")
+    return lines + ["// (above 48 KiB, opt in with cudaFuncSetAttribute(..., cudaFuncAttributeMaxDynamicSharedMemorySize, "
+                    "...))."]
+
+
+def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template_file: str,
+              template: Optional[Manifest] = None) -> list[str]:
     guard = f"{name.upper()}_TUNED_H"
     ns = f"{name}::{profile.name}"
+    config = template.config if template is not None else "fc::AttnConfig"
+    attributes = f" {template.entry_attributes.replace('TunerCfg', 'Cfg')}" if template and template.entry_attributes else ""
     return [
         f"{_first_line(name)} {manifest['tuner_version']}",
         f"// for {profile.display_name} ({profile.nvcc_arch}), exported {manifest['exported_at']}.",
         "// Generated file: re-export instead of editing.",
         "//",
-        f'// Use: #include "{template_file}" (fc::AttnConfig, ATTN_FWD_PARAMS, ATTN_FWD_BODY), then this header:',
+        f'// Use: #include "{template_file}" ({config}, ATTN_FWD_PARAMS, ATTN_FWD_BODY), then this header:',
         f"//   using Cfg = {ns}::<bucket>::Config;",
-        "//   extern \"C\" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)",
+        f"//   extern \"C\" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS){attributes}",
         "//   my_attention(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(Cfg) }",
-        "// Launch: grid (ceil(Sq / Cfg::BM), H, B), block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES",
-        "// (above 48 KiB, opt in with cudaFuncSetAttribute(..., cudaFuncAttributeMaxDynamicSharedMemorySize, ...)).",
+        *_launch_lines(template),
         "// Buckets: sq/sk bucket b = ceil(log2 S) holds lengths (2^(b-1), 2^b]; group = H / Hkv.",
         "#pragma once",
         f"#ifndef {guard}",
@@ -148,9 +171,9 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
 
 
 def render_header(name: str, profile: GpuProfile, manifest: dict[str, Any], built: dict[str, ExportedKernel],
-                  template_file: str) -> str:
+                  template_file: str, template: Optional[Manifest] = None) -> str:
     chosen = [e for e in manifest["entries"] if e["dispatch"]]
-    lines = _preamble(name, profile, manifest, template_file)
+    lines = _preamble(name, profile, manifest, template_file, template)
     for e in chosen:
         lines += _bucket_struct(e, built[e["kernel"]])
     lines += _lookup_function(chosen)
@@ -171,7 +194,7 @@ def write_header(options: ExportOptions, name: str, profile: GpuProfile, manifes
     # kernel_templates/: `#include "<template>.cu"` then compiles with no -I.
     names = [header, *sorted({rel.split("/")[0] for rel in template.files})]
     check_out(options.out, options.force, names, is_header_export(options.out, name))
-    text = render_header(name, profile, manifest, built, template_path.name)
+    text = render_header(name, profile, manifest, built, template_path.name, template)
 
     def write(root: Path) -> list[Path]:
         copied = []
