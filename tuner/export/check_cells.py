@@ -4,8 +4,8 @@ A cell is a dispatch key (dtype, head dim, causal, GQA group, log2 buckets of
 Sq, Sk and batch x heads) measured at one representative shape. Besides every
 tuned problem, the check covers the shapes a model meets in serving for each
 (dtype, head dim, causal, heads, K/V heads) the export was tuned for: prefill
-batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1) at short
-and long contexts, so that no call a model makes lands on an unmeasured cell
+batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1 at short
+and long contexts, and a 4-token speculative verify), so that no call a model makes lands on an unmeasured cell
 whose nearest tuned kernel happens to lose.
 """
 
@@ -17,11 +17,13 @@ from typing import Any, Mapping, Optional
 
 from tuner.export.selection import ROUTE_BELOW  # one threshold for tuned entries and measured cells
 from tuner.export.shipped._dispatch import DispatchTable, Key
+from tuner.models import DECODE
 from tuner.problem import Problem
 
 PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
 PREFILL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
-DECODE_STEPS = ((64, 1024), (8, 8192), (1, 32768))  # (batch, context): many short, a batch, one long
+# (batch, query rows, context) of the decode steps: the ones `tuner search --model` tunes (one definition)
+DECODE_STEPS = DECODE
 MAX_CANDIDATES = 4  # kernels timed per cell: the rule's choice and its nearest rivals
 
 
@@ -41,7 +43,7 @@ def serving_problems(tuned: Problem) -> list[Problem]:
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
                 causal=tuned.causal, layout=tuned.layout)
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, **base) for s in PREFILL_LENGTHS]
-    found += [Problem(batch=b, seq_q=1, seq_k=ctx, **base) for b, ctx in DECODE_STEPS]
+    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, **base) for b, sq, ctx in DECODE_STEPS]
     return found
 
 
