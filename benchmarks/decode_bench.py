@@ -24,8 +24,9 @@ from tuner.profiles import load_profile
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.timing import time_cuda
+from tuner.runtime.timing import interleaved_rounds, time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.search.confirm import per_round_ratio
 from tuner.store import TrialFilter, open_store
 
 TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
@@ -60,16 +61,12 @@ def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int) -> dict
     calls = {"tuned": lambda: time_cuda(lambda: kernel.launch_unchecked(q, k, v, out), l2_bytes=l2_bytes)}
     for b in available_baselines(p, q, k, v):
         calls[b.name] = lambda b=b: b.time(l2_bytes=l2_bytes)
-    order, times = list(calls), {n: [] for n in calls}
-    for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            times[name].append(calls[name]().median_us)
+    times = interleaved_rounds(calls, rounds)
     us = statistics.median(times["tuned"])
     return {"problem": p.label, "variant": built.variant.name, "us": us, "kv_bytes": kv_bytes(p),
             "gbs": kv_bytes(p) / us / 1e3, "rel_error": err,
             "baselines_us": {n: statistics.median(t) for n, t in times.items() if n != "tuned"},
-            "ratios": {n: statistics.median(b / o for b, o in zip(t, times["tuned"]))
-                       for n, t in times.items() if n != "tuned"}}
+            "ratios": {n: per_round_ratio(t, times["tuned"]) for n, t in times.items() if n != "tuned"}}
 
 
 def main() -> None:

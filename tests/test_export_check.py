@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from tests.cli_helpers import run_tuner
 from tests.test_export import _unique, import_exported, write_export_store
 from tuner.export.check_cells import (
-    DECODE_STEPS,
     MAX_CANDIDATES,
     PREFILL_LENGTHS,
     cell_line,
@@ -24,6 +23,7 @@ from tuner.export.check_cells import (
 )
 from tuner.export.selection import _dispatch_key, resolve_collisions
 from tuner.export.shipped._dispatch import DispatchTable, Key
+from tuner.models import DECODE
 from tuner.problem import Problem
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (export recompiles cubins)")
@@ -61,7 +61,7 @@ def test_cells_cover_every_tuned_problem_and_the_serving_shapes(tuned: list[Prob
         for s in PREFILL_LENGTHS:
             assert _key(Problem(max(1, 16384 // s), tp.heads, s, s, tp.head_dim, dtype=tp.dtype, causal=tp.causal,
                                 heads_kv=tp.heads_kv)) in keys
-        for b, sq, ctx in DECODE_STEPS:
+        for b, sq, ctx in DECODE:
             assert _key(Problem(b, tp.heads, sq, ctx, tp.head_dim, dtype=tp.dtype, causal=tp.causal,
                                 heads_kv=tp.heads_kv)) in keys
     for cell in cells:
@@ -77,14 +77,13 @@ def test_tuned_problems_come_first() -> None:
     cells = check_cells(_entries(tuned))
     assert [c.problem for c in cells[:2]] == tuned
     decode = [c for c in cells if c.problem.seq_q <= 16]
-    assert len(decode) == 2 * len(DECODE_STEPS)
+    assert len(decode) == 2 * len(DECODE)
 
 
 def test_median_ratio_is_taken_per_round_against_the_best_backend_of_that_round() -> None:
-    rounds = [{"k": 100.0, "flash": 110.0, "cudnn": 90.0},   # 0.90
-              {"k": 80.0, "flash": 100.0, "cudnn": 96.0},    # 1.20
-              {"k": 100.0, "flash": 101.0, "cudnn": 200.0}]  # 1.01
-    assert median_ratios(rounds, ["k"], ["flash", "cudnn"]) == pytest.approx({"k": 1.01})
+    # µs per round (interleaved_rounds): per-round ratios to the best backend 0.90, 1.20, 1.01
+    times = {"k": [100.0, 80.0, 100.0], "flash": [110.0, 100.0, 101.0], "cudnn": [90.0, 96.0, 200.0]}
+    assert median_ratios(times, ["k"], ["flash", "cudnn"]) == pytest.approx({"k": 1.01})
 
 
 def _cell():

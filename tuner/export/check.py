@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,7 +87,7 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     import torch
 
     from tuner.runtime.baselines import available_baselines
-    from tuner.runtime.timing import time_cuda
+    from tuner.runtime.timing import interleaved_rounds, time_cuda
     from tuner.runtime.verify import make_inputs, reference
 
     q, k, v = make_inputs(cell.problem, seed=0)
@@ -98,17 +99,12 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     calls: dict[str, Callable[[], Any]] = {
         **{name: (lambda fn=fn: time_cuda(fn, l2_bytes=l2_bytes)) for name, fn in runs.items()},
         **{b.name: (lambda b=b: b.time(l2_bytes=l2_bytes)) for b in baselines}}
-    order, timed = list(calls), []
-    for r in range(rounds):  # the start rotates: no implementation always runs first (or on a cooler card)
-        timed.append({name: calls[name]().median_us for name in order[r % len(order):] + order[:r % len(order)]})
+    timed = interleaved_rounds(calls, rounds)
     torch.cuda.synchronize()
     names = [b.name for b in baselines]
     ratios = median_ratios(timed, list(runs), names) if names else {n: 1.0 for n in runs}
-
-    def median_of(name: str) -> float:
-        return sorted(r[name] for r in timed)[len(timed) // 2]
-
-    return decide(cell, ratios, {n: median_of(n) for n in names}, errors, {n: median_of(n) for n in runs})
+    medians = {n: statistics.median(t) for n, t in timed.items()}
+    return decide(cell, ratios, {n: medians[n] for n in names}, errors, {n: medians[n] for n in runs})
 
 
 def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable[[dict[str, Any]], None]

@@ -11,19 +11,17 @@ whose nearest tuned kernel happens to lose.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from tuner.export.selection import ROUTE_BELOW  # one threshold for tuned entries and measured cells
+from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # one threshold for entries and cells
 from tuner.export.shipped._dispatch import DispatchTable, Key
 from tuner.models import DECODE
 from tuner.problem import Problem
+from tuner.search.confirm import per_round_ratio
 
 PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
 PREFILL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
-# (batch, query rows, context) of the decode steps: the ones `tuner search --model` tunes (one definition)
-DECODE_STEPS = DECODE
 MAX_CANDIDATES = 4  # kernels timed per cell: the rule's choice and its nearest rivals
 
 
@@ -34,16 +32,12 @@ class CheckCell:
     candidates: tuple[Mapping[str, Any], ...]  # manifest entries whose kernels are timed, the rule's choice first
 
 
-def _key_of(p: Problem) -> Key:
-    return Key.of(p.dtype, p.head_dim, p.causal, p.heads, p.heads_kv, p.seq_q, p.seq_k, batch=p.batch)
-
-
 def serving_problems(tuned: Problem) -> list[Problem]:
     """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality and layout."""
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
                 causal=tuned.causal, layout=tuned.layout)
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, **base) for s in PREFILL_LENGTHS]
-    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, **base) for b, sq, ctx in DECODE_STEPS]
+    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, **base) for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
     return found
 
 
@@ -53,7 +47,7 @@ def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     tuned = [Problem.from_dict(e["problem"]) for e in table.entries]
     cells: dict[Key, CheckCell] = {}
     for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
-        key = _key_of(problem)
+        key = dispatch_key(problem)
         if key in cells:
             continue
         ranked, kernels = [], set()
@@ -66,14 +60,11 @@ def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     return list(cells.values())
 
 
-def median_ratios(rounds: list[dict[str, float]], kernels: list[str], baselines: list[str]) -> dict[str, float]:
-    """Per kernel, the median over rounds of (best SDPA backend's time in the round) / (kernel's time)."""
-    ratios: dict[str, float] = {}
-    for name in kernels:
-        per_round = [min(r[b] for b in baselines) / r[name] for r in rounds if name in r]
-        if per_round:
-            ratios[name] = statistics.median(per_round)
-    return ratios
+def median_ratios(times: Mapping[str, list[float]], kernels: list[str], baselines: list[str]) -> dict[str, float]:
+    """Per kernel, the median over the rounds of (the best SDPA backend's µs in the round) / (the kernel's);
+    `times` holds each implementation's µs per round (tuner.runtime.timing.interleaved_rounds)."""
+    best = best_per_round([times[b] for b in baselines])
+    return {name: per_round_ratio(best, times[name]) for name in kernels if times.get(name)}
 
 
 def decide(cell: CheckCell, ratios: Mapping[str, float], sdpa: Mapping[str, float], errors: Mapping[str, str],

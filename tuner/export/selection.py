@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -79,11 +78,13 @@ def build_kernel(row: TrialRow, arch: str, allow_rebuild: bool) -> ExportedKerne
 ROUTE_BELOW = 0.98  # a cell whose kernel measured below this ratio to the best SDPA backend runs SDPA
 
 
-def sdpa_ratio(store: Any, row: TrialRow) -> Optional[float]:
+def sdpa_ratio(store: Any, row: TrialRow, baselines: list[Any]) -> Optional[float]:
     """The trial's speed-up over the fastest SDPA backend of its run (what a routed cell falls back to;
     FlashAttention-4, when it was a baseline, is left out): the confirm stage's median per-round ratio
-    when the row is a confirmed winner, else the ratio of medians."""
+    when the row is a confirmed winner, else the ratio of medians over `baselines` (its run's, from
+    store.trial_detail)."""
     from tuner.runtime.baselines import SDPA_BACKENDS
+    from tuner.search.confirm import per_round_ratio
 
     if row.confirmed_us is not None:
         confirmed = store.confirmed(row.problem, row.profile)
@@ -91,16 +92,24 @@ def sdpa_ratio(store: Any, row: TrialRow) -> Optional[float]:
         sdpa = [timings[n] for n in SDPA_BACKENDS if n in timings]
         mine = timings.get(row.variant_name)
         if sdpa and mine:
-            best = [min(r) for r in zip(*sdpa)]
-            return statistics.median(b / t for b, t in zip(best, mine))
-    sdpa_us = [b.median_us for b in store.trial_detail(row.id).baselines if b.impl in SDPA_BACKENDS]
+            return per_round_ratio(best_per_round(sdpa), mine)
+    sdpa_us = [b.median_us for b in baselines if b.impl in SDPA_BACKENDS]
     return min(sdpa_us) / row.median_us if sdpa_us and row.median_us else None
 
 
+def best_per_round(baselines: list[list[float]]) -> list[float]:
+    """The fastest baseline's µs in each round, from each baseline's µs per round."""
+    return [min(round_us) for round_us in zip(*baselines)]
+
+
+def dispatch_key(problem: Problem) -> Key:
+    """The dispatch key calls of `problem`'s shape look up (the shipped dispatch's Key.of)."""
+    return Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
+                  problem.seq_q, problem.seq_k, batch=problem.batch)
+
+
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
-    key = Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
-                 problem.seq_q, problem.seq_k, batch=problem.batch)
-    return dataclasses.asdict(key)
+    return dataclasses.asdict(dispatch_key(problem))
 
 
 def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Optional[float]) -> dict[str, Any]:

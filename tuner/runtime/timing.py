@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,15 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
     return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), reps)
+
+
+def interleaved_rounds(calls: Mapping[str, Callable[[], Timing]], rounds: int,
+                       on_round: Callable[[int], None] = lambda r: None) -> dict[str, list[float]]:
+    """Each call's median µs in each of `rounds` rounds, every call once a round; the first call of a
+    round rotates, so none always runs first (or on a cooler card). Compare with per-round ratios."""
+    order, times = list(calls), {name: [] for name in calls}
+    for r in range(rounds if order else 0):
+        on_round(r)
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            times[name].append(calls[name]().median_us)
+    return times
