@@ -794,23 +794,29 @@ def test_register_transformers_refuses_flash_names_and_says_what_is_missing(expo
         assert mod.register_transformers("tuned_test") == "tuned_test"
 
 
+def _one_trial_store(url: str, baselines: dict[str, float], median_us: float) -> None:
+    """A store holding one ok trial of BIG (the real cubin's sha256) and the given baselines (impl -> µs)."""
+    from tuner.kernels.manifest import load_manifest
+
+    v = variant(BIG, PARAMS["big"])
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
+        for impl, us in baselines.items():
+            store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl=impl, median_us=us))
+        store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
+                                    template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
+                                    variant_name=v.name, status=TrialStatus.OK, median_us=median_us, rel_error=3e-4,
+                                    cubin_sha256=compiled_sha(v)))
+        store.finish_run(run)
+
+
 def test_a_cell_whose_kernel_lost_to_sdpa_is_routed_to_sdpa(tmp_path) -> None:
     """An export never makes a call slower than SDPA: a tuned problem whose kernel measured below 0.98x
     the best baseline is exported with route 'sdpa', and explain() says its calls run SDPA."""
     import torch
 
-    from tuner.kernels.manifest import load_manifest
-
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    v = variant(BIG, PARAMS["big"])
-    with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
-        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn", median_us=50.0))
-        store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
-                                    template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
-                                    variant_name=v.name, status=TrialStatus.OK, median_us=60.0, rel_error=3e-4,
-                                    cubin_sha256=compiled_sha(v)))
-        store.finish_run(run)
+    _one_trial_store(url, {"sdpa_cudnn": 50.0}, median_us=60.0)
     name = _unique()
     res = run_tuner("--db", url, "export", "--gpu", "h100", "--out", str(tmp_path / name))
     assert res.exit_code == 0, res.stderr
@@ -825,19 +831,8 @@ def test_a_cell_whose_kernel_lost_to_sdpa_is_routed_to_sdpa(tmp_path) -> None:
 def test_a_kernel_slower_than_fa4_but_faster_than_sdpa_is_not_routed(tmp_path) -> None:
     """Routing falls back to SDPA, so it compares with SDPA only: a kernel that beats every SDPA backend but
     not FlashAttention-4 (a baseline of its run) keeps its cell; the entry records both ratios."""
-    from tuner.kernels.manifest import load_manifest
-
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    v = variant(BIG, PARAMS["big"])
-    with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
-        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn", median_us=50.0))
-        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="fa4", median_us=30.0))
-        store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
-                                    template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
-                                    variant_name=v.name, status=TrialStatus.OK, median_us=40.0, rel_error=3e-4,
-                                    cubin_sha256=compiled_sha(v)))
-        store.finish_run(run)
+    _one_trial_store(url, {"sdpa_cudnn": 50.0, "fa4": 30.0}, median_us=40.0)
     name = _unique()
     report = export(ExportOptions(gpu="h100", out=tmp_path / name, db_url=url))
     (entry,) = report.entries

@@ -29,3 +29,11 @@ def gpu_profile():
 
     cuda_driver(0)
     return resolve_profile("auto")
+
+
+@pytest.fixture(scope="module")
+def hopper(gpu_profile):
+    """The profile of an sm_90 GPU (the Hopper templates' tests skip elsewhere)."""
+    if tuple(gpu_profile.compute_capability) < (9, 0):
+        pytest.skip(f"this test needs an sm_90 GPU; this is {gpu_profile.name}")
+    return gpu_profile

@@ -55,3 +55,10 @@ def run_sanitizer(tool: str, *case: str) -> subprocess.CompletedProcess:
     script = Path(__file__).with_name("sanitize_case.py")
     return subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script), *case],
                           capture_output=True, text=True, timeout=600)
+
+
+def assert_sanitizer_clean(tool: str, *case: str) -> None:
+    """compute-sanitizer `tool` over sanitize_case.py `case` reports no error (memcheck) or hazard (racecheck)."""
+    proc = run_sanitizer(tool, *case)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout
