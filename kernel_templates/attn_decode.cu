@@ -59,7 +59,11 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
 }
 
 template <class C>
-__device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a) {
+__device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
+                                            const int* seq_lens) {
+  // With seq_lens, batch row b uses its first seq_lens[b] keys (clamped to the tensor's Sk): a ragged
+  // batch in one dense cache, or a static cache filled up to a length known only on the GPU.
+  const int sk = seq_lens != nullptr ? min(max(seq_lens[blockIdx.z], 0), a.sk) : a.sk;
   using T = typename C::T;
   using QL = typename C::QLayout;
   using KL = typename C::KVLayout;
@@ -80,11 +84,11 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = a.h_per_kv;
   const int rows = group * a.sq;
-  const int diag = a.sk - a.sq;  // bottom-right alignment offset
+  const int diag = sk - a.sq;  // bottom-right alignment offset
 
   // Keys the block's last query position sees, split in whole tiles across the cluster.
-  int n_end = a.sk;
-  if (C::CAUSAL) n_end = min(a.sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
+  int n_end = sk;
+  if (C::CAUSAL) n_end = min(sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
   const int tiles_all = (n_end + C::BN - 1) / C::BN;
   const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
   const int j0 = split * per_split;
@@ -360,9 +364,11 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)
 //   __cluster_dims__(TunerCfg::SPLITS, 1, 1) <name>(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(TunerCfg) }
 // The parameters are the Hopper template's: the tensor maps of q, k, v first (q's is not read: the packed
-// rows come from several heads), then the tensor arguments, heads and batch.
+// rows come from several heads), then the tensor arguments, heads and batch; then the per-batch key
+// lengths (null: every row uses all Sk keys).
 #define ATTN_FWD_PARAMS                                                                                        \
   const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_k,                      \
-      const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch
+      const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch,                \
+      const int* seq_lens
 
-#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch));
+#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch), seq_lens);

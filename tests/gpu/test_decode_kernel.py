@@ -32,3 +32,45 @@ def test_variants_match_fp32_reference(problem: Problem, hopper) -> None:
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer_clean(tool: str, hopper) -> None:
     assert_sanitizer_clean(tool, "decode")
+
+
+@pytest.mark.parametrize("causal, sq", [(False, 1), (True, 3)])
+def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: int) -> None:
+    """seq_lens: each batch row attends to its own first L keys of one dense cache (L = 0 gives zeros),
+    read on the GPU, so a captured graph replays with new lengths; wrong seq_lens are a clear error."""
+    import torch
+
+    from tuner.kernels.feasibility import covering_sample
+    from tuner.runtime.build import build_many
+    from tuner.runtime.launcher import AttentionInputError
+    from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+
+    problem = Problem(4, 8, sq, 1000, 128, dtype="bf16", causal=causal, heads_kv=2)
+    q, k, v = make_inputs(problem, seed=3)
+
+    def expected(lens: list[int]) -> torch.Tensor:
+        out = torch.zeros_like(q, dtype=torch.float32)
+        for b, n in enumerate(lens):
+            if n:
+                out[b:b + 1] = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal)[0]
+        return out
+
+    for built in build_many(covering_sample(TEMPLATE, problem, hopper, seed=5)[:3], hopper.nvcc_arch):
+        assert built.ok, built.compiled.log[-2000:]
+        kernel = built.load()
+        lens = torch.tensor([1000, 17, 1, 0], dtype=torch.int32, device="cuda")
+        out = empty_output(q)
+        kernel(q, k, v, out, seq_lens=lens)
+        torch.cuda.synchronize()
+        err = relative_error(out, expected([1000, 17, 1, 0]))
+        assert err < TOLERANCE["bf16"], f"{built.variant.name}: rel error {err:.2e}"
+        assert torch.count_nonzero(out[3]) == 0  # no key: zeros
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernel.launch_unchecked(q, k, v, out, seq_lens=lens)
+        lens.copy_(torch.tensor([5, 999, 64, 1000], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, expected([5, 999, 64, 1000])) < TOLERANCE["bf16"], built.variant.name
+        with pytest.raises(AttentionInputError, match="seq_lens must be a contiguous int32"):
+            kernel(q, k, v, out, seq_lens=lens.long())

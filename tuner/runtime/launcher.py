@@ -172,6 +172,8 @@ class AttentionKernel:
         self.shape = shape
         self._device = device
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
+        if shape.splits:
+            self._format += "P"  # a decode kernel's last parameter: per-batch key lengths (int32*, or null)
         self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, max(shape.splits, 1))
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
@@ -183,16 +185,34 @@ class AttentionKernel:
         self._stream = stream_getter()
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
-                 check: bool = True) -> None:
-        """Launch on torch's current stream. Tensors are logical [B, H, S, D] with any strides."""
+                 check: bool = True, seq_lens: Any = None) -> None:
+        """Launch on torch's current stream. Tensors are logical [B, H, S, D] with any strides.
+
+        seq_lens (decode kernels only): int32 [B] on q's device, the keys of each batch row in use
+        (k and v hold Sk >= each; read on the GPU, clamped to [0, Sk]; causal aligns to each length).
+        """
         if check:
             check_attention_tensors(q, k, v, out, lse)
-        self.launch_unchecked(q, k, v, out, lse, scale)
+            if seq_lens is not None:
+                self._check_seq_lens(q, seq_lens)
+        self.launch_unchecked(q, k, v, out, lse, scale, seq_lens)
 
-    def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None) -> None:
+    def _check_seq_lens(self, q: Any, seq_lens: Any) -> None:
+        import torch
+
+        if not self.shape.splits:
+            raise AttentionInputError(f"{self.entry} takes no seq_lens: per-sequence lengths are a decode kernel's")
+        if (not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1
+                or seq_lens.numel() != q.shape[0] or not seq_lens.is_contiguous()
+                or seq_lens.device != q.device):
+            raise AttentionInputError(f"seq_lens must be a contiguous int32 tensor of shape ({q.shape[0]},) on "
+                                      f"{q.device}")
+
+    def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
+                         seq_lens: Any = None) -> None:
         """The launch alone (inputs already validated)."""
         self._launch(q, k, v, out, lse, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
-                     q.data_ptr(), k.data_ptr(), v.data_ptr())
+                     q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr() if seq_lens is not None else 0)
 
     def launch_if_fit(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None) -> bool:
         """Launch if q, k, v have a layout that passed check_attention_tensors before (remembered
@@ -228,7 +248,7 @@ class AttentionKernel:
         return _bounded_put(self._fits, layout, (fits, maps))
 
     def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
-                qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False) -> None:
+                qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False, lens: int = 0) -> None:
         b, h, sq, d = qshape
         hkv, sk = kshape[1], kshape[2]
         if not b * h * sq:
@@ -263,6 +283,8 @@ class AttentionKernel:
         else:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
+        if shape.splits:
+            args += (lens,)
         self._kernel.launch(grid, self._block, args, shape.smem_bytes, self._stream(self._device))
 
     def _map_inputs(self, q: Any, k: Any, v: Any) -> tuple[tuple[str, Any, int], ...]:
