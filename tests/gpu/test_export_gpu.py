@@ -23,6 +23,7 @@ pytestmark = pytest.mark.gpu
 SEARCHES = [
     ("4,16,2048,64", []),
     ("2,16,1024,128", ["--hkv", "4", "--causal", "--dtype", "bf16"]),
+    ("4,8,1,512,128", ["--hkv", "2", "--causal", "--dtype", "bf16"]),  # a decode step: the decode template
 ]
 HOST_OVERHEAD_RATIO = 2.0  # host time per call against SDPA's on the same host: a regression guard (0.85-1.5 seen)
 
@@ -399,3 +400,101 @@ def test_export_check_measures_every_cell_and_calls_follow_it(searched, gpu_prof
                                (problem.batch * problem.heads - 1).bit_length())]
         assert (hit[1] is None) == (r["route"] == "sdpa"), r["problem_label"]
         assert "export --check" in str(mod.explain(q, k, v, causal=problem.causal))
+
+
+def test_seq_lens_run_the_decode_kernel_and_replay_in_a_graph(package) -> None:
+    """attention(..., seq_lens=): the decode kernel serves a ragged batch in one dense cache (a row of
+    length 0 gives zeros), and a captured step replays with new lengths read on the GPU."""
+    import torch
+
+    mod, _ = package
+    p = Problem(4, 8, 1, 600, 128, dtype="bf16", causal=True, heads_kv=2)
+    q, k, v = make_inputs(p, seed=6)
+    assert "attn_decode" in str(mod.explain(q, k, v, causal=True))
+
+    def expected(lens: list[int]) -> torch.Tensor:
+        out = torch.zeros_like(q, dtype=torch.float32)
+        for b, n in enumerate(lens):
+            if n:
+                out[b:b + 1] = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], True)[0]
+        return out
+
+    lens = torch.tensor([600, 1, 0, 257], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        out = mod.attention(q, k, v, causal=True, seq_lens=lens)
+        assert relative_error(out, expected([600, 1, 0, 257])) < TOLERANCE["bf16"]
+        assert torch.count_nonzero(out[2]) == 0
+        assert any(kernel is not None for _, kernel in mod._api._lens_cache.values())  # the kernel, not SDPA
+        graph, static_out = torch.cuda.CUDAGraph(), None
+        with torch.cuda.graph(graph):
+            static_out = mod.attention(q, k, v, causal=True, seq_lens=lens)
+    for new in ([3, 600, 599, 64], [128, 128, 1, 1]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(static_out, expected(new)) < TOLERANCE["bf16"], new
+
+
+def test_transformers_static_cache_decode_runs_the_decode_kernel_in_a_graph(package) -> None:
+    """A static cache's decode step reaches the package as key lengths: the decode kernel runs, the step
+    captures in a CUDA graph, and the logits match SDPA's at every step."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    mod, _ = package
+    name = mod.register_transformers()
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                   max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to("cuda", torch.bfloat16)
+    model.eval()
+    prompt = torch.randint(0, 1000, (4, 300), device="cuda")
+    calls: list[tuple[int, bool]] = []  # (Sq, given key lengths) per call into the package
+    kernel_call = mod._hf.attention
+    mod._hf.attention = lambda *a, **kw: (calls.append((a[0].shape[2], kw.get("seq_lens") is not None)),
+                                          kernel_call(*a, **kw))[1]
+
+    def decode_logits(impl: str, graphed: bool) -> list[torch.Tensor]:
+        model.set_attn_implementation(impl)
+        cache = transformers.StaticCache(config=cfg, max_cache_len=512)
+        tok = torch.zeros(4, 1, dtype=torch.long, device="cuda")
+        pos = torch.full((1,), 300, dtype=torch.long, device="cuda")
+        with torch.inference_mode():
+            model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(300, device="cuda"))
+            step = lambda: model(input_ids=tok, past_key_values=cache, cache_position=pos).logits.float()  # noqa: E731
+            if graphed:  # warm up on a side stream (the first call loads the kernel), then capture one step
+                before = [layer.cumulative_length.clone() for layer in cache.layers]
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step()
+                torch.cuda.current_stream().wait_stream(side)
+                for layer, length in zip(cache.layers, before):  # the replays count on from the prompt
+                    layer.cumulative_length.copy_(length)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_logits = step()
+            out = []
+            for i in range(3):
+                tok.fill_(7 + i)
+                pos.fill_(300 + i)
+                if graphed:
+                    graph.replay()
+                    out.append(static_logits.clone())
+                else:
+                    out.append(step())
+            return out
+
+    try:
+        want = decode_logits("sdpa", graphed=False)
+        eager = decode_logits(name, graphed=False)
+        decode_calls = [lens for sq, lens in calls if sq == 1]
+        assert len(decode_calls) == 6 and all(decode_calls)  # 3 steps x 2 layers, each with key lengths
+        assert any(kernel is not None for _, kernel in mod._api._lens_cache.values())
+        graphed = decode_logits(name, graphed=True)
+    finally:
+        mod._hf.attention = kernel_call
+    for got_eager, got_graph, ref in zip(eager, graphed, want):
+        assert (got_eager - ref).abs().max() <= 0.03 * ref.abs().max()
+        torch.testing.assert_close(got_graph, got_eager)

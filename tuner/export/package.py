@@ -29,6 +29,7 @@ _RUNTIME_FILES = (
     ("export/shipped/_dispatch.py", "_dispatch.py"),
     ("export/shipped/_hf.py", "_hf.py"),
     ("export/shipped/_kernels.py", "_kernels.py"),
+    ("export/shipped/_seq_lens.py", "_seq_lens.py"),
     ("runtime/launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
     ("runtime/_cuda_api.py", "_cuda_api.py"),
 )

@@ -214,12 +214,14 @@ class AttentionKernel:
         self._launch(q, k, v, out, lse, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
                      q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr() if seq_lens is not None else 0)
 
-    def launch_if_fit(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None) -> bool:
+    def launch_if_fit(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
+                      seq_lens: Any = None) -> bool:
         """Launch if q, k, v have a layout that passed check_attention_tensors before (remembered
         per layout: shapes, strides, dtypes, devices) and 16-byte aligned data; otherwise launch
         nothing and return False (the caller then validates fully, for the precise error).
 
-        out must be torch.empty_like(q); lse is not taken here. The cheapest checked launch:
+        out must be torch.empty_like(q); lse is not taken here; seq_lens, when given, the caller has
+        checked (a decode kernel's int32 [B] on q's device). The cheapest checked launch:
         each tensor attribute is read once (each read is a call into torch, a fraction of a
         microsecond that adds up at small problem sizes).
         """
@@ -234,7 +236,8 @@ class AttentionKernel:
         if fit is None:
             fit = self._remember_fit(layout, q, k, v)
         if fit[0]:
-            self._launch(q, k, v, out, None, scale, qshape, kshape, qs, ks, vs, qp, kp, vp, fit[1])
+            self._launch(q, k, v, out, None, scale, qshape, kshape, qs, ks, vs, qp, kp, vp, fit[1],
+                         seq_lens.data_ptr() if seq_lens is not None else 0)
         return fit[0]
 
     def _remember_fit(self, layout: tuple, q: Any, k: Any, v: Any) -> tuple[bool, Any]:

@@ -17,6 +17,7 @@ import torch
 from . import _kernels
 from ._dispatch import DispatchTable, Explanation, Key, cell_summary
 from ._launcher import AttentionInputError, GpuUnavailableError, _bound, check_attention_tensors
+from ._seq_lens import check_seq_lens, sdpa_with_lens
 
 PACKAGE: str = _kernels.MANIFEST["package"]
 # Measured cells (tuner export --check) decide their keys; other keys take the nearest tuned entry.
@@ -25,22 +26,30 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FALLBACKS = (None, "sdpa")
 # (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
 _cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
+# The same cells for calls with seq_lens -> (device index, the decode kernel, or None: masked SDPA)
+_lens_cache: dict[tuple, tuple[int, Any]] = {}
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: Optional[float] = None, fallback: Optional[str] = None) -> torch.Tensor:
+              scale: Optional[float] = None, fallback: Optional[str] = None,
+              seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
     aligned bottom-right when Sq != Sk; scale defaults to 1/sqrt(D).
     fallback="sdpa" sends inputs the kernels cannot take to torch's SDPA
     instead of raising AttentionInputError.
+    seq_lens (int32 [B] on q's device): batch row b uses only its first seq_lens[b] keys of k and v
+    (a static or ragged cache; causal aligns to that length). The decode kernels read the lengths on the
+    GPU, so a captured CUDA graph replays with new ones; shapes without a decode kernel run masked SDPA.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
                                   f"{type(v).__name__})")
     if torch.compiler.is_compiling():
-        return _op(q, k, v, causal, scale, fallback)
+        return _op(q, k, v, causal, scale, fallback, seq_lens)
+    if seq_lens is not None:
+        return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
     return _forward(q, k, v, causal, scale, fallback)
 
 
@@ -48,8 +57,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
              fallback: Optional[str]) -> torch.Tensor:
     qs, ks = q.shape, k.shape
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
-        hit = _cache.get((q.dtype, qs[3], causal, qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
-                          (qs[0] * qs[1] - 1).bit_length()))
+        hit = _cache.get(_cell(q.dtype, qs, ks, causal))
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             if hit[1] is None:  # a cell routed to SDPA: its kernel measured slower there
@@ -58,6 +66,50 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
             if hit[1](q, k, v, out, None, scale):  # the kernel checks the rest (layout cached); torch's stream
                 return out
     return _slow(q, k, v, causal, scale, fallback)
+
+
+def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+                  fallback: Optional[str], seq_lens: torch.Tensor) -> torch.Tensor:
+    qs, ks = q.shape, k.shape
+    hit = None
+    if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
+        hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal))
+    if hit is None or fallback not in _FALLBACKS or q.get_device() != hit[0] or seq_lens.numel() != qs[0] \
+            or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
+    if hit[1] is None:
+        return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+    out = torch.empty_like(q)
+    if seq_lens.dtype == torch.int32 and seq_lens.device == q.device and seq_lens.is_contiguous() \
+            and hit[1].launch_if_fit(q, k, v, out, None, scale, seq_lens):
+        return out
+    return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
+
+
+def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str],
+               seq_lens: Any) -> torch.Tensor:
+    """Validate fully, choose the decode kernel (or masked SDPA) and fill the seq_lens dispatch cache."""
+    if fallback not in _FALLBACKS:
+        raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+    _check_structure(q, k, v)
+    if q.dim() == 4:
+        check_seq_lens(q, seq_lens)
+    try:
+        kernel = _resolve(q, k, v, causal)
+        if kernel is not None and not kernel.shape.splits:
+            raise AttentionInputError(f"no exported decode kernel serves {_key(q, k, causal).label()}: only the "
+                                      "decode kernels take seq_lens (pass fallback='sdpa' for masked SDPA)")
+    except (AttentionInputError, GpuUnavailableError):
+        if fallback == "sdpa" and q.dim() == 4:
+            check_seq_lens(q, seq_lens)
+            return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+        raise
+    _lens_cache[_cell(q.dtype, q.shape, k.shape, causal)] = (q.get_device(), kernel)
+    if kernel is None:  # a cell routed to SDPA
+        return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+    out = torch.empty_like(q)
+    kernel.launch_unchecked(q, k, v, out, None, scale, seq_lens)
+    return out
 
 
 def _check_structure(q: Any, k: Any, v: Any) -> None:
@@ -79,18 +131,24 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
     _check_structure(q, k, v)
     try:
-        launch = _resolve(q, k, v, causal)
+        kernel = _resolve(q, k, v, causal)
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
             return _sdpa(q, k, v, causal, scale)
         raise
-    if launch is None:  # routed to SDPA
+    if kernel is None:  # routed to SDPA
         return _sdpa(q, k, v, causal, scale)
     if q.numel() == 0:
         return torch.empty_like(q)
     out = torch.empty_like(q)
-    launch(q, k, v, out, None, scale)
+    kernel.launch_unchecked(q, k, v, out, None, scale)
     return out
+
+
+def _cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool) -> tuple:
+    """The dispatch cache's key: (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket)."""
+    return (dtype, qs[3], bool(causal), qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
+            (qs[0] * qs[1] - 1).bit_length())
 
 
 def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
@@ -98,8 +156,9 @@ def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
     return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
 
 
-def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Optional[Callable[..., None]]:
-    """Validate fully, choose the kernel, load it and fill the dispatch cache; None for a cell routed to SDPA."""
+def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """Validate fully, choose the kernel, load it and fill the dispatch cache: the kernel (an AttentionKernel),
+    or None for a cell routed to SDPA."""
     check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise AttentionInputError("the tuned kernels are forward-only: inputs require grad "
@@ -115,14 +174,14 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Optional[Callable[..., Non
     if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
         raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
                                   f"got tensors on cuda:{device}")
-    cell = (q.dtype, key.head_dim, bool(causal), key.group, key.sq_bucket, key.sk_bucket, key.bh_bucket)
+    cell = _cell(q.dtype, q.shape, k.shape, causal)
     if choice.route == "sdpa":
         _cache[cell] = (device, None)
         return None
     kernel = _kernels.load_kernel(choice.entry["kernel"], device)
     # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
     _cache[cell] = (device, kernel.launch_if_fit)
-    return kernel.launch_unchecked
+    return kernel
 
 
 def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch.Tensor:
@@ -147,13 +206,15 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch
 
 @torch.library.custom_op(f"{PACKAGE}::attention", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-        fallback: Optional[str]) -> torch.Tensor:
+        fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if seq_lens is not None:
+        return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
     return _forward(q, k, v, causal, scale, fallback)
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
 def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-             fallback: Optional[str]) -> torch.Tensor:
+             fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     return torch.empty_like(q)
 
 

@@ -15,7 +15,7 @@ every kernel lost to it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 
@@ -128,7 +128,18 @@ class DispatchTable:
         return sorted({d for (dt, d, c) in self._by_features if dt == dtype and c == causal})
 
     def choose(self, key: Key) -> Optional[Choice]:
-        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length)."""
+        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length).
+
+        One query is the same computation causal or not (bottom-right, it sees every key): a decode step
+        takes the other causality's kernels too, a measured cell first."""
+        choice = self._choose(key)
+        if key.sq_bucket == 0:
+            other = self._choose(replace(key, causal=not key.causal))
+            if other is not None and (choice is None or (other.cell is not None and choice.cell is None)):
+                choice = other
+        return choice
+
+    def _choose(self, key: Key) -> Optional[Choice]:
         ranked = self.ranked(key)
         if not ranked:
             return None
