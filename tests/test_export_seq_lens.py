@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_export import _qkv, export_store, exported  # noqa: F401 - fixtures
+from tests import test_export
+from tests.test_export import _qkv
 from tuner.runtime.verify import reference
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+pytestmark = test_export.pytestmark  # the export recompiles cubins: nvcc
+export_store, exported = test_export.export_store, test_export.exported  # the module's fixtures, reused
 
 
 def _expected(q, k, v, lens: list[int], causal: bool):
