@@ -10,7 +10,9 @@ the same. Every figure is a median of per-round ratios, the implementations inte
 - prefill: tokens/s of a forward without cache (logits of the last position only) at B4 S4096 and B1 S16384;
 - attention share: CUDA time of the attention kernels in one profiled forward of each implementation;
 - kernel ratio: the attention call alone at the layers' shape (what transformers' SDPA path calls);
-- decode: B8 at context 8192, static cache, one decode step captured in a CUDA graph and replayed;
+- decode: B8 at context 8192, static cache, one decode step captured in a CUDA graph and replayed (the
+  package reads the cache's key lengths; transformers' SDPA path masks the whole cache, and with a mask it
+  repeats K/V per query head); its kernel ratio is against SDPA at its best: exact keys, no mask, GQA native;
 - greedy: 32 tokens generated from one prompt by each implementation (dynamic cache), compared.
 """
 
@@ -115,6 +117,15 @@ def attention_ms(model: Any, impl: str, fn: Callable[[], Any], ours: set[str],
     return attn / 1000.0, total / 1000.0, launches
 
 
+def kernel_differences(k_ours: dict[str, float], k_sdpa: dict[str, float], top: int = 8) -> dict[str, float]:
+    """ms per kernel name (its first 90 characters; names that share them are summed), ours - SDPA,
+    the largest differences first: what the end-to-end ratio holds besides attention."""
+    diff: dict[str, float] = {}
+    for name in set(k_ours) | set(k_sdpa):
+        diff[name[:90]] = diff.get(name[:90], 0.0) + k_ours.get(name, 0.0) - k_sdpa.get(name, 0.0)
+    return dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:top])
+
+
 def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str, Any]]:
     rows = []
     ours = set(pkg.MANIFEST["kernels"])
@@ -140,9 +151,6 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
         k_sdpa: dict[str, float] = {}
         a_ours, t_ours, launches = attention_ms(model, impl, forward, ours, k_ours)
         a_sdpa, t_sdpa, _ = attention_ms(model, "sdpa", forward, ours, k_sdpa)
-        # Where the two forwards differ, kernel by kernel (ms, ours - SDPA): what the end-to-end ratio holds
-        # besides attention.
-        diff = {n[:90]: k_ours.get(n, 0.0) - k_sdpa.get(n, 0.0) for n in set(k_ours) | set(k_sdpa)}
         rows.append({
             "shape": f"B{b} S{s}", "tokens": b * s,
             "ours_ms": statistics.median(times["ours"]), "sdpa_ms": statistics.median(times["sdpa"]),
@@ -156,14 +164,15 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             "in_model_attn_ratio": a_sdpa / a_ours if a_ours else None,
             "tuned_kernel_launches": launches,
             "profiled_ms_ours": t_ours, "profiled_ms_sdpa": t_sdpa,
-            "largest_kernel_differences_ms": dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:8]),
+            "largest_kernel_differences_ms": kernel_differences(k_ours, k_sdpa),
         })
         print(json.dumps(rows[-1], indent=1), flush=True)
     return rows
 
 
-def decode_row(model: Any, impl: str, rounds: int, steps: int = 32) -> dict[str, Any]:
-    """Decode tokens/s with a static cache, one step captured in a CUDA graph per implementation."""
+def decode_row(model: Any, pkg: Any, impl: str, rounds: int, steps: int = 32) -> dict[str, Any]:
+    """Decode tokens/s with a static cache, one step captured in a CUDA graph per implementation; the
+    attention kernels' share of a profiled run of each; the kernel alone against SDPA at its best."""
     import transformers
 
     b, ctx = DECODE
@@ -198,10 +207,56 @@ def decode_row(model: Any, impl: str, rounds: int, steps: int = 32) -> dict[str,
 
         graphs[name] = run
     times = interleaved({"ours": graphs[impl], "sdpa": graphs["sdpa"]}, rounds, reps=3)
+    ours = set(pkg.MANIFEST["kernels"])
+    k_ours: dict[str, float] = {}
+    k_sdpa: dict[str, float] = {}
+    a_ours, t_ours, launches = attention_ms(model, impl, graphs[impl], ours, k_ours)
+    a_sdpa, t_sdpa, _ = attention_ms(model, "sdpa", graphs["sdpa"], ours, k_sdpa)
+    kernel = decode_kernel_times(pkg, cfg, b, ctx + steps + 8, ctx, rounds)
     return {"shape": f"B{b} ctx{ctx}", "steps": steps,
             "ours_tok_s": b * steps / statistics.median(times["ours"]) * 1e3,
             "sdpa_tok_s": b * steps / statistics.median(times["sdpa"]) * 1e3,
-            "e2e_ratio": ratio_of(times, "ours", "sdpa")}
+            "e2e_ratio": ratio_of(times, "ours", "sdpa"),
+            "kernel_ratio": ratio_of(kernel, "ours", "sdpa"),
+            "kernel_ours_us": statistics.median(kernel["ours"]) * 1e3,
+            "kernel_sdpa_us": statistics.median(kernel["sdpa"]) * 1e3,
+            "attn_share_ours": a_ours / t_ours, "attn_share_sdpa": a_sdpa / t_sdpa,
+            "in_model_attn_ratio": a_sdpa / a_ours if a_ours else None,
+            "tuned_kernel_launches": launches,
+            "profiled_ms_ours": t_ours, "profiled_ms_sdpa": t_sdpa,
+            "largest_kernel_differences_ms": kernel_differences(k_ours, k_sdpa)}
+
+
+def decode_kernel_times(pkg: Any, cfg: Any, b: int, slots: int, ctx: int, rounds: int) -> dict[str, list[float]]:
+    """One decode step's attention alone: the package on the static cache's slots with key lengths (what
+    the model runs) against SDPA at its best, the fastest backend on exactly `ctx` keys, GQA native, no mask
+    (what SDPA could do without a static cache)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(b, cfg.num_attention_heads, 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, cfg.num_key_value_heads, slots, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+    ke, ve = k[:, :, :ctx], v[:, :, :ctx]
+
+    def sdpa(backend: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, ke, ve, enable_gqa=True)
+        return run
+
+    with torch.inference_mode():
+        fns = {"ours": lambda: pkg.attention(q, k, v, causal=True, seq_lens=lens)}
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                sdpa(backend)()
+                fns[name] = sdpa(backend)
+            except RuntimeError:
+                pass  # a backend this card or build lacks
+        times = interleaved(fns, rounds, reps=20)
+    # Per round, the faster SDPA backend of that round.
+    times["sdpa"] = [min(times[n][i] for n in fns if n != "ours") for i in range(rounds)]
+    return times
 
 
 def greedy_row(model: Any, pkg: Any, impl: str, tokens: int = 32, prompt_len: int = 4096) -> dict[str, Any]:
@@ -253,8 +308,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"**{r['e2e_ratio']:.3f}x** | {r['kernel_ratio']:.3f}x | {inside} | "
                      f"{r['attn_share_ours']:.1%} / {r['attn_share_sdpa']:.1%} |")
     d = result["decode"]
+    inside = f"{d['in_model_attn_ratio']:.3f}x" if d["in_model_attn_ratio"] else "n/a"
     lines.append(f"| decode {d['shape']} (graph) | {d['ours_tok_s']:,.0f} | {d['sdpa_tok_s']:,.0f} | "
-                 f"**{d['e2e_ratio']:.3f}x** | | | |")
+                 f"**{d['e2e_ratio']:.3f}x** | {d['kernel_ratio']:.3f}x | {inside} | "
+                 f"{d['attn_share_ours']:.1%} / {d['attn_share_sdpa']:.1%} |")
     g = result["greedy"]
     ran = "SDPA (routed)" if g["prefill_routed_to_sdpa"] else g["prefill_kernel"]
     lines += ["", f"Greedy {g['tokens']} tokens after a {g['prompt']}-token prompt (its prefill ran {ran}): "
@@ -279,7 +336,7 @@ def main() -> None:
               "package": pkg.MANIFEST["package"]}
     # Each part is printed as it is measured: a failure later keeps the figures already taken.
     result["prefill"] = prefill_rows(model, pkg, impl, args.rounds)
-    result["decode"] = decode_row(model, impl, args.rounds)
+    result["decode"] = decode_row(model, pkg, impl, args.rounds)
     print(json.dumps(result["decode"]), flush=True)
     result["greedy"] = greedy_row(model, pkg, impl)
     print(markdown(result))

@@ -46,21 +46,49 @@ __device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs&
   }
 }
 
+// A paged K/V cache (vLLM's layout): K and V are [pages, page, Hkv, D]; sequence b's key n lives in page
+// table[b * per_seq + n / page], row n % page. The tensor maps then cover the pages as [pages, Hkv, page, D]
+// with boxes of min(BN, page) rows (page: a power of two >= 16, so a box never crosses a page and starts
+// on the 128-byte swizzle's 1024-byte period). table == nullptr: the dense layout. The page size comes as
+// its log2: shifts, not divisions, in the loop (the larger tiles have no register to spare).
+struct Paging {
+  const int* table;
+  int page_shift, per_seq;
+};
+
 // Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread).
 template <class C>
 __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, uint32_t sk, uint32_t sv,
-                                         uint32_t bar, int j, int hk, int b) {
+                                         uint32_t bar, int j, int hk, int b, const Paging& pg) {
   mbar_expect_tx(bar, 2 * C::KV_TILE_BYTES);
+  if (pg.table == nullptr) {
 #pragma unroll
-  for (int cb = 0; cb < C::D / 64; ++cb) {
-    tma_load(sk + cb * C::KVLayout::BOX_BYTES, &tk, bar, cb * 64, j * C::BN, hk, b);
-    tma_load(sv + cb * C::KVLayout::BOX_BYTES, &tv, bar, cb * 64, j * C::BN, hk, b);
+    for (int cb = 0; cb < C::D / 64; ++cb) {
+      tma_load(sk + cb * C::KVLayout::BOX_BYTES, &tk, bar, cb * 64, j * C::BN, hk, b);
+      tma_load(sv + cb * C::KVLayout::BOX_BYTES, &tv, bar, cb * 64, j * C::BN, hk, b);
+    }
+    return;
+  }
+  const int* table = pg.table + (long long)b * pg.per_seq;
+  const int box = min(C::BN, 1 << pg.page_shift);
+#pragma unroll 1
+  for (int r = 0; r < C::BN; r += box) {
+    const int n = j * C::BN + r;
+    // A tile's rows past the table's capacity (masked keys) read its last page.
+    const int page = table[min(n >> pg.page_shift, pg.per_seq - 1)];
+    const int row = n & ((1 << pg.page_shift) - 1);
+#pragma unroll
+    for (int cb = 0; cb < C::D / 64; ++cb) {
+      const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
+      tma_load(sk + off, &tk, bar, cb * 64, row, hk, page);  // a page id out of range reads zeros (TMA)
+      tma_load(sv + off, &tv, bar, cb * 64, row, hk, page);
+    }
   }
 }
 
 template <class C>
 __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
-                                            const int* seq_lens) {
+                                            const int* seq_lens, const Paging pg) {
   // With seq_lens, batch row b uses its first seq_lens[b] keys (clamped to the tensor's Sk): a ragged
   // batch in one dense cache, or a static cache filled up to a length known only on the GPU.
   const int sk = seq_lens != nullptr ? min(max(seq_lens[blockIdx.z], 0), a.sk) : a.sk;
@@ -104,7 +132,7 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 #pragma unroll
     for (int s = 0; s < C::STAGES; ++s)
       if (s < n_tiles)
-        issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b);
+        issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
   }
   load_packed_q<C>(sQ, a, b, hk, m0, rows);
   __syncthreads();  // Q stored, barriers initialised
@@ -237,7 +265,7 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
     }
     __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
     if (tid == 0 && j + C::STAGES < n_tiles)
-      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b);
+      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg);
   }
 
   // ---- merge the warps: O (unnormalised, relative to the CTA's row max) and the row stats in shared memory
@@ -365,10 +393,13 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 //   __cluster_dims__(TunerCfg::SPLITS, 1, 1) <name>(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(TunerCfg) }
 // The parameters are the Hopper template's: the tensor maps of q, k, v first (q's is not read: the packed
 // rows come from several heads), then the tensor arguments, heads and batch; then the per-batch key
-// lengths (null: every row uses all Sk keys).
+// lengths (null: every row uses all Sk keys) and the paging (block_table null: dense K/V; else Sk is the
+// table's capacity, pages_per_seq << page_shift).
 #define ATTN_FWD_PARAMS                                                                                        \
   const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_k,                      \
       const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch,                \
-      const int* seq_lens
+      const int* seq_lens, const int* block_table, int page_shift, int pages_per_seq
 
-#define ATTN_FWD_BODY(CFG) fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch), seq_lens);
+#define ATTN_FWD_BODY(CFG)                                                                                     \
+  fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch), seq_lens,                                  \
+                       fc::Paging{block_table, page_shift, pages_per_seq});

@@ -137,3 +137,59 @@ def test_seq_lens_trace_under_torch_compile(exported) -> None:
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v, lens), step(q, k, v, lens))
     torch.testing.assert_close(compiled(q, k, v, lens) / 2.0, _expected(q, k, v, [5, 48], True), atol=1e-4, rtol=1e-4)
+
+
+# --- the paged form -----------------------------------------------------------------------------
+
+
+def _paged(k, v, page: int, seed: int):
+    """k, v [B, Hkv, Sk, D] in shuffled pages of [pages, page, Hkv, D] caches, garbage elsewhere."""
+    import torch
+
+    b, hkv, sk, d = k.shape
+    per_seq = -(-sk // page)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(b * per_seq + 2, generator=gen)[:b * per_seq].view(b, per_seq)
+    caches = []
+    for t in (k, v):
+        cache = torch.randn(b * per_seq + 2, page, hkv, d, generator=gen) * 30
+        padded = torch.nn.functional.pad(t, (0, 0, 0, per_seq * page - sk))  # [B, Hkv, per_seq * page, D]
+        cache[order.reshape(-1)] = padded.transpose(1, 2).reshape(b * per_seq, page, hkv, d)
+        caches.append(cache)
+    return caches[0], caches[1], order.to(torch.int32)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lens=st.lists(st.integers(0, 50), min_size=1, max_size=3), sq=st.integers(1, 3), causal=st.booleans(),
+       page=st.sampled_from([16, 32]), seed=st.integers(0, 99))
+def test_the_paged_form_reads_each_rows_pages(exported, lens: list[int], sq: int, causal: bool, page: int,
+                                              seed: int) -> None:
+    """block_table + seq_lens over shuffled pages give what the dense rows give (masked SDPA path on a CPU)."""
+    import torch
+
+    _, mod = exported
+    q, k, v = _qkv(b=len(lens), h=4, hkv=2, sq=sq, sk=50, d=64, dtype=torch.float32)
+    kc, vc, table = _paged(k, v, page, seed)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out = mod.attention(q, kc, vc, causal=causal, fallback="sdpa", seq_lens=seq_lens, block_table=table)
+    torch.testing.assert_close(out, _expected(q, k, v, lens, causal), atol=1e-4, rtol=1e-4)
+
+
+def test_paged_calls_name_what_is_wrong(exported) -> None:
+    import torch
+
+    _, mod = exported
+    q, k, v = _qkv(b=2, h=4, hkv=2, sq=1, sk=32, d=64, dtype=torch.float32)
+    kc, vc, table = _paged(k, v, 16, seed=0)
+    lens = torch.tensor([3, 32], dtype=torch.int32)
+    cases = [(dict(block_table=table), "needs seq_lens"),
+             (dict(block_table=table.long(), seq_lens=lens), "block_table must be an int32 tensor of shape"),
+             (dict(block_table=table[:1], seq_lens=lens), "block_table must be an int32 tensor of shape"),
+             (dict(block_table=table, seq_lens=lens[:1]), "seq_lens must be a contiguous int32"),
+             (dict(block_table=table, seq_lens=lens, v=vc[..., :32]), "k_cache and v_cache must be")]
+    for change, message in cases:
+        args = {**dict(q=q, k=kc, v=vc, fallback="sdpa"), **change}
+        with pytest.raises(mod.AttentionInputError, match=message):
+            mod.attention(**args)
+    with pytest.raises(mod.AttentionInputError, match="must be a CUDA tensor"):
+        mod.attention(q, kc, vc, block_table=table, seq_lens=lens)  # no fallback: the kernels need a GPU

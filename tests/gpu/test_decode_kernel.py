@@ -74,3 +74,76 @@ def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: i
         assert relative_error(out, expected([5, 999, 64, 1000])) < TOLERANCE["bf16"], built.variant.name
         with pytest.raises(AttentionInputError, match="seq_lens must be a contiguous int32"):
             kernel(q, k, v, out, seq_lens=lens.long())
+
+
+def _paged_copy(k, page: int, lens: list[int], seed: int):
+    """k [B, Hkv, Sk, D] scattered into shuffled pages of a [pages, page, Hkv, D] cache (vLLM's layout),
+    plus a spare page of garbage; the block table [B, ceil(Sk / page)] (unused entries -1)."""
+    import torch
+
+    b, hkv, sk, d = k.shape
+    per_seq = (sk + page - 1) // page
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(b * per_seq + 1, generator=gen)
+    cache = torch.randn(b * per_seq + 1, page, hkv, d, generator=gen).to(k.dtype).to(k.device) * 50
+    table = torch.full((b, per_seq), -1, dtype=torch.int32)
+    for bi in range(b):
+        for pi in range((lens[bi] + page - 1) // page):
+            pid = int(order[bi * per_seq + pi])
+            table[bi, pi] = pid
+            rows = k[bi, :, pi * page:(pi + 1) * page].transpose(0, 1)  # [rows, Hkv, D]
+            cache[pid, :rows.shape[0]] = rows
+    return cache, table.to(k.device)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("sq, group, causal", [(1, 4, False), (4, 8, True), (2, 1, True)])
+def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, sq: int, group: int,
+                                                            causal: bool) -> None:
+    """A paged K/V cache (block table in shuffled order, unused entries -1, a garbage page) gives what the
+    dense rows give, for tiles smaller and larger than a page; a graph replays with a new table and lengths."""
+    import torch
+
+    from tuner.kernels.feasibility import covering_sample
+    from tuner.runtime.build import build_many
+    from tuner.runtime.launcher import AttentionInputError
+    from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+
+    hkv = 2
+    problem = Problem(3, hkv * group, sq, 700, 128, dtype="bf16", causal=causal, heads_kv=hkv)
+    q, k, v = make_inputs(problem, seed=8)
+    lens = [700, 1, 333]
+
+    def expected(lens: list[int]) -> torch.Tensor:
+        out = torch.zeros_like(q, dtype=torch.float32)
+        for b, n in enumerate(lens):
+            out[b:b + 1] = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal)[0]
+        return out
+
+    kc, table = _paged_copy(k, page, lens, seed=page)
+    vc, table_v = _paged_copy(v, page, lens, seed=page)
+    assert torch.equal(table, table_v)  # one table for K and V (same seed)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for built in build_many(covering_sample(TEMPLATE, problem, hopper, seed=page)[:3], hopper.nvcc_arch):
+        assert built.ok, built.compiled.log[-2000:]
+        kernel = built.load()
+        out = empty_output(q)
+        kernel.paged(q, kc, vc, out, table, seq_lens)
+        torch.cuda.synchronize()
+        err = relative_error(out, expected(lens))
+        assert err < TOLERANCE["bf16"], f"{built.variant.name} page {page}: rel error {err:.2e}"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernel.paged(q, kc, vc, out, table, seq_lens, check=False)
+        new = [64, 700, 5]
+        kc2, table2 = _paged_copy(k, page, new, seed=page + 1)
+        vc2, _ = _paged_copy(v, page, new, seed=page + 1)
+        kc.copy_(kc2), vc.copy_(vc2), table.copy_(table2), seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, expected(new)) < TOLERANCE["bf16"], built.variant.name
+        kc, table = _paged_copy(k, page, lens, seed=page)  # the next variant starts from the first table
+        vc, _ = _paged_copy(v, page, lens, seed=page)
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        with pytest.raises(AttentionInputError, match="page_size must be 16, 32, 64, 128 or 256"):
+            kernel.paged(q, kc[:, :24], vc[:, :24], out, table, seq_lens)

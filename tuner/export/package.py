@@ -26,9 +26,11 @@ from tuner.profiles import GpuProfile
 _RUNTIME_FILES = (
     ("export/shipped/package_init.py", "__init__.py"),
     ("export/shipped/_api.py", "_api.py"),
+    ("export/shipped/_choice.py", "_choice.py"),
     ("export/shipped/_dispatch.py", "_dispatch.py"),
     ("export/shipped/_hf.py", "_hf.py"),
     ("export/shipped/_kernels.py", "_kernels.py"),
+    ("export/shipped/_paged.py", "_paged.py"),
     ("export/shipped/_seq_lens.py", "_seq_lens.py"),
     ("runtime/launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
     ("runtime/_cuda_api.py", "_cuda_api.py"),

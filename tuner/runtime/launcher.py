@@ -120,6 +120,33 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
         raise AttentionInputError(f"lse must be a contiguous float32 tensor of shape {(b, h, sq)}")
 
 
+def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
+    """Raise AttentionInputError naming the first limit a paged call breaks: k_cache and v_cache
+    [pages, page_size, Hkv, D] (vLLM's layout, page_size a power of two from 16 to 256), block_table
+    int32 [B, pages_per_seq] and seq_lens int32 [B], contiguous, on q's device."""
+    import torch
+
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise AttentionInputError(f"{name} must be a rank-4 tensor [pages, page_size, Hkv, D]")
+    pages, page, hkv, d = k_cache.shape
+    if v_cache.shape != k_cache.shape or d != q.shape[-1] or q.shape[1] % max(hkv, 1):
+        raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D and Hkv dividing "
+                                  f"q's heads (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
+                                  f"v_cache {tuple(v_cache.shape)})")
+    if page not in (16, 32, 64, 128, 256):
+        raise AttentionInputError(f"page_size must be 16, 32, 64, 128 or 256 (got {page})")
+    b = q.shape[0]
+    for name, t, dims in (("block_table", block_table, 2), ("seq_lens", seq_lens, 1)):
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != dims or t.shape[0] != b
+                or not t.is_contiguous() or t.device != q.device):
+            want = f"({b}, pages_per_seq)" if dims == 2 else f"({b},)"
+            raise AttentionInputError(f"{name} must be a contiguous int32 tensor of shape {want} on {q.device}")
+    # The kernel reads pages through k_cache.transpose(1, 2): [pages, Hkv, page_size, D], a strided 4-D tensor.
+    check_attention_tensors(k_cache.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                            k_cache.transpose(1, 2))
+
+
 def _tma_arg_format(cubin: bytes, entry: str) -> str:
     """TMA_ARG_FORMAT with the padding the compiled kernel expects before its tensor maps.
 
@@ -172,8 +199,8 @@ class AttentionKernel:
         self.shape = shape
         self._device = device
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
-        if shape.splits:
-            self._format += "P"  # a decode kernel's last parameter: per-batch key lengths (int32*, or null)
+        if shape.splits:  # a decode kernel's last parameters: key lengths (int32*, or null) and the paging
+            self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
         self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, max(shape.splits, 1))
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
@@ -207,6 +234,20 @@ class AttentionKernel:
                 or seq_lens.device != q.device):
             raise AttentionInputError(f"seq_lens must be a contiguous int32 tensor of shape ({q.shape[0]},) on "
                                       f"{q.device}")
+
+    def paged(self, q: Any, k_cache: Any, v_cache: Any, out: Any, block_table: Any, seq_lens: Any,
+              scale: float | None = None, check: bool = True) -> None:
+        """Decode kernels: attention over a paged K/V cache (check_paged_inputs: vLLM's layout). Row b
+        uses its first seq_lens[b] keys, found through block_table[b]; causal aligns to that length."""
+        if check:
+            if not self.shape.splits:
+                raise AttentionInputError(f"{self.entry} takes no paged cache: paging is a decode kernel's")
+            check_attention_tensors(q, q, q, out)
+            check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+        k, v = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [pages, Hkv, page_size, D]
+        self._launch(q, k, v, out, None, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
+                     q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr(),
+                     paging=(block_table.data_ptr(), k.shape[2].bit_length() - 1, block_table.shape[1]))
 
     def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                          seq_lens: Any = None) -> None:
@@ -251,9 +292,10 @@ class AttentionKernel:
         return _bounded_put(self._fits, layout, (fits, maps))
 
     def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
-                qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False, lens: int = 0) -> None:
+                qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False, lens: int = 0,
+                paging: tuple[int, int, int] = (0, 0, 0)) -> None:
         b, h, sq, d = qshape
-        hkv, sk = kshape[1], kshape[2]
+        hkv, sk = kshape[1], (paging[2] << paging[1] if paging[0] else kshape[2])  # paged: the table's capacity
         if not b * h * sq:
             return  # nothing to compute (a zero grid would not launch)
         maps = self._maps
@@ -270,13 +312,14 @@ class AttentionKernel:
         lp = lse.data_ptr() if lse is not None else 0
         if maps is not None:
             # A map depends on the layout (looked up here, unless given) and the address (written per call).
+            page = kshape[2] if paging[0] else 0  # a paged cache's K/V boxes stay within a page
             if tails is False:
-                key = (qs, ks, vs, qshape, kshape, q.dtype)
+                key = (qs, ks, vs, qshape, kshape, q.dtype, page)
                 tails = self._map_cache.get(key, False)
                 if tails is False:
-                    tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v))
+                    tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v, page))
             if tails is None:  # a driver whose maps are not address + rest: full maps per call
-                mq, mk, mv = self._encode_maps(q, k, v)
+                mq, mk, mv = self._encode_maps(q, k, v, page)
                 args = (int.from_bytes(mq[:8], "little"), mq[8:], int.from_bytes(mk[:8], "little"), mk[8:],
                         int.from_bytes(mv[:8], "little"), mv[8:])
             else:
@@ -287,20 +330,21 @@ class AttentionKernel:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
         if shape.splits:
-            args += (lens,)
+            args += (lens,) + paging
         self._kernel.launch(grid, self._block, args, shape.smem_bytes, self._stream(self._device))
 
-    def _map_inputs(self, q: Any, k: Any, v: Any) -> tuple[tuple[str, Any, int], ...]:
-        """(name, tensor, box rows) of each input read through a tensor map."""
-        kv_rows = self.shape.tma_kv_rows
+    def _map_inputs(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[tuple[str, Any, int], ...]:
+        """(name, tensor, box rows) of each input read through a tensor map. In a paged cache (k is then
+        [pages, Hkv, page, D]) a K/V box never crosses a page: min(tile, page) rows."""
+        kv_rows = min(self.shape.tma_kv_rows, page) if page else self.shape.tma_kv_rows
         return ("q", q, self.shape.tma_q_rows or self.shape.block_m), ("k", k, kv_rows), ("v", v, kv_rows)
 
-    def _encode_maps(self, q: Any, k: Any, v: Any) -> tuple[bytes, ...]:
+    def _encode_maps(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[bytes, ...]:
         swz = self.shape.tma_swizzle
-        return tuple(self._maps.encode(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v))
+        return tuple(self._maps.encode(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v, page))
 
-    def _maps_for(self, q: Any, k: Any, v: Any) -> tuple[bytes, ...] | None:
+    def _maps_for(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[bytes, ...] | None:
         """The address-free maps of q, k, v's layout (None: this driver needs full maps per call)."""
         swz = self.shape.tma_swizzle
-        tails = tuple(self._maps.address_free(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v))
+        tails = tuple(self._maps.address_free(name, t, rows, swz) for name, t, rows in self._map_inputs(q, k, v, page))
         return None if None in tails else tails

@@ -14,16 +14,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _kernels
-from ._dispatch import DispatchTable, Explanation, Key, cell_summary
-from ._launcher import AttentionInputError, GpuUnavailableError, _bound, check_attention_tensors
+from . import _kernels, _paged
+from ._choice import DTYPES, FALLBACKS, TABLE, check_structure, choose_kernel, refuse_grads
+from ._dispatch import Explanation, Key, cell_summary
+from ._launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
 from ._seq_lens import check_seq_lens, sdpa_with_lens
 
 PACKAGE: str = _kernels.MANIFEST["package"]
-# Measured cells (tuner export --check) decide their keys; other keys take the nearest tuned entry.
-TABLE = DispatchTable(_kernels.MANIFEST["entries"], _kernels.MANIFEST.get("checked", {}).get("cells", []))
-_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-_FALLBACKS = (None, "sdpa")
 # (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
 _cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
 # The same cells for calls with seq_lens -> (device index, the decode kernel, or None: masked SDPA)
@@ -32,7 +29,7 @@ _lens_cache: dict[tuple, tuple[int, Any]] = {}
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: Optional[float] = None, fallback: Optional[str] = None,
-              seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+              seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
@@ -42,12 +39,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     seq_lens (int32 [B] on q's device): batch row b uses only its first seq_lens[b] keys of k and v
     (a static or ragged cache; causal aligns to that length). The decode kernels read the lengths on the
     GPU, so a captured CUDA graph replays with new ones; shapes without a decode kernel run masked SDPA.
+    block_table (int32 [B, pages_per_seq], with seq_lens): the paged form. k and v are then caches
+    [pages, page_size, Hkv, D] (vLLM's layout; page_size 16 to 256, a power of two) and row b's key n is
+    row n % page_size of page block_table[b, n // page_size]. The decode kernels read the pages in
+    place; elsewhere the pages are gathered for masked SDPA.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
                                   f"{type(v).__name__})")
     if torch.compiler.is_compiling():
-        return _op(q, k, v, causal, scale, fallback, seq_lens)
+        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table)
+    if block_table is not None:
+        return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table)
     if seq_lens is not None:
         return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
     return _forward(q, k, v, causal, scale, fallback)
@@ -74,7 +77,7 @@ def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     hit = None
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
         hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal))
-    if hit is None or fallback not in _FALLBACKS or q.get_device() != hit[0] or seq_lens.numel() != qs[0] \
+    if hit is None or fallback not in FALLBACKS or q.get_device() != hit[0] or seq_lens.numel() != qs[0] \
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
     if hit[1] is None:
@@ -89,9 +92,9 @@ def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str],
                seq_lens: Any) -> torch.Tensor:
     """Validate fully, choose the decode kernel (or masked SDPA) and fill the seq_lens dispatch cache."""
-    if fallback not in _FALLBACKS:
+    if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
-    _check_structure(q, k, v)
+    check_structure(q, k, v)
     if q.dim() == 4:
         check_seq_lens(q, seq_lens)
     try:
@@ -112,24 +115,10 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
     return out
 
 
-def _check_structure(q: Any, k: Any, v: Any) -> None:
-    """What no implementation can compute, so that even fallback='sdpa' raises (SDPA would return NaN or
-    zeros): k and v of different lengths, no k/v head, no key. Other shapes go to the kernels' checks."""
-    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
-        return  # SDPA's own checks name what is wrong
-    if k.shape[-2] != v.shape[-2] or k.shape[-3] != v.shape[-3]:
-        raise AttentionInputError(f"k and v must have the same heads and length (k {tuple(k.shape)}, "
-                                  f"v {tuple(v.shape)})")
-    if k.shape[-3] == 0:
-        raise AttentionInputError(f"k and v must have at least one head (k {tuple(k.shape)})")
-    if k.shape[-2] == 0:
-        raise AttentionInputError("k and v must have at least one key (Sk = 0)")
-
-
 def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str]) -> torch.Tensor:
-    if fallback not in _FALLBACKS:
+    if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
-    _check_structure(q, k, v)
+    check_structure(q, k, v)
     try:
         kernel = _resolve(q, k, v, causal)
     except (AttentionInputError, GpuUnavailableError):
@@ -153,34 +142,18 @@ def _cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool) -> tuple:
 
 def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
     b, h, sq, d = q.shape
-    return Key.of(_DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
+    return Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
 
 
 def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """Validate fully, choose the kernel, load it and fill the dispatch cache: the kernel (an AttentionKernel),
     or None for a cell routed to SDPA."""
     check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise AttentionInputError("the tuned kernels are forward-only: inputs require grad "
-                                  "(use torch.no_grad() / inference_mode, or fallback='sdpa')")
+    refuse_grads(q, k, v)
     if k.shape[2] == 0:
         raise AttentionInputError("k and v must have at least one key (Sk = 0)")
-    key = _key(q, k, causal)
-    choice = TABLE.choose(key)
-    if choice is None:
-        raise AttentionInputError(TABLE.unsupported_reason(key))
-    device = q.get_device()
-    bound = _bound.get("device", device)
-    if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
-        raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
-                                  f"got tensors on cuda:{device}")
-    cell = _cell(q.dtype, q.shape, k.shape, causal)
-    if choice.route == "sdpa":
-        _cache[cell] = (device, None)
-        return None
-    kernel = _kernels.load_kernel(choice.entry["kernel"], device)
-    # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
-    _cache[cell] = (device, kernel.launch_if_fit)
+    kernel = choose_kernel(q, _key(q, k, causal))
+    _cache[_cell(q.dtype, q.shape, k.shape, causal)] = (q.get_device(), kernel.launch_if_fit if kernel else None)
     return kernel
 
 
@@ -206,7 +179,10 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch
 
 @torch.library.custom_op(f"{PACKAGE}::attention", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-        fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
+        block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if block_table is not None:
+        return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table)
     if seq_lens is not None:
         return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
     return _forward(q, k, v, causal, scale, fallback)
@@ -214,7 +190,8 @@ def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
 def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-             fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+             fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
+             block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     return torch.empty_like(q)
 
 
@@ -237,13 +214,13 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
     lines = [f"{PACKAGE}.attention({shapes})"]
     choice = None
     usable = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
-              and q.dtype in _DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+              and q.dtype in DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
     # check_attention_tensors stops at the first limit (the device, on a CPU): name the others too.
     tensors = [(n, t) for n, t in (("q", q), ("k", k), ("v", v)) if isinstance(t, torch.Tensor)]
     errors += [f"{n} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})" for n, t in tensors if t.dim() != 4]
     if len({t.dtype for _, t in tensors}) > 1:
         errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
-    if isinstance(q, torch.Tensor) and q.dtype not in _DTYPES:
+    if isinstance(q, torch.Tensor) and q.dtype not in DTYPES:
         errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({TABLE.describe()})")
     if usable:
         key = _key(q, k, causal)

@@ -2,6 +2,7 @@
 
     from PACKAGE import attention
     out = attention(q, k, v, causal=True)       # q [B, H, Sq, D], k/v [B, Hkv, Sk, D] on CUDA
+    out = attention(q, k_cache, v_cache, block_table=table, seq_lens=lens)  # a paged cache (decode)
     print(attention.explain(q, k, v, causal=True))
     PACKAGE.register_transformers()             # attn_implementation="tuned_attention" in transformers
 

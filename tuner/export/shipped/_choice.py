@@ -1,0 +1,54 @@
+"""The choice every call form shares: the dispatch table, the inputs nothing can compute, the kernel to load.
+
+Copied verbatim into every package written by `tuner export`.
+"""
+
+from typing import Any
+
+import torch
+
+from . import _kernels
+from ._dispatch import DispatchTable, Key
+from ._launcher import AttentionInputError, _bound
+
+# Measured cells (tuner export --check) decide their keys; other keys take the nearest tuned entry.
+TABLE = DispatchTable(_kernels.MANIFEST["entries"], _kernels.MANIFEST.get("checked", {}).get("cells", []))
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+FALLBACKS = (None, "sdpa")
+
+
+def check_structure(q: Any, k: Any, v: Any) -> None:
+    """What no implementation can compute, so that even fallback='sdpa' raises (SDPA would return NaN or
+    zeros): k and v of different lengths, no k/v head, no key. Other shapes go to the kernels' checks."""
+    if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
+        return  # SDPA's own checks name what is wrong
+    if k.shape[-2] != v.shape[-2] or k.shape[-3] != v.shape[-3]:
+        raise AttentionInputError(f"k and v must have the same heads and length (k {tuple(k.shape)}, "
+                                  f"v {tuple(v.shape)})")
+    if k.shape[-3] == 0:
+        raise AttentionInputError(f"k and v must have at least one head (k {tuple(k.shape)})")
+    if k.shape[-2] == 0:
+        raise AttentionInputError("k and v must have at least one key (Sk = 0)")
+
+
+def refuse_grads(*tensors: Any) -> None:
+    """The kernels are forward-only: a call that needs gradients must not run them."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise AttentionInputError("the tuned kernels are forward-only: inputs require grad "
+                                  "(use torch.no_grad() / inference_mode, or fallback='sdpa')")
+
+
+def choose_kernel(q: Any, key: Key) -> Any:
+    """The loaded kernel the table chooses for `key` (an AttentionKernel), or None for a cell routed to SDPA."""
+    choice = TABLE.choose(key)
+    if choice is None:
+        raise AttentionInputError(TABLE.unsupported_reason(key))
+    device = q.get_device()
+    bound = _bound.get("device", device)
+    if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
+        raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
+                                  f"got tensors on cuda:{device}")
+    if choice.route == "sdpa":
+        return None
+    # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
+    return _kernels.load_kernel(choice.entry["kernel"], device)
