@@ -45,5 +45,13 @@ for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")
     kernel(q, k, v, out, lse)
+    if built.shape.splits:  # decode kernels: ragged lengths, then a paged cache (16-row pages, shuffled)
+        lens = torch.arange(problem.batch, dtype=torch.int32, device="cuda") * 7 + 1
+        kernel(q, k, v, out, seq_lens=lens)
+        b, hkv, sk, d = k.shape
+        per_seq = -(-sk // 16)
+        table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).view(b, per_seq)
+        kc, vc = (torch.randn(b * per_seq, 16, hkv, d, device="cuda").to(k.dtype) for _ in range(2))
+        kernel.paged(q, kc, vc, out, table, torch.full((b,), sk, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
 print("sanitize cases ran")

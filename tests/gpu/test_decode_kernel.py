@@ -146,4 +146,4 @@ def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, s
         vc, _ = _paged_copy(v, page, lens, seed=page)
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         with pytest.raises(AttentionInputError, match="page_size must be 16, 32, 64, 128 or 256"):
-            kernel.paged(q, kc[:, :24], vc[:, :24], out, table, seq_lens)
+            kernel.paged(q, kc[:, :8], vc[:, :8], out, table, seq_lens)
