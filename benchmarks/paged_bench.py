@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -25,22 +25,12 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.timing import interleaved_rounds, time_cuda
-from tuner.runtime.verify import empty_output, make_inputs
+from tuner.runtime.verify import empty_output, make_inputs, paged_inputs
 from tuner.search.confirm import per_round_ratio
 from tuner.store import TrialFilter, open_store
 
 PROBLEM = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)
 PAGES = (16, 32, 64, 128, 256)
-
-
-def paged_cache(t: Any, page: int, order: Any) -> Any:
-    """t [B, Hkv, Sk, D] as a [pages, page, Hkv, D] cache, row b's pages at order[b] (one spare page)."""
-    import torch
-
-    b, hkv, sk, d = t.shape
-    cache = torch.zeros(order.numel() + 1, page, hkv, d, device=t.device, dtype=t.dtype)
-    cache[order.reshape(-1).long()] = t.transpose(1, 2).reshape(-1, page, hkv, d)
-    return cache
 
 
 def main() -> None:
@@ -70,10 +60,8 @@ def main() -> None:
     l2 = profile.l2_bytes
     calls = {"dense": lambda: time_cuda(lambda: kernel.launch_unchecked(q, k, v, dense, seq_lens=lens), l2_bytes=l2)}
     for page in PAGES:
-        per_seq = p.seq_k // page
-        order = torch.randperm(p.batch * per_seq, generator=torch.Generator().manual_seed(page))
-        table = order.view(p.batch, per_seq).to(torch.int32).cuda()
-        kc, vc = paged_cache(k, page, table), paged_cache(v, page, table)
+        paged = paged_inputs(replace(p, layout=f"paged{page}"), k, v, seed=page)
+        kc, vc, table = paged["k_cache"], paged["v_cache"], paged["block_table"]
         out = empty_output(q)
         kernel.paged(q, kc, vc, out, table, lens)
         torch.cuda.synchronize()

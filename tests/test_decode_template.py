@@ -28,6 +28,44 @@ def test_the_search_picks_it_for_short_queries_only() -> None:
     assert "queries of at most 16 rows (Sq 17)" in why
 
 
+def test_only_the_decode_template_takes_a_paged_cache() -> None:
+    paged = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8, layout="paged16")
+    assert supports_problem(load_manifest(TEMPLATE), paged) == ""
+    assert default_template(load_profile("h100"), [paged]) == TEMPLATE
+    for other in ("attn_fwd_wgmma", "attn_fwd_mma"):
+        assert supports_problem(load_manifest(other), paged) == f"layout paged16 unsupported by {other}"
+
+
+@settings(max_examples=20, deadline=None)
+@given(page=st.sampled_from([16, 32, 64, 128, 256]), sk=st.integers(1, 700), batch=st.integers(1, 3),
+       seed=st.integers(0, 9))
+def test_paged_inputs_hold_each_rows_keys_in_its_pages(page: int, sk: int, batch: int, seed: int) -> None:
+    """What a paged trial's kernel reads: row b's key n is row n % page of page block_table[b, n // page],
+    every page used once."""
+    import torch
+
+    from tuner.backends.gpu_child import kernel_call
+    from tuner.runtime.verify import paged_inputs
+
+    problem = Problem(batch, 4, 1, sk, 64, heads_kv=2, layout=f"paged{page}")
+    k, v = (torch.randn(batch, 2, sk, 64) for _ in range(2))
+    paged = paged_inputs(problem, k, v, seed)
+    table = paged["block_table"]
+    assert table.dtype == torch.int32 and len(set(table.reshape(-1).tolist())) == table.numel()
+    assert paged["seq_lens"].tolist() == [sk] * batch
+    for name, t in (("k_cache", k), ("v_cache", v)):
+        gathered = paged[name][table.long()].reshape(batch, -1, 2, 64)[:, :sk].transpose(1, 2)
+        assert torch.equal(gathered, t), name
+    calls = []
+
+    class Kernel:  # records which launch a trial would time
+        def paged(self, *args, **kwargs):
+            calls.append(("paged", kwargs["check"]))
+
+    kernel_call(Kernel(), {"q": None, "k": k, "v": v, "scale": 1.0, **paged}, None, checked=False)()
+    assert calls == [("paged", False)]
+
+
 def test_the_entry_point_forms_a_cluster_of_the_splits() -> None:
     variant = covering_sample(TEMPLATE, DECODE_STEP, load_profile("h100"), seed=0)[0]
     source = render(variant)

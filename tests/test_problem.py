@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.problem import Problem, causal_pairs
+from tuner.problem import LAYOUTS, Problem, causal_pairs
 
 
 def _kept(seq_q: int, seq_k: int) -> int:
@@ -31,7 +31,7 @@ def test_causal_flops_with_sq_ne_sk_count_the_kept_pairs() -> None:
 
 @given(st.builds(Problem, st.integers(1, 64), st.sampled_from([8, 16, 32]), st.integers(1, 9000), st.integers(1, 9000),
                  st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16"]), st.booleans(),
-                 st.sampled_from([1, 2, 8]), st.sampled_from(["bhsd", "bshd"])))
+                 st.sampled_from([1, 2, 8]), st.sampled_from(LAYOUTS)))
 def test_to_dict_round_trips(problem: Problem) -> None:
     assert Problem.from_dict(problem.to_dict()) == problem
 
@@ -41,3 +41,11 @@ def test_from_dict_names_what_is_wrong() -> None:
         Problem.from_dict({**Problem(1, 1, 1, 1, 64).to_dict(), "extra": 1})
     with pytest.raises(TunerError, match="incomplete problem"):
         Problem.from_dict({"batch": 1})
+
+
+def test_a_paged_layout_names_its_page_size() -> None:
+    p = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8, layout="paged64")
+    assert p.page_size == 64 and p.label.endswith(" paged64")
+    assert Problem(1, 8, 1, 64, 64).page_size == 0
+    with pytest.raises(TunerError, match="unsupported layout 'paged24'"):
+        Problem(1, 8, 1, 64, 64, layout="paged24")

@@ -9,7 +9,10 @@ from tuner.errors import TunerError
 
 DTYPES = ("fp16", "bf16")
 MAX_EXTENT = 2**31 - 1  # a batch, head count or length beyond this fits no CUDA grid (nor a 32-bit index)
-LAYOUTS = ("bhsd", "bshd")
+PAGE_SIZES = (16, 32, 64, 128, 256)
+# bhsd / bshd: dense K/V in that order; pagedN: K/V in a paged cache of N-row pages ([pages, N, Hkv, D], vLLM's
+# layout, the pages in shuffled order; decode templates only), Q and O BHSD.
+LAYOUTS = ("bhsd", "bshd") + tuple(f"paged{n}" for n in PAGE_SIZES)
 
 
 @dataclass(frozen=True, order=True)
@@ -39,6 +42,11 @@ class Problem:
             raise TunerError(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+
+    @property
+    def page_size(self) -> int:
+        """Rows of a K/V page (0: a dense layout)."""
+        return int(self.layout[5:]) if self.layout.startswith("paged") else 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name: the one serialised form (store rows, study attributes, exports, JSON)."""
@@ -75,7 +83,8 @@ class Problem:
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"Sq{self.seq_q} Sk{self.seq_k}"
         gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
         causal = " causal" if self.causal else ""
-        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}"
+        paged = f" paged{self.page_size}" if self.page_size else ""
+        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{paged}"
 
 
 def causal_pairs(seq_q: int, seq_k: int) -> int:

@@ -147,3 +147,22 @@ def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, s
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         with pytest.raises(AttentionInputError, match="page_size must be 16, 32, 64, 128 or 256"):
             kernel.paged(q, kc[:, :8], vc[:, :8], out, table, seq_lens)
+
+
+def test_a_paged_problem_is_searched_through_the_paged_launch(hopper, tmp_path) -> None:
+    """`tuner search --layout paged16`: the decode template is chosen, every trial is verified and timed on
+    K/V read from shuffled 16-row pages, and the store keeps the layout."""
+    import sqlite3
+
+    from tests.cli_helpers import run_tuner
+
+    url = f"sqlite:///{tmp_path / 'paged.db'}"
+    res = run_tuner("--db", url, "search", "--gpu", hopper.name, "--shape", "4,8,1,1000,128", "--hkv", "2",
+                    "--dtype", "bf16", "--layout", "paged16", "--trials", "6", "--seed", "0")
+    assert res.exit_code == 0, res.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "paged.db") as db:
+        rows = db.execute("SELECT p.layout, t.status, v.template FROM trials t JOIN problems p ON t.problem_id = p.id "
+                          "JOIN variants v ON t.variant_id = v.id").fetchall()
+    assert rows and all(layout == "paged16" and template == "attn_decode" for layout, _, template in rows)
+    assert sum(status == "ok" for _, status, _ in rows) >= 1, rows
+    assert "paged16" in res.stdout

@@ -26,7 +26,7 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.timing import interleaved_rounds, time_cuda
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, paged_inputs, reference, relative_error
 
 Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
 
@@ -115,6 +115,8 @@ class CudaRunner:
         scale = 1.0 / math.sqrt(problem.head_dim)
         ref, _ = reference(q, k, v, problem.causal, scale)
         entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
+        if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
+            entry.update(paged_inputs(problem, k, v, seed))
         self._inputs[problem] = entry
         return entry
 
@@ -133,12 +135,11 @@ class CudaRunner:
         with annotate(range_name(prefix, name, "prepare")):
             data = self._problem_inputs(problem)
             kernel = built.load(self.options.device, cubin)
-            q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
-            out = empty_output(q)
+            out = empty_output(data["q"])
             torch.cuda.synchronize()
         progress("verify")
         with annotate(range_name(prefix, name, "verify")):
-            kernel(q, k, v, out, None, scale)
+            kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
         err = relative_error(out, data["ref"])
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
@@ -150,8 +151,7 @@ class CudaRunner:
         with annotate(range_name(prefix, name, "time")):
             # Inputs were validated by the verify launch: time the launch alone, without
             # ~10 us of Python checks per call that small kernels would otherwise pay.
-            timing = time_cuda(lambda: kernel.launch_unchecked(q, k, v, out, None, scale),
-                               l2_bytes=self.options.l2_bytes)
+            timing = time_cuda(kernel_call(kernel, data, out, checked=False), l2_bytes=self.options.l2_bytes)
         return {**base, "status": "ok", "median_us": timing.median_us, "p20_us": timing.p20_us,
                 "p80_us": timing.p80_us, "reps": timing.reps}
 
@@ -166,11 +166,11 @@ class CudaRunner:
         calls: dict[str, Callable[[], Any]] = {}
         for built in request["builts"]:
             kernel, out = built.load(self.options.device), empty_output(q)
-            kernel(q, k, v, out, None, scale)
+            kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
             if relative_error(out, data["ref"]) < TOLERANCE[problem.dtype]:
-                calls[built.entry] = (lambda kernel=kernel, out=out: time_cuda(
-                    lambda: kernel.launch_unchecked(q, k, v, out, None, scale), l2_bytes=self.options.l2_bytes))
+                calls[built.entry] = (lambda call=kernel_call(kernel, data, out, checked=False): time_cuda(
+                    call, l2_bytes=self.options.l2_bytes))
         for baseline in available_baselines(problem, q, k, v, scale):
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
@@ -276,3 +276,15 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         runner.close()
     finally:
         conn.close()
+
+
+def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
+    """The kernel's launch on a problem's inputs (the paged form for a paged layout); `checked` validates
+    the inputs first (the verify launch), else the launch alone (what is timed)."""
+    q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
+    if "block_table" in data:
+        kc, vc, table, lens = data["k_cache"], data["v_cache"], data["block_table"], data["seq_lens"]
+        return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked)
+    if checked:
+        return lambda: kernel(q, k, v, out, None, scale)
+    return lambda: kernel.launch_unchecked(q, k, v, out, None, scale)

@@ -86,7 +86,8 @@ def search_command(
     hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA/MQA); default: same as H.")] = None,
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    layout: Annotated[str, typer.Option(help="bhsd or bshd.")] = "bhsd",
+    layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), or paged16 ... paged256: K/V in a "
+                                              "paged cache of that page size (decode template).")] = "bhsd",
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,

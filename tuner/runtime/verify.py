@@ -34,6 +34,34 @@ def make_inputs(problem: Problem, device: str = "cuda", seed: int | None = None)
     return tensor(problem.heads, problem.seq_q), tensor(problem.heads_kv, problem.seq_k), tensor(problem.heads_kv, problem.seq_k)
 
 
+def paged_inputs(problem: Problem, k: Any, v: Any, seed: int = 0) -> dict[str, Any]:
+    """k and v [B, Hkv, Sk, D] copied into paged caches of the problem's page size (vLLM's layout
+    [pages, page, Hkv, D]), each sequence's pages in shuffled order, one spare page; the block table
+    [B, ceil(Sk / page)] and the lengths (Sk each): what `AttentionKernel.paged` takes."""
+    import torch
+
+    page = problem.page_size
+    b, hkv, sk, d = k.shape
+    per_seq = -(-sk // page)
+    table = torch.randperm(b * per_seq, generator=torch.Generator().manual_seed(seed)).view(b, per_seq)
+    table = table.to(device=k.device, dtype=torch.int32)
+    return {"k_cache": paged_cache(k, page, table), "v_cache": paged_cache(v, page, table), "block_table": table,
+            "seq_lens": torch.full((b,), sk, dtype=torch.int32, device=k.device)}
+
+
+def paged_cache(t: Any, page: int, table: Any) -> Any:
+    """t [B, Hkv, Sk, D] as a [pages, page, Hkv, D] cache: row b's n-th page at table[b, n] (the tail of the
+    last page zero), plus one spare page."""
+    import torch
+
+    b, hkv, sk, d = t.shape
+    per_seq = table.shape[1]
+    cache = torch.zeros(table.numel() + 1, page, hkv, d, device=t.device, dtype=t.dtype)
+    padded = torch.nn.functional.pad(t, (0, 0, 0, per_seq * page - sk))  # [B, Hkv, per_seq * page, D]
+    cache[table.reshape(-1).long()] = padded.transpose(1, 2).reshape(b * per_seq, page, hkv, d)
+    return cache
+
+
 def empty_output(q: Any) -> Any:
     """An output laid out like q (BSHD stays BSHD), poisoned with NaN so unwritten elements show."""
     import torch
