@@ -68,11 +68,16 @@ def event_ms(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, reps: int) -> dict[str, list[float]]:
-    """ms per call of each fn, round by round, the fns interleaved within each round."""
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, reps: int,
+                setups: dict[str, Callable[[], Any]] | None = None) -> dict[str, list[float]]:
+    """ms per call of each fn, round by round, the fns interleaved within each round; `setups[name]` runs
+    before fn's timings in each round, outside them (switching the model's attention implementation is
+    host work on an idle GPU, not part of a forward)."""
     out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            if setups:
+                setups[name]()
             out[name].append(event_ms(fn, reps))
     return out
 
@@ -82,17 +87,21 @@ def ratio_of(times: dict[str, list[float]], ours: str, base: str) -> float:
     return statistics.median(b / o for o, b in zip(times[ours], times[base]))
 
 
-def with_impl(model: Any, impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    def run() -> Any:
+def switch_ms(model: Any, impl: str, times: int = 5) -> float:
+    """Host ms of one model.set_attn_implementation(impl) (what the timings used to include)."""
+    import time
+
+    start = time.perf_counter()
+    for _ in range(times):
         model.set_attn_implementation(impl)
-        return fn()
-    return run
+    return (time.perf_counter() - start) / times * 1e3
 
 
 def attention_ms(model: Any, impl: str, fn: Callable[[], Any], ours: set[str],
-                 per_kernel: dict[str, float] | None = None) -> tuple[float, float, int]:
-    """(attention kernel ms, all kernels ms, tuned-kernel launches) in one profiled call of fn;
-    `per_kernel` (if given) gets the ms of every kernel name."""
+                 per_kernel: dict[str, float] | None = None) -> tuple[float, float, int, float]:
+    """(attention kernel ms, all kernels ms, tuned-kernel launches, ms from the first kernel's start to the
+    last one's end) in one profiled call of fn; `per_kernel` (if given) gets the ms of every kernel name.
+    The span minus the kernel time is the GPU's idle time between kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     model.set_attn_implementation(impl)
@@ -114,7 +123,10 @@ def attention_ms(model: Any, impl: str, fn: Callable[[], Any], ours: set[str],
         if tuned or SDPA_KERNEL.search(ev.key):
             attn += t
         launches += ev.count if tuned else 0
-    return attn / 1000.0, total / 1000.0, launches
+    ranges = [(ev.time_range.start, ev.time_range.end) for ev in prof.events()
+              if "CUDA" in str(getattr(ev, "device_type", "")) and ev.time_range.end > ev.time_range.start]
+    span = (max(e for _, e in ranges) - min(b for b, _ in ranges)) / 1000.0 if ranges else 0.0
+    return attn / 1000.0, total / 1000.0, launches, span
 
 
 def kernel_differences(k_ours: dict[str, float], k_sdpa: dict[str, float], top: int = 8) -> dict[str, float]:
@@ -137,8 +149,9 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             with torch.inference_mode():
                 return model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
-        times = interleaved({"ours": with_impl(model, impl, forward), "sdpa": with_impl(model, "sdpa", forward)},
-                            rounds, reps=3)
+        times = interleaved({"ours": forward, "sdpa": forward}, rounds, reps=3,
+                            setups={"ours": lambda: model.set_attn_implementation(impl),
+                                    "sdpa": lambda: model.set_attn_implementation("sdpa")})
         q = torch.randn(b, cfg.num_attention_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, cfg.num_key_value_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
@@ -149,8 +162,8 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
                                                                                  enable_gqa=True)}, rounds, reps=5)
         k_ours: dict[str, float] = {}
         k_sdpa: dict[str, float] = {}
-        a_ours, t_ours, launches = attention_ms(model, impl, forward, ours, k_ours)
-        a_sdpa, t_sdpa, _ = attention_ms(model, "sdpa", forward, ours, k_sdpa)
+        a_ours, t_ours, launches, span_ours = attention_ms(model, impl, forward, ours, k_ours)
+        a_sdpa, t_sdpa, _, span_sdpa = attention_ms(model, "sdpa", forward, ours, k_sdpa)
         rows.append({
             "shape": f"B{b} S{s}", "tokens": b * s,
             "ours_ms": statistics.median(times["ours"]), "sdpa_ms": statistics.median(times["sdpa"]),
@@ -164,6 +177,8 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             "in_model_attn_ratio": a_sdpa / a_ours if a_ours else None,
             "tuned_kernel_launches": launches,
             "profiled_ms_ours": t_ours, "profiled_ms_sdpa": t_sdpa,
+            "gpu_idle_ms_ours": span_ours - t_ours, "gpu_idle_ms_sdpa": span_sdpa - t_sdpa,
+            "switch_host_ms_ours": switch_ms(model, impl), "switch_host_ms_sdpa": switch_ms(model, "sdpa"),
             "largest_kernel_differences_ms": kernel_differences(k_ours, k_sdpa),
         })
         print(json.dumps(rows[-1], indent=1), flush=True)
@@ -210,8 +225,8 @@ def decode_row(model: Any, pkg: Any, impl: str, rounds: int, steps: int = 32) ->
     ours = set(pkg.MANIFEST["kernels"])
     k_ours: dict[str, float] = {}
     k_sdpa: dict[str, float] = {}
-    a_ours, t_ours, launches = attention_ms(model, impl, graphs[impl], ours, k_ours)
-    a_sdpa, t_sdpa, _ = attention_ms(model, "sdpa", graphs["sdpa"], ours, k_sdpa)
+    a_ours, t_ours, launches, _ = attention_ms(model, impl, graphs[impl], ours, k_ours)
+    a_sdpa, t_sdpa, _, _ = attention_ms(model, "sdpa", graphs["sdpa"], ours, k_sdpa)
     kernel = decode_kernel_times(pkg, cfg, b, ctx + steps + 8, ctx, rounds)
     return {"shape": f"B{b} ctx{ctx}", "steps": steps,
             "ours_tok_s": b * steps / statistics.median(times["ours"]) * 1e3,
