@@ -69,17 +69,52 @@ def event_ms(fn: Callable[[], Any], reps: int) -> float:
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, reps: int,
-                setups: dict[str, Callable[[], Any]] | None = None) -> dict[str, list[float]]:
+                setups: dict[str, Callable[[], Any]] | None = None,
+                clocks: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """ms per call of each fn, round by round, the fns interleaved within each round; `setups[name]` runs
     before fn's timings in each round, outside them (switching the model's attention implementation is
-    host work on an idle GPU, not part of a forward)."""
+    host work on an idle GPU, not part of a forward). `clocks[name]` (if given) gets the SM clock (MHz)
+    and power (W) sampled while fn was timed."""
     out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             if setups:
                 setups[name]()
-            out[name].append(event_ms(fn, reps))
+            with ClockSampler() as sampler:
+                out[name].append(event_ms(fn, reps))
+            if clocks is not None:
+                clocks.setdefault(name, []).extend(sampler.samples)
     return out
+
+
+class ClockSampler:
+    """(SM clock MHz, power W) every 5 ms in a thread, through torch's NVML wrappers; none without NVML."""
+
+    def __enter__(self) -> "ClockSampler":
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            try:
+                self.samples.append((float(torch.cuda.clock_rate()), float(torch.cuda.power_draw()) / 1000.0))
+            except Exception:  # no pynvml / NVML here: no samples
+                return
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def clock_summary(samples: list[tuple[float, float]]) -> dict[str, float | None]:
+    if not samples:
+        return {"sm_mhz": None, "power_w": None}
+    return {"sm_mhz": statistics.mean(c for c, _ in samples), "power_w": statistics.mean(w for _, w in samples)}
 
 
 def ratio_of(times: dict[str, list[float]], ours: str, base: str) -> float:
@@ -149,9 +184,11 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             with torch.inference_mode():
                 return model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
+        clocks: dict[str, list[Any]] = {}
+        kernel_clocks: dict[str, list[Any]] = {}
         times = interleaved({"ours": forward, "sdpa": forward}, rounds, reps=3,
                             setups={"ours": lambda: model.set_attn_implementation(impl),
-                                    "sdpa": lambda: model.set_attn_implementation("sdpa")})
+                                    "sdpa": lambda: model.set_attn_implementation("sdpa")}, clocks=clocks)
         q = torch.randn(b, cfg.num_attention_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, cfg.num_key_value_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
@@ -159,7 +196,8 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             kernel = interleaved({
                 "ours": lambda: pkg.attention(q, k, v, causal=True),
                 "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                 enable_gqa=True)}, rounds, reps=5)
+                                                                                 enable_gqa=True)}, rounds, reps=5,
+                clocks=kernel_clocks)
         k_ours: dict[str, float] = {}
         k_sdpa: dict[str, float] = {}
         a_ours, t_ours, launches, span_ours = attention_ms(model, impl, forward, ours, k_ours)
@@ -179,6 +217,9 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
             "profiled_ms_ours": t_ours, "profiled_ms_sdpa": t_sdpa,
             "gpu_idle_ms_ours": span_ours - t_ours, "gpu_idle_ms_sdpa": span_sdpa - t_sdpa,
             "switch_host_ms_ours": switch_ms(model, impl), "switch_host_ms_sdpa": switch_ms(model, "sdpa"),
+            "clock_ours": clock_summary(clocks.get("ours", [])), "clock_sdpa": clock_summary(clocks.get("sdpa", [])),
+            "kernel_clock_ours": clock_summary(kernel_clocks.get("ours", [])),
+            "kernel_clock_sdpa": clock_summary(kernel_clocks.get("sdpa", [])),
             "largest_kernel_differences_ms": kernel_differences(k_ours, k_sdpa),
         })
         print(json.dumps(rows[-1], indent=1), flush=True)
