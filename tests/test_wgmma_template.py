@@ -69,7 +69,7 @@ def test_only_sm90_profiles_can_run_it() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([64, 128]), st.booleans(), st.integers(0, 10_000))
+@given(st.sampled_from([64, 96, 128, 192, 256]), st.booleans(), st.integers(0, 10_000))
 def test_feasible_variants_respect_the_register_split_and_smem(head_dim: int, causal: bool, pick: int) -> None:
     profile = load_profile("h100")
     problem = Problem(2, 4, 1024, 1024, head_dim, causal=causal)
@@ -96,7 +96,9 @@ def test_search_defaults_to_the_hopper_template_where_it_fits() -> None:
 
     assert chosen("h100", "8,16,2048,128") == TEMPLATE
     assert chosen("h200", "16,16,2048,64") == TEMPLATE
-    assert chosen("h100", "8,16,2048,96") == "attn_fwd_mma"  # D 96: only the sm_80 template has it
+    assert chosen("h100", "8,16,2048,96") == TEMPLATE  # D 96, 192 and 256 too
+    assert chosen("h100", "8,16,2048,256") == TEMPLATE
+    assert chosen("h100", "8,16,2048,32") == "attn_fwd_mma"  # D 32: only the sm_80 template has it
     assert chosen("a100", "8,16,2048,128") == "attn_fwd_mma"
     assert chosen("h100", "8,16,2048,128", template="attn_fwd_mma") == "attn_fwd_mma"
 

@@ -23,7 +23,7 @@ namespace fc {
 
 """
 FOOTER = "\n}  // namespace fc\n"
-WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192)
+WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)  # BLOCK_N values, and the head dims (P V)
 TYPES = (("false", "f16"), ("true", "bf16"))
 
 

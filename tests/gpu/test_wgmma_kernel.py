@@ -21,6 +21,11 @@ PROBLEMS = [
     Problem(2, 4, 200, 190, 128, layout="bshd"),               # BSHD strides
     Problem(1, 4, 513, 513, 128, dtype="bf16", causal=True),   # bf16 causal D 128
     Problem(1, 3, 700, 1100, 64, dtype="bf16", heads_kv=1, layout="bshd"),  # MQA, BSHD, long tails
+    Problem(1, 4, 333, 333, 96),                               # D 96: three 32-column blocks at sw64
+    Problem(1, 4, 300, 500, 96, dtype="bf16", causal=True, heads_kv=2),   # D 96 causal GQA
+    Problem(1, 2, 257, 257, 192, dtype="bf16"),                # D 192
+    Problem(1, 2, 300, 300, 256),                              # D 256: a 64 x 256 O per warpgroup
+    Problem(2, 4, 190, 400, 256, dtype="bf16", causal=True, heads_kv=1, layout="bshd"),  # D 256 causal MQA BSHD
 ]
 
 
