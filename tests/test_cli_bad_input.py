@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def test_a_space_with_no_feasible_variant_says_why() -> None:
     result = run_tuner("space", "--gpu", "a100", "--shape", "1,8,512,64", "--template", "attn_fwd_wgmma")
     assert_refused(result, "no variant of attn_fwd_wgmma fits", "needs compute capability 9.0+")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_paged_layout_is_the_decode_templates_and_a_wrong_page_size_is_named() -> None:
+    ok = run_tuner("space", "--gpu", "h100", "--shape", "8,32,1,8192,128", "--hkv", "8", "--dtype", "bf16",
+                   "--layout", "paged16", "--format", "json")
+    assert ok.exit_code == 0, ok.stderr
+    assert {v["template"] for v in json.loads(ok.stdout)} == {"attn_decode"}
+    prefill = run_tuner("space", "--gpu", "h100", "--shape", "8,32,1,8192,128", "--layout", "paged16",
+                        "--template", "attn_fwd_wgmma")
+    assert_refused(prefill, "layout paged16 unsupported by attn_fwd_wgmma")
+    assert_refused(run_tuner("space", "--gpu", "h100", "--shape", "8,32,1,8192,128", "--layout", "paged24"),
+                   "unsupported layout 'paged24'", "paged16")
 
 
 def test_no_traceback_leaves_a_store_behind_on_bad_input(tmp_path) -> None:
