@@ -77,6 +77,27 @@ def test_one_query_takes_the_other_causalitys_kernel() -> None:
     assert table.choose(Key.of("bf16", 128, False, 32, 8, 1, 8200, batch=8)).entry["kernel"] == "attn_decode_x"
     assert table.choose(Key.of("bf16", 128, True, 32, 8, 1, 8200, batch=8)).entry["kernel"] == "attn_decode_x"
     assert table.choose(Key.of("bf16", 128, False, 32, 8, 2, 8200, batch=8)) is None
+    # With a non-causal prefill entry too, the nearer decode entry still wins a one-query call.
+    prefill = {"key": {**entries[0]["key"], "causal": False, "sq_bucket": 11, "sk_bucket": 11}, "kernel": "attn_fwd_y",
+               "trial_id": 8, "dispatch": True, "max_seq_q": 0}
+    both = DispatchTable(entries + [prefill])
+    assert both.choose(Key.of("bf16", 128, False, 32, 8, 1, 8200, batch=8)).entry["kernel"] == "attn_decode_x"
+    assert both.choose(Key.of("bf16", 128, False, 32, 8, 2048, 2048, batch=8)).entry["kernel"] == "attn_fwd_y"
+
+
+def test_paged_inputs_that_would_read_the_wrong_memory_are_refused() -> None:
+    """The caches' dtype and device must be q's, and a table needs a page (a null table reads as dense)."""
+    import torch
+
+    from tuner.runtime.launcher import AttentionInputError, check_paged_inputs
+
+    q = torch.zeros(2, 4, 1, 64, dtype=torch.float16)
+    kc = torch.zeros(5, 16, 2, 64, dtype=torch.float16)
+    table, lens = torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(AttentionInputError, match="k_cache and v_cache must have q's dtype and device"):
+        check_paged_inputs(q, kc.bfloat16(), kc.bfloat16(), table, lens)
+    with pytest.raises(AttentionInputError, match="at least one page"):
+        check_paged_inputs(q, kc, kc, table[:, :0], lens)
 
 
 # --- transformers' mask interface ------------------------------------------------------------

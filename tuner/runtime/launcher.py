@@ -108,6 +108,9 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
             raise AttentionInputError(f"{name} must be contiguous in the head dim (stride {t.stride(3)})")
         if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
             raise AttentionInputError(f"{name} strides must be multiples of 8 elements and its data 16-byte aligned")
+    if not (q.device == k.device == v.device == out.device):
+        raise AttentionInputError(f"q, k, v and out must be on one device (got {q.device}, {k.device}, {v.device}, "
+                                  f"{out.device})")
     b, h, sq, d = q.shape
     if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
         raise AttentionInputError(
@@ -130,6 +133,10 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise AttentionInputError(f"{name} must be a rank-4 tensor [pages, page_size, Hkv, D]")
     pages, page, hkv, d = k_cache.shape
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.device != q.device \
+            or v_cache.device != q.device:
+        raise AttentionInputError(f"k_cache and v_cache must have q's dtype and device ({q.dtype} on {q.device}; got "
+                                  f"{k_cache.dtype} on {k_cache.device}, {v_cache.dtype} on {v_cache.device})")
     if v_cache.shape != k_cache.shape or d != q.shape[-1] or q.shape[1] % max(hkv, 1):
         raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D and Hkv dividing "
                                   f"q's heads (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
@@ -142,6 +149,9 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
                 or not t.is_contiguous() or t.device != q.device):
             want = f"({b}, pages_per_seq)" if dims == 2 else f"({b},)"
             raise AttentionInputError(f"{name} must be a contiguous int32 tensor of shape {want} on {q.device}")
+    if block_table.shape[1] < 1 or pages < 1:
+        raise AttentionInputError(f"a paged cache needs at least one page (block_table {tuple(block_table.shape)}, "
+                                  f"k_cache {tuple(k_cache.shape)})")
     # The kernel reads pages through k_cache.transpose(1, 2): [pages, Hkv, page_size, D], a strided 4-D tensor.
     check_attention_tensors(k_cache.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                             k_cache.transpose(1, 2))

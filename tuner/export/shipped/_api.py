@@ -77,10 +77,12 @@ def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     hit = None
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
         hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal))
-    if hit is None or fallback not in FALLBACKS or q.get_device() != hit[0] or seq_lens.numel() != qs[0] \
+    if hit is None or fallback not in FALLBACKS or q.get_device() != hit[0] \
+            or not isinstance(seq_lens, torch.Tensor) or seq_lens.numel() != qs[0] \
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
     if hit[1] is None:
+        check_seq_lens(q, seq_lens)
         return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
     out = torch.empty_like(q)
     if seq_lens.dtype == torch.int32 and seq_lens.device == q.device and seq_lens.is_contiguous() \
@@ -99,16 +101,15 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
         check_seq_lens(q, seq_lens)
     try:
         kernel = _resolve(q, k, v, causal)
-        if kernel is not None and not kernel.shape.splits:
-            raise AttentionInputError(f"no exported decode kernel serves {_key(q, k, causal).label()}: only the "
-                                      "decode kernels take seq_lens (pass fallback='sdpa' for masked SDPA)")
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa" and q.dim() == 4:
             check_seq_lens(q, seq_lens)
             return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
         raise
+    if kernel is not None and not kernel.shape.splits:
+        kernel = None  # only the decode kernels take seq_lens: this cell runs masked SDPA, as a routed one does
     _lens_cache[_cell(q.dtype, q.shape, k.shape, causal)] = (q.get_device(), kernel)
-    if kernel is None:  # a cell routed to SDPA
+    if kernel is None:  # a cell routed to SDPA, or without a decode kernel
         return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
     out = torch.empty_like(q)
     kernel.launch_unchecked(q, k, v, out, None, scale, seq_lens)

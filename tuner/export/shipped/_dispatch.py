@@ -128,31 +128,26 @@ class DispatchTable:
         return sorted({d for (dt, d, c) in self._by_features if dt == dtype and c == causal})
 
     def choose(self, key: Key) -> Optional[Choice]:
-        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length).
-
-        One query is the same computation causal or not (bottom-right, it sees every key): a decode step
-        takes the other causality's kernels too, a measured cell first."""
-        choice = self._choose(key)
-        if key.sq_bucket == 0:
-            other = self._choose(replace(key, causal=not key.causal))
-            if other is not None and (choice is None or (other.cell is not None and choice.cell is None)):
-                choice = other
-        return choice
-
-    def _choose(self, key: Key) -> Optional[Choice]:
+        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length)."""
         ranked = self.ranked(key)
         if not ranked:
             return None
         cell = self.cells.get(key)
+        if cell is None and key.sq_bucket == 0:  # one query: the other causality's measured cell holds too
+            cell = self.cells.get(replace(key, causal=not key.causal))
         tk, e = (entry_key(self._by_trial[cell["trial_id"]]), self._by_trial[cell["trial_id"]]) if cell else ranked[0]
         dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
         exact = (tk.group, tk.sq_bucket, tk.sk_bucket) == (key.group, key.sq_bucket, key.sk_bucket)
         return Choice(e, key, tk, exact, dist, len(ranked), cell)
 
     def ranked(self, key: Key) -> list[tuple[Key, Mapping[str, Any]]]:
-        """The tuned entries that can run `key` (same dtype, head dim, causality), the rule's choice first."""
+        """The tuned entries that can run `key` (same dtype, head dim, causality), the rule's choice first.
+
+        One query is the same computation causal or not (bottom-right, it sees every key), so a one-query key
+        also takes the other causality's entries, ranked after its own at the same distance."""
+        feats = [key.features] + ([(key.dtype, key.head_dim, not key.causal)] if key.sq_bucket == 0 else [])
         # An entry of a short-query (decode) kernel takes only queries up to its max_seq_q.
-        cands = [(tk, e) for tk, e in self._by_features.get(key.features, ())
+        cands = [(tk, e) for f in feats for tk, e in self._by_features.get(f, ())
                  if not e.get("max_seq_q") or key.sq_bucket <= seq_bucket(int(e["max_seq_q"]))]
         if not cands:
             return []
@@ -163,8 +158,8 @@ class DispatchTable:
             group_dist = abs(math.log2(tk.group) - math.log2(max(key.group, 1)))
             # Then the nearest work size; ties: prefer the larger bucket (long sequences are where tuning
             # pays), then the older trial.
-            return (dist, group_dist, abs(tk.bh_bucket - key.bh_bucket), -tk.sq_bucket, -tk.sk_bucket,
-                    e.get("trial_id", 0))
+            return (dist, tk.causal != key.causal, group_dist, abs(tk.bh_bucket - key.bh_bucket), -tk.sq_bucket,
+                    -tk.sk_bucket, e.get("trial_id", 0))
 
         return sorted(cands, key=rank)
 

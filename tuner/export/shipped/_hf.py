@@ -11,7 +11,9 @@ Masks: the name is registered with its own mask function, a thin layer over tran
 - A batch without padding reaches the attention as "no mask" (causal from the module): the tuned kernel.
 - A causal mask that only says "the first L keys of the cache" (a static cache's decode steps, a short
   verify of up to 16 queries) arrives as per-row key lengths (int32 [B], computed on the GPU, so the
-  step captures in a CUDA graph): the decode kernels read them (attention(..., seq_lens=)).
+  step captures in a CUDA graph): the decode kernels read them (attention(..., seq_lens=)). This needs
+  the model called with no attention_mask, as a static-cache serving loop does; generate() passes an
+  all-ones 2-D mask, which cannot be told from padding without a host sync, so its steps take SDPA.
 - Any other mask (padding, sliding window, packed sequences), dropout, gradients, a causal call with more
   queries than keys, or a shape the kernels cannot take go to transformers' own SDPA path, so results
   are SDPA's wherever the kernel does not apply.

@@ -56,15 +56,16 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
         b, h, sq, d = q.shape
         key = Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(pages_per_seq * page, 1), batch=b)
         kernel = choose_kernel(q, key)
-        if kernel is not None and not kernel.shape.splits:
-            raise AttentionInputError(f"no exported decode kernel serves {key.label()}: only the decode kernels read "
-                                      "a paged cache (pass fallback='sdpa' for SDPA on the gathered pages)")
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
             return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table)
         raise
+    if kernel is not None and not kernel.shape.splits:
+        kernel = None  # only the decode kernels read pages: SDPA on the gathered pages, as a routed cell does
+    if len(_paged_cache) >= 256:  # a server's shapes vary: keep the cache bounded
+        _paged_cache.clear()
     _paged_cache[layout] = (q.get_device(), kernel)
-    if kernel is None:  # a cell routed to SDPA
+    if kernel is None:  # a cell routed to SDPA, or without a decode kernel
         return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table)
     out = torch.empty_like(q)
     kernel.paged(q, k_cache, v_cache, out, block_table, seq_lens, scale, check=False)
