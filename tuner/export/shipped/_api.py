@@ -49,6 +49,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                   f"{type(v).__name__})")
     if torch.compiler.is_compiling():
         return _op(q, k, v, causal, scale, fallback, seq_lens, block_table)
+    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table)
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+           fallback: Optional[str], seq_lens: Optional[torch.Tensor],
+           block_table: Optional[torch.Tensor]) -> torch.Tensor:
+    """The call itself, in each form (also the custom op's implementation)."""
     if block_table is not None:
         return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table)
     if seq_lens is not None:
@@ -78,15 +85,13 @@ def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
         hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal))
     if hit is None or fallback not in FALLBACKS or q.get_device() != hit[0] \
-            or not isinstance(seq_lens, torch.Tensor) or seq_lens.numel() != qs[0] \
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
+    check_seq_lens(q, seq_lens)
     if hit[1] is None:
-        check_seq_lens(q, seq_lens)
         return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
     out = torch.empty_like(q)
-    if seq_lens.dtype == torch.int32 and seq_lens.device == q.device and seq_lens.is_contiguous() \
-            and hit[1].launch_if_fit(q, k, v, out, None, scale, seq_lens):
+    if hit[1].launch_if_fit(q, k, v, out, None, scale, seq_lens):
         return out
     return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
 
@@ -102,8 +107,7 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
     try:
         kernel = _resolve(q, k, v, causal)
     except (AttentionInputError, GpuUnavailableError):
-        if fallback == "sdpa" and q.dim() == 4:
-            check_seq_lens(q, seq_lens)
+        if fallback == "sdpa" and q.dim() == 4:  # seq_lens checked above
             return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
         raise
     if kernel is not None and not kernel.shape.splits:
@@ -182,11 +186,7 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
         fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
         block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
-    if block_table is not None:
-        return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table)
-    if seq_lens is not None:
-        return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
-    return _forward(q, k, v, causal, scale, fallback)
+    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table)
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
