@@ -27,9 +27,8 @@ from tuner.profiles import load_profile
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.timing import interleaved_rounds, time_cuda
+from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
 from tuner.runtime.verify import empty_output, make_inputs, paged_inputs
-from tuner.search.confirm import per_round_ratio
 from tuner.store import TrialFilter, open_store
 
 PROBLEM = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)

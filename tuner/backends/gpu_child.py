@@ -25,7 +25,7 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.timing import interleaved_rounds, time_cuda
+from tuner.runtime.timing import confirm_pruner, interleaved_rounds, time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, paged_inputs, reference, relative_error
 
 Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
@@ -176,7 +176,10 @@ class CudaRunner:
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
-        return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True))
+        variants = [b.entry for b in request["builts"] if b.entry in calls]
+        prune = confirm_pruner(variants, [name for name in calls if name not in variants])
+        return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
+                                  prune=prune)
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)

@@ -27,6 +27,7 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
 from tuner.runtime.build import BuiltKernel
+from tuner.runtime.timing import Timing, confirm_pruner, interleaved_rounds
 from tuner.status import TrialStatus
 from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store
 
@@ -148,17 +149,26 @@ class ReplayBackend:
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int) -> ConfirmTimings:
-        """Each round draws one recorded timing of each variant and baseline (with a single recorded
-        timing, the same in every round)."""
-        times: dict[str, tuple[float, ...]] = {}
+        """The GPU worker's rounds (interleaved, clearly slower ones stopped early), each timing one draw
+        from the recorded timings of the variant or baseline (with one recorded timing, always that)."""
+        samples: dict[str, list[float]] = {}
         for variant in variants:
-            samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
-            ok = [r.median_us for r in samples if r.status is TrialStatus.OK and r.median_us is not None]
+            rows = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
+            ok = [r.median_us for r in rows if r.status is TrialStatus.OK and r.median_us is not None]
             if ok:
-                times[variant.name] = tuple(self._rng.choice(ok) for _ in range(rounds))
-        for impl, samples in self._baselines.get(problem, {}).items():
-            times[impl] = tuple(self._rng.choice(samples).median_us for _ in range(rounds))
-        return ConfirmTimings(times)
+                samples[variant.name] = ok
+        names = list(samples)
+        for impl, measured in self._baselines.get(problem, {}).items():
+            samples[impl] = [m.median_us for m in measured]
+
+        def draw(impl: str) -> Timing:
+            us = self._rng.choice(samples[impl])
+            return Timing(us, us, us, 1)
+
+        calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
+        prune = confirm_pruner(names, [impl for impl in samples if impl not in names])
+        times = interleaved_rounds(calls, rounds, prune=prune)
+        return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
 
     def close(self) -> None:
         pass

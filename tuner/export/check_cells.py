@@ -18,7 +18,7 @@ from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # 
 from tuner.export.shipped._dispatch import DispatchTable, Key
 from tuner.models import DECODE
 from tuner.problem import Problem
-from tuner.search.confirm import per_round_ratio
+from tuner.runtime.timing import per_round_ratio
 
 PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
 PREFILL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)

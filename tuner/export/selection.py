@@ -84,7 +84,7 @@ def sdpa_ratio(store: Any, row: TrialRow, baselines: list[Any]) -> Optional[floa
     when the row is a confirmed winner, else the ratio of medians over `baselines` (its run's, from
     store.trial_detail)."""
     from tuner.runtime.baselines import SDPA_BACKENDS
-    from tuner.search.confirm import per_round_ratio
+    from tuner.runtime.timing import per_round_ratio
 
     if row.confirmed_us is not None:
         confirmed = store.confirmed(row.problem, row.profile)
@@ -98,8 +98,10 @@ def sdpa_ratio(store: Any, row: TrialRow, baselines: list[Any]) -> Optional[floa
 
 
 def best_per_round(baselines: list[list[float]]) -> list[float]:
-    """The fastest baseline's µs in each round, from each baseline's µs per round."""
-    return [min(round_us) for round_us in zip(*baselines)]
+    """The fastest baseline's µs in each round, from each baseline's µs per round (a baseline the confirm
+    stage stopped timing early counts in the rounds it ran)."""
+    rounds = max((len(b) for b in baselines), default=0)
+    return [min(b[r] for b in baselines if r < len(b)) for r in range(rounds)]
 
 
 def dispatch_key(problem: Problem) -> Key:

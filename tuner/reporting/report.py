@@ -39,7 +39,7 @@ from tuner.reporting.report_model import (
     RunLabel,
     StudyCurve,
 )  # fmt: skip
-from tuner.search.confirm import per_round_ratio
+from tuner.runtime.timing import per_round_ratio
 from tuner.search.study import storage_for
 from tuner.status import TrialStatus
 from tuner.store import Store, TrialFilter, TrialRow, default_db_url, open_store

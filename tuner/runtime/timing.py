@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,57 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), reps)
 
 
+Pruner = Callable[[int, Mapping[str, Sequence[float]]], Collection[str]]
+
+
 def interleaved_rounds(calls: Mapping[str, Callable[[], Timing]], rounds: int,
-                       on_round: Callable[[int], None] = lambda r: None) -> dict[str, list[float]]:
+                       on_round: Callable[[int], None] = lambda r: None,
+                       prune: Optional[Pruner] = None) -> dict[str, list[float]]:
     """Each call's median µs in each of `rounds` rounds, every call once a round; the first call of a
-    round rotates, so none always runs first (or on a cooler card). Compare with per-round ratios."""
+    round rotates, so none always runs first (or on a cooler card). Compare with per-round ratios.
+
+    `prune(r, times)`, after round r (0-based) with the times of the calls still running, names calls
+    to stop timing: theirs keep the rounds they ran, aligned with everyone's first rounds."""
     order, times = list(calls), {name: [] for name in calls}
     for r in range(rounds if order else 0):
         on_round(r)
         for name in order[r % len(order):] + order[:r % len(order)]:
             times[name].append(calls[name]().median_us)
+        if prune is not None and r + 1 < rounds:
+            dropped = set(prune(r, {name: times[name] for name in order}))
+            order = [name for name in order if name not in dropped]
     return times
+
+
+def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -> float:
+    """Median over the rounds both ran of baseline µs / variant µs (> 1: the variant is faster): each
+    round's ratio cancels the drift the card had in that round."""
+    return statistics.median(b / t for b, t in zip(baseline_us, variant_us))
+
+
+def confirm_pruner(variants: Collection[str], baselines: Collection[str], *, after: int = 3,
+                   margin: float = 0.02, baseline_margin: float = 0.10) -> Pruner:
+    """Successive elimination for the confirm stage, so its rounds go to the variants still in the race:
+    after round 1 a baseline slower than the fastest by more than `baseline_margin` stops (it can never
+    be the one the ratio is taken against); after `after` rounds a variant whose median per-round ratio
+    is more than `margin` below the leader's stops (2% is about twice the spread of a median of three
+    per-round ratios on an H100). With no baseline left, variants compare by median µs."""
+    def prune(r: int, times: Mapping[str, Sequence[float]]) -> set[str]:
+        base = [b for b in baselines if b in times]
+        drop: set[str] = set()
+        if r == 0 and base:
+            fastest = min(times[b][0] for b in base)
+            drop |= {b for b in base if times[b][0] > fastest * (1 + baseline_margin)}
+        if r + 1 == after:
+            racing = [v for v in variants if v in times]
+            kept = [b for b in base if b not in drop]
+            if kept:
+                ref = times[min(kept, key=lambda b: statistics.median(times[b]))]
+                score = {v: per_round_ratio(ref, times[v]) for v in racing}
+            else:  # higher is better: inverse median time
+                score = {v: 1.0 / statistics.median(times[v]) for v in racing}
+            if score:
+                best = max(score.values())
+                drop |= {v for v, x in score.items() if x < best * (1 - margin)}
+        return drop
+    return prune

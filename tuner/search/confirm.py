@@ -5,19 +5,22 @@ the top variants. So after a study's trials, its K best distinct variants are
 timed again in the same worker, in R rounds that alternate them with every
 SDPA baseline (the start of each round rotates); each variant's figure is the
 median over the rounds of its per-round ratio to the fastest baseline, and the
-winner is the best figure. The rounds are stored with the winner.
+winner is the best figure. Clearly slower variants and baselines stop early
+(runtime.timing.confirm_pruner), so the rounds go to the close race. The
+rounds are stored with the winner.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from tuner.backends.base import ConfirmTimings
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
+from tuner.runtime.timing import per_round_ratio
 from tuner.search.job import Context
 from tuner.status import TrialStatus
 from tuner.store import ConfirmRecord, TrialFilter, TrialRow
@@ -40,20 +43,20 @@ def candidates(ctx: Context, problem: Problem, template: str, k: int) -> list[Tr
     return list(chosen.values())
 
 
-def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -> float:
-    """Median over the rounds of baseline µs / variant µs (> 1: the variant is faster): each round's
-    ratio cancels the drift the card had in that round."""
-    return statistics.median(b / t for b, t in zip(baseline_us, variant_us))
-
-
 def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[str]
                 ) -> tuple[Optional[str], Optional[float], Optional[str]]:
     """(winner, its median per-round ratio to the fastest baseline, that baseline); without baselines
-    the winner is the fastest median and the ratio is None."""
-    timed = [v for v in variants if v in timings.rounds]
+    the winner is the fastest median and the ratio is None. Only implementations timed in every round
+    compete: the others were stopped early as clearly slower (confirm_pruner)."""
+    def finishers(names: list[str]) -> list[str]:
+        present = [n for n in names if n in timings.rounds]
+        full = max((len(timings.rounds[n]) for n in present), default=0)
+        return [n for n in present if len(timings.rounds[n]) == full]
+
+    timed = finishers(variants)
     if not timed:
         return None, None, None
-    base = [b for b in baselines if b in timings.rounds]
+    base = finishers(baselines)
     if not base:
         return min(timed, key=lambda v: statistics.median(timings.rounds[v])), None, None
     fastest = min(base, key=lambda b: statistics.median(timings.rounds[b]))
@@ -91,6 +94,8 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
     )
     confirmation = ctx.store.add_confirmation(record)
     versus = f"{ratio:.3f}x {baseline}" if ratio is not None else "no baseline"
+    raced = sum(len(timings.rounds.get(n, ())) == len(timings.rounds[winner]) for n in names)
     say(f"confirmed {winner}: {versus}, median of {rounds} interleaved rounds over {len(variants)} variants "
-        f"({time.perf_counter() - start:.1f} s)")
+        f"({raced} timed in every round, the others stopped as clearly slower; "
+        f"{time.perf_counter() - start:.1f} s)")
     return confirmation
