@@ -3,16 +3,20 @@
     python benchmarks/decode_bench.py --db sqlite:///results.db [--gpu h100] [--rounds 7] [--json out.json]
 
 For each problem of issue 15's targets that the store has tuned (B8 H32 Hkv8 Sq1 Sk8192 D128 bf16,
-B1 Sk32768, B64 Sk1024, and Sq4 of the first), the best ok trial (the confirmed one when there is one)
-is rebuilt, verified against the fp32 reference and timed with every SDPA backend in interleaved
-rounds (the start rotates; L2 flushed before each repetition, as trials are timed). Reported: the
-median µs, the K/V bytes the step must read, GB/s and the fraction of the profile's HBM bandwidth,
-and the median per-round ratio to each backend (FlashAttention-4 too, where flash_attn.cute imports).
+B1 Sk32768, B64 Sk1024, Sq4 of the first, and the first as a ragged batch: lengths uniform:1024), the
+best ok trial (the confirmed one when there is one) is rebuilt, verified against the fp32 reference and
+timed with every SDPA backend in interleaved rounds (the start rotates; L2 flushed before each
+repetition, as trials are timed). Reported: the median µs, the K/V bytes the step must read (a ragged
+batch: each row's own keys), GB/s and the fraction of the profile's HBM bandwidth, and the median
+per-round ratio to each backend (FlashAttention-4 too, where flash_attn.cute imports; SDPA takes a
+ragged batch as a mask). A ragged problem's table row also times the full-length problem's kernel on
+the same batch ("dense-tuned"): what tuning for the distribution bought.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -33,12 +37,13 @@ TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
     (Problem(1, 32, 1, 32768, 128, dtype="bf16", heads_kv=8), 0.85),
     (Problem(64, 32, 1, 1024, 128, dtype="bf16", heads_kv=8), 0.75),
     (Problem(8, 32, 4, 8192, 128, dtype="bf16", heads_kv=8), None),  # Sq 4: within 1.3x of the Sq 1 time
+    (Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8, lengths="uniform:1024"), None),  # a ragged batch
 ]
 
 
 def kv_bytes(p: Problem) -> int:
-    """What a decode step must read at least: K and V once (2 bytes an element)."""
-    return 2 * p.batch * p.heads_kv * p.seq_k * p.head_dim * 2
+    """What a decode step must read at least: K and V of each row's keys once (2 bytes an element)."""
+    return 2 * sum(p.key_lengths()) * p.heads_kv * p.head_dim * 2
 
 
 def best_trial(store: Any, gpu: str, p: Problem) -> Any:
@@ -48,22 +53,31 @@ def best_trial(store: Any, gpu: str, p: Problem) -> Any:
     return rows[0] if rows else None
 
 
-def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int) -> dict[str, Any]:
-    built = build(Variant.from_stored(row.template, row.params), arch)
-    kernel = built.load()
+def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int, dense_row: Any = None) -> dict[str, Any]:
+    import torch
+
     q, k, v = make_inputs(p, seed=0)
-    ref, _ = reference(q, k, v, p.causal)
-    out = empty_output(q)
-    kernel(q, k, v, out)
-    err = relative_error(out, ref)
-    assert err < TOLERANCE[p.dtype], f"{built.variant.name} on {p.label}: rel error {err:.2e}"
-    calls = {"tuned": lambda: time_cuda(lambda: kernel.launch_unchecked(q, k, v, out), l2_bytes=l2_bytes)}
+    lengths = p.key_lengths() if p.ragged else None
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda") if lengths else None
+    ref, _ = reference(q, k, v, p.causal, key_lengths=lengths)
+    calls, names = {}, {}
+    for label, r in (("tuned", row), ("dense-tuned", dense_row)):
+        if r is None:
+            continue
+        built = build(Variant.from_stored(r.template, r.params), arch)
+        kernel, out = built.load(), empty_output(q)
+        kernel(q, k, v, out, seq_lens=lens)
+        err = relative_error(out, ref)
+        assert err < TOLERANCE[p.dtype], f"{built.variant.name} on {p.label}: rel error {err:.2e}"
+        calls[label] = (lambda kernel=kernel, out=out: time_cuda(
+            lambda: kernel.launch_unchecked(q, k, v, out, None, None, lens), l2_bytes=l2_bytes))
+        names[label] = built.variant.name
     for b in available_baselines(p, q, k, v):
         calls[b.name] = lambda b=b: b.time(l2_bytes=l2_bytes)
     times = interleaved_rounds(calls, rounds)
     us = statistics.median(times["tuned"])
-    return {"problem": p.label, "variant": built.variant.name, "us": us, "kv_bytes": kv_bytes(p),
-            "gbs": kv_bytes(p) / us / 1e3, "rel_error": err,
+    return {"problem": p.label, "variant": names["tuned"], "us": us, "kv_bytes": kv_bytes(p),
+            "gbs": kv_bytes(p) / us / 1e3, "rel_error": err, "dense_tuned_variant": names.get("dense-tuned"),
             "baselines_us": {n: statistics.median(t) for n, t in times.items() if n != "tuned"},
             "ratios": {n: per_round_ratio(t, times["tuned"]) for n, t in times.items() if n != "tuned"}}
 
@@ -81,25 +95,29 @@ def main() -> None:
     cuda_driver(0)
     results = []
     with open_store(args.db, create=False) as store:
-        chosen = [(p, goal, best_trial(store, profile.name, p)) for p, goal in TARGETS]
-    for p, goal, row in chosen:
+        chosen = [(p, goal, best_trial(store, profile.name, p),
+                   best_trial(store, profile.name, dataclasses.replace(p, lengths="full")) if p.ragged else None)
+                  for p, goal in TARGETS]
+    for p, goal, row, dense_row in chosen:
         if row is None:
             print(f"{p.label}: not tuned in this store, skipped")
             continue
-        res = measure(p, row, profile.nvcc_arch, args.rounds, profile.l2_bytes)
+        res = measure(p, row, profile.nvcc_arch, args.rounds, profile.l2_bytes, dense_row)
         res["fraction_of_peak"] = res["gbs"] / profile.mem_bandwidth_gbs
         res["goal"] = goal
         results.append(res)
         print(json.dumps(res), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, {args.rounds} interleaved rounds, L2 flushed; peak "
           f"{profile.mem_bandwidth_gbs:.0f} GB/s\n")
-    print("| problem | variant | µs | K/V MB | GB/s | of peak (goal) | vs cuDNN | vs flash | vs FA4 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    columns = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "fa4", "dense-tuned")
+    print("| problem | variant | µs | K/V MB | GB/s | of peak (goal) | vs cuDNN | vs flash | vs efficient | vs FA4 "
+          "| vs dense-tuned |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         goal = f" ({r['goal']:.0%})" if r["goal"] else ""
-        ratios = [f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "n/a" for n in ("sdpa_cudnn", "sdpa_flash", "fa4")]
+        ratios = " | ".join(f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "n/a" for n in columns)
         print(f"| {r['problem']} | {r['variant'].split('_', 4)[-1]} | {r['us']:.1f} | {r['kv_bytes'] / 1e6:.0f} | "
-              f"{r['gbs']:.0f} | {r['fraction_of_peak']:.0%}{goal} | {ratios[0]} | {ratios[1]} | {ratios[2]} |")
+              f"{r['gbs']:.0f} | {r['fraction_of_peak']:.0%}{goal} | {ratios} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

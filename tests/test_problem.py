@@ -36,6 +36,26 @@ def test_to_dict_round_trips(problem: Problem) -> None:
     assert Problem.from_dict(problem.to_dict()) == problem
 
 
+@given(st.integers(1, 64), st.integers(1, 9000), st.integers(1, 16), st.booleans(), st.data())
+def test_a_length_distribution_draws_the_same_ragged_batch_every_time(batch, seq_k, seq_q, causal, data) -> None:
+    low = data.draw(st.integers(1, seq_k))
+    p = Problem(batch, 32, seq_q, seq_k, 128, "bf16", causal, heads_kv=8, lengths=f"uniform:{low}")
+    lengths = p.key_lengths()
+    assert lengths == Problem.from_dict(p.to_dict()).key_lengths() and len(lengths) == batch
+    assert all(low <= n <= seq_k for n in lengths)
+    # FLOPs count each row's own keys: the sum of one-row problems of those lengths.
+    rows = sum(Problem(1, 32, seq_q, n, 128, "bf16", causal, heads_kv=8).flops for n in lengths)
+    assert p.flops == pytest.approx(rows)
+    assert p.ragged and p.label.endswith(f" lengths uniform:{low}")
+    assert Problem(batch, 32, seq_q, seq_k, 128).key_lengths() == (seq_k,) * batch
+
+
+@pytest.mark.parametrize("text", ["uniform", "uniform:0", "uniform:9001", "uniform:-3", "uniform:01", "zipf:5", ""])
+def test_a_bad_length_distribution_is_a_one_line_error(text: str) -> None:
+    with pytest.raises(TunerError, match="unsupported key lengths .*expected 'full' or 'uniform:LO'"):
+        Problem(8, 32, 1, 9000, 128, lengths=text)
+
+
 def test_from_dict_names_what_is_wrong() -> None:
     with pytest.raises(TunerError, match="unknown problem field"):
         Problem.from_dict({**Problem(1, 1, 1, 1, 64).to_dict(), "extra": 1})

@@ -38,16 +38,18 @@ params_dicts = st.dictionaries(texts, json_values, max_size=6)
 @st.composite
 def problems(draw) -> Problem:
     heads_kv = draw(st.integers(1, 8))
+    seq_k = draw(st.integers(1, 1 << 17))
     return Problem(
         batch=draw(st.integers(1, 64)),
         heads=heads_kv * draw(st.integers(1, 8)),
         seq_q=draw(st.integers(1, 1 << 17)),
-        seq_k=draw(st.integers(1, 1 << 17)),
+        seq_k=seq_k,
         head_dim=draw(st.sampled_from([32, 64, 96, 128, 256])),
         dtype=draw(st.sampled_from(["fp16", "bf16"])),
         causal=draw(st.booleans()),
         heads_kv=heads_kv,
         layout=draw(st.sampled_from(["bhsd", "bshd"])),
+        lengths=draw(st.one_of(st.just("full"), st.integers(1, seq_k).map(lambda low: f"uniform:{low}"))),
     )
 
 

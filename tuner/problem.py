@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -13,6 +14,11 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 # bhsd / bshd: dense K/V in that order; pagedN: K/V in a paged cache of N-row pages ([pages, N, Hkv, D], vLLM's
 # layout, the pages in shuffled order; decode templates only), Q and O BHSD.
 LAYOUTS = ("bhsd", "bshd") + tuple(f"paged{n}" for n in PAGE_SIZES)
+# How many keys each batch row uses: "full" (all Sk) or "uniform:LO" (each row's length drawn uniformly from
+# LO .. Sk, a serving batch of sequences at different points; decode templates only). The draw is seeded by
+# the problem, so every trial, baseline and later re-timing sees the same batch.
+FULL_LENGTHS = "full"
+LENGTHS_SEED = 20261126
 
 
 @dataclass(frozen=True, order=True)
@@ -28,6 +34,7 @@ class Problem:
     causal: bool = False
     heads_kv: int = 0  # 0 means "same as heads" and is normalised away in __post_init__
     layout: str = "bhsd"
+    lengths: str = FULL_LENGTHS
 
     def __post_init__(self) -> None:
         if self.heads_kv == 0:
@@ -42,6 +49,20 @@ class Problem:
             raise TunerError(f"unsupported dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+        parse_lengths(self.lengths, self.seq_k)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the batch rows use different numbers of keys (a length distribution other than full)."""
+        return self.lengths != FULL_LENGTHS
+
+    def key_lengths(self) -> tuple[int, ...]:
+        """The keys each batch row uses: Sk each when full, else the problem's seeded draw."""
+        low = parse_lengths(self.lengths, self.seq_k)
+        if low is None:
+            return (self.seq_k,) * self.batch
+        rng = random.Random(LENGTHS_SEED + self.batch * 7919 + self.seq_k)
+        return tuple(rng.randint(low, self.seq_k) for _ in range(self.batch))
 
     @property
     def page_size(self) -> int:
@@ -67,13 +88,19 @@ class Problem:
     @property
     def flops(self) -> float:
         """4*B*H*Sq*Sk*D, as FlashAttention's benchmarks count; causal with Sq = Sk counts half of it, and
-        causal with Sq != Sk counts the (query, key) pairs the bottom-right aligned mask keeps."""
-        per_pair = 4.0 * self.batch * self.heads * self.head_dim
+        causal with Sq != Sk counts the (query, key) pairs the bottom-right aligned mask keeps. A ragged
+        batch counts each row's own keys."""
+        per_pair = 4.0 * self.heads * self.head_dim
+        if self.ragged:
+            return per_pair * sum(self._pairs(n) for n in self.key_lengths())
+        return per_pair * self.batch * self._pairs(self.seq_k)
+
+    def _pairs(self, seq_k: int) -> float:
         if not self.causal:
-            return per_pair * self.seq_q * self.seq_k
-        if self.seq_q == self.seq_k:
-            return per_pair * self.seq_q * self.seq_k / 2
-        return per_pair * causal_pairs(self.seq_q, self.seq_k)
+            return self.seq_q * seq_k
+        if self.seq_q == seq_k:
+            return self.seq_q * seq_k / 2
+        return causal_pairs(self.seq_q, seq_k)
 
     def tflops(self, microseconds: float) -> float:
         return self.flops / (microseconds * 1e-6) / 1e12
@@ -84,7 +111,18 @@ class Problem:
         gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
         causal = " causal" if self.causal else ""
         paged = f" paged{self.page_size}" if self.page_size else ""
-        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{paged}"
+        lengths = f" lengths {self.lengths}" if self.ragged else ""
+        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{paged}{lengths}"
+
+
+def parse_lengths(text: str, seq_k: int) -> int | None:
+    """The lowest length of a "uniform:LO" distribution (None for "full"); anything else is a TunerError."""
+    if text == FULL_LENGTHS:
+        return None
+    kind, _, low = text.partition(":")
+    if kind == "uniform" and low.isdigit() and 1 <= int(low) <= seq_k and str(int(low)) == low:
+        return int(low)
+    raise TunerError(f"unsupported key lengths {text!r}: expected 'full' or 'uniform:LO' with 1 <= LO <= Sk ({seq_k})")
 
 
 def causal_pairs(seq_q: int, seq_k: int) -> int:
@@ -123,7 +161,8 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
 
 
 def problem_from_shape(
-    text: str, dtype: str = "fp16", causal: bool = False, heads_kv: int | None = None, layout: str = "bhsd"
+    text: str, dtype: str = "fp16", causal: bool = False, heads_kv: int | None = None, layout: str = "bhsd",
+    lengths: str = FULL_LENGTHS,
 ) -> Problem:
     b, h, sq, sk, d = parse_shape(text)
-    return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout)
+    return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout, lengths=lengths)

@@ -166,3 +166,25 @@ def test_a_paged_problem_is_searched_through_the_paged_launch(hopper, tmp_path) 
     assert rows and all(layout == "paged16" and template == "attn_decode" for layout, _, template in rows)
     assert sum(status == "ok" for _, status, _ in rows) >= 1, rows
     assert "paged16" in res.stdout
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "paged32"])
+def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: str) -> None:
+    """`tuner search --lengths uniform:LO`: every trial is verified against the reference over each row's
+    own keys (a kernel that ignored the lengths would be incorrect) and timed on that batch, SDPA gets
+    the same batch as a mask, and the store keeps the distribution."""
+    import sqlite3
+
+    from tests.cli_helpers import run_tuner
+
+    url = f"sqlite:///{tmp_path / 'ragged.db'}"
+    res = run_tuner("--db", url, "search", "--gpu", hopper.name, "--shape", "6,16,1,3000,128", "--hkv", "4",
+                    "--dtype", "bf16", "--layout", layout, "--lengths", "uniform:64", "--trials", "5", "--seed", "0")
+    assert res.exit_code == 0, res.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "ragged.db") as db:
+        rows = db.execute("SELECT p.lengths, t.status FROM trials t JOIN problems p ON t.problem_id = p.id").fetchall()
+        baselines = {r[0] for r in db.execute("SELECT impl FROM baselines")}
+    assert rows and all(lengths == "uniform:64" for lengths, _ in rows)
+    assert [status for _, status in rows].count("ok") == len(rows), rows
+    assert baselines and "fa4" not in baselines and "sdpa_flash" not in baselines  # no mask, no ragged batch
+    assert "lengths uniform:64" in res.stdout

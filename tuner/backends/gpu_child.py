@@ -102,6 +102,8 @@ class CudaRunner:
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
         """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time)."""
+        import torch
+
         entry = self._inputs.get(problem)
         if entry is not None and entry["uses"] < self.options.refresh_every:
             self._inputs.move_to_end(problem)
@@ -113,10 +115,13 @@ class CudaRunner:
         seed = self._rng.randrange(1 << 62)
         q, k, v = make_inputs(problem, "cuda", seed)
         scale = 1.0 / math.sqrt(problem.head_dim)
-        ref, _ = reference(q, k, v, problem.causal, scale)
+        lengths = problem.key_lengths() if problem.ragged else None
+        ref, _ = reference(q, k, v, problem.causal, scale, key_lengths=lengths)
         entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
         if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
             entry.update(paged_inputs(problem, k, v, seed))
+        if lengths is not None:  # a ragged batch: each row's keys, read by the kernel on the GPU
+            entry["seq_lens"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         self._inputs[problem] = entry
         return entry
 
@@ -282,12 +287,14 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
 
 
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
-    """The kernel's launch on a problem's inputs (the paged form for a paged layout); `checked` validates
-    the inputs first (the verify launch), else the launch alone (what is timed)."""
+    """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
+    ragged batch); `checked` validates the inputs first (the verify launch), else the launch alone (what
+    is timed)."""
     q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
     if "block_table" in data:
         kc, vc, table, lens = data["k_cache"], data["v_cache"], data["block_table"], data["seq_lens"]
         return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked)
+    lens = data.get("seq_lens")  # a ragged batch's lengths (None: every row uses all Sk keys)
     if checked:
-        return lambda: kernel(q, k, v, out, None, scale)
-    return lambda: kernel.launch_unchecked(q, k, v, out, None, scale)
+        return lambda: kernel(q, k, v, out, None, scale, seq_lens=lens)
+    return lambda: kernel.launch_unchecked(q, k, v, out, None, scale, lens)

@@ -45,6 +45,7 @@ def space_command(
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, or paged16 ... paged256 (a paged K/V cache).")] = "bhsd",
+    lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full, or uniform:LO (a ragged batch).")] = "full",
     template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -53,7 +54,7 @@ def space_command(
     fmt = output_format(fmt, ("table", "json"))
     # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
     profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
-    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv, layout=layout)
+    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv, layout=layout, lengths=lengths)
     template = template or default_template(profile, [problem])
     report = space_report(template, problem, profile)
     if not show_all and not any(f.ok for _, f in report):

@@ -88,6 +88,9 @@ def search_command(
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), or paged16 ... paged256: K/V in a "
                                               "paged cache of that page size (decode template).")] = "bhsd",
+    lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full (all Sk), or uniform:LO (a ragged "
+                                               "serving batch, each row's length drawn from LO..Sk, seeded; decode "
+                                               "template).")] = "full",
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
@@ -125,7 +128,7 @@ def search_command(
                                                / sum(len(p) for p in phases[i:]))
         options = SearchOptions(
             gpu=gpu, shapes=tuple(phase), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
-            template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
+            lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
             confirm_rounds=confirm_rounds,

@@ -70,6 +70,8 @@ def supports_problem(manifest: Manifest, problem: Problem) -> str:
         return f"{manifest.name} has no GQA/MQA support"
     if problem.layout not in feats.layouts:
         return f"layout {problem.layout} unsupported by {manifest.name}"
+    if problem.ragged and not feats.seq_lens:
+        return f"{manifest.name} takes no per-row key lengths (lengths {problem.lengths}: a decode template does)"
     if feats.max_seq_q and problem.seq_q > feats.max_seq_q:
         return f"{manifest.name} is for queries of at most {feats.max_seq_q} rows (Sq {problem.seq_q})"
     return ""

@@ -56,6 +56,7 @@ class Features:
     gqa: bool
     layouts: tuple[str, ...]
     max_seq_q: int = 0  # the longest query the search picks the template for (0: any)
+    seq_lens: bool = False  # takes per-row key lengths (a ragged batch: Problem.lengths other than full)
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ def load_manifest_file(path: Path) -> Manifest:
             gqa=bool(_require(feats, "gqa", bool, f"{where} [features]")),
             layouts=tuple(_require(feats, "layouts", list, f"{where} [features]")),
             max_seq_q=int(feats.get("max_seq_q", 0)),
+            seq_lens=bool(feats.get("seq_lens", False)),
         ),
         params=params,
         name_format=name_format,

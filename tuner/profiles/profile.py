@@ -121,7 +121,7 @@ _PROBLEM_REQUIRED = {
     "dtype": str,
     "causal": bool,
 }
-_PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str}
+_PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str, "lengths": str}
 
 DEFAULT_TEMPLATES = ("attn_fwd_mma",)  # for a profile that names no `templates`: runs on any sm_80+ card
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")

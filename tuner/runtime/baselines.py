@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 from tuner.problem import Problem
 from tuner.runtime.timing import Timing, time_cuda
+from tuner.runtime.verify import ragged_mask
 
 # Name stored in the results database -> torch SDPBackend member name.
 SDPA_BACKENDS = {
@@ -40,8 +41,10 @@ class Baseline:
             return time_cuda(self.call, **kwargs)
 
 
-def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> Baseline:
-    """SDPA restricted to one backend; RuntimeError (from torch) when it cannot take the problem."""
+def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,
+                  mask: Any = None) -> Baseline:
+    """SDPA restricted to one backend; RuntimeError (from torch) when it cannot take the problem. `mask`
+    (bool, True = kept; causality included) replaces the causal flag: a ragged batch's keys."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
@@ -51,7 +54,9 @@ def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float 
     kwargs: dict[str, Any] = {"scale": scale}
     if q.shape[1] != k.shape[1]:
         kwargs["enable_gqa"] = True
-    if causal and sq == sk:
+    if mask is not None:
+        kwargs["attn_mask"] = mask
+    elif causal and sq == sk:
         kwargs["is_causal"] = True
     elif causal:
         from torch.nn.attention.bias import causal_lower_right
@@ -101,12 +106,14 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
 def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
                         fa4: bool = True) -> list[Baseline]:
     """Every SDPA backend that runs this problem on this card, and FlashAttention-4 where it runs it
-    (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA)."""
+    (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA). A ragged batch
+    goes to SDPA with a mask of each row's keys (what a model passes it); FA4's dense call cannot take it."""
+    mask = ragged_mask(problem, q.device) if problem.ragged else None
     found = []
     for name in SDPA_BACKENDS:
         try:
-            found.append(sdpa_baseline(name, q, k, v, problem.causal, scale))
+            found.append(sdpa_baseline(name, q, k, v, problem.causal, scale, mask))
         except RuntimeError:
             continue
-    extra = fa4_baseline(q, k, v, problem.causal, scale) if fa4 else None
+    extra = fa4_baseline(q, k, v, problem.causal, scale) if fa4 and not problem.ragged else None
     return found + ([extra] if extra is not None else [])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from tuner.problem import Problem
 
@@ -71,11 +71,13 @@ def empty_output(q: Any) -> Any:
     return out
 
 
-def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, chunk_rows: int = 1 << 26) -> tuple[Any, Any]:
+def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, chunk_rows: int = 1 << 26,
+              key_lengths: Sequence[int] | None = None) -> tuple[Any, Any]:
     """fp32 attention (output, log-sum-exp) with bottom-right causal alignment.
 
-    Rows that see no key give 0 and lse = -inf, as the kernels do. Computed in
-    chunks of (batch, head) so that large problems fit in memory.
+    Rows that see no key give 0 and lse = -inf, as the kernels do. With key_lengths, batch row b uses
+    its first key_lengths[b] keys and causal aligns to that length (the decode kernels' seq_lens).
+    Computed in chunks of (batch, head) so that large problems fit in memory.
     """
     import torch
 
@@ -84,22 +86,18 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, sq, device=q.device, dtype=torch.float32)
-    mask = None
-    if causal:
-        rows = torch.arange(sq, device=q.device)[:, None]
-        cols = torch.arange(sk, device=q.device)[None, :]
-        mask = cols > rows + (sk - sq)
     heads_per_chunk = max(1, chunk_rows // max(1, sq * sk))
     group = h // hkv
     for bi in range(b):
+        used = sk if key_lengths is None else min(max(int(key_lengths[bi]), 0), sk)
+        mask = ~_keys_kept(sq, sk, used, causal, q.device)
         for h0 in range(0, h, heads_per_chunk):
             h1 = min(h, h0 + heads_per_chunk)
             qc = q[bi, h0:h1].float()
             kv_idx = torch.arange(h0, h1, device=q.device) // group
             kc, vc = k[bi, kv_idx].float(), v[bi, kv_idx].float()
             s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
-            if mask is not None:
-                s = s.masked_fill(mask, float("-inf"))
+            s = s.masked_fill(mask, float("-inf"))
             m = s.amax(dim=-1, keepdim=True)
             m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
             p = torch.exp(s - m_safe)
@@ -108,6 +106,24 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
             out[bi, h0:h1] = o
             lse[bi, h0:h1] = torch.where(l[..., 0] > 0, m_safe[..., 0] + torch.log(l[..., 0]), torch.full_like(l[..., 0], float("-inf")))
     return out, lse
+
+
+def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any) -> Any:
+    """[Sq, Sk] bool: key j is seen by query i (j < used, and with causal j <= i + used - Sq)."""
+    import torch
+
+    rows = torch.arange(sq, device=device)[:, None]
+    cols = torch.arange(sk, device=device)[None, :]
+    kept = cols < used
+    return kept & (cols <= rows + (used - sq)) if causal else kept
+
+
+def ragged_mask(problem: Problem, device: Any) -> Any:
+    """[B, 1, Sq, Sk] bool for SDPA's attn_mask: what each row of the problem's ragged batch sees."""
+    import torch
+
+    return torch.stack([_keys_kept(problem.seq_q, problem.seq_k, n, problem.causal, device)
+                        for n in problem.key_lengths()])[:, None]
 
 
 def relative_error(out: Any, ref: Any) -> float:

@@ -22,6 +22,7 @@ class SearchOptions:
     dtype: str = "fp16"
     causal: bool = False
     layout: str = "bhsd"
+    lengths: str = "full"  # Problem.lengths: full or uniform:LO
     template: Optional[str] = None  # None: the profile's first template that suits every problem
     trials: Optional[int] = None
     time_budget_s: Optional[float] = None

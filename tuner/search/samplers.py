@@ -38,6 +38,8 @@ def problem_key(problem: Problem) -> str:
         key += "-causal"
     if problem.layout != "bhsd":
         key += f"-{problem.layout}"
+    if problem.ragged:
+        key += "-" + problem.lengths.replace(":", "")  # uniform:1024 -> uniform1024
     return key
 
 

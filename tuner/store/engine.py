@@ -245,9 +245,21 @@ def migrate(engine: Engine, target: str = "head") -> None:
 
     with engine.connect() as conn:
         conn.execution_options(**{WRITE_OPTION: True})
-        with conn.begin():
-            _lock_for_migration(conn)
-            command.upgrade(alembic_config(conn), target)
+        sqlite = conn.dialect.name == "sqlite"
+        # SQLite batch mode rebuilds a table by copy, drop and rename: with foreign keys enforced, dropping a
+        # parent (problems) fails. The pragma is ignored inside a transaction: off before BEGIN, the keys
+        # checked before COMMIT (a violation rolls the migration back), on again after.
+        if sqlite:
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys = OFF")
+        try:
+            with conn.begin():
+                _lock_for_migration(conn)
+                command.upgrade(alembic_config(conn), target)
+                if sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
+                    raise TunerError("the migration left rows whose foreign keys point nowhere; rolled back")
+        finally:
+            if sqlite:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys = ON")
 
 
 def check_schema(engine: Engine, url: URL, *, create: bool) -> str:

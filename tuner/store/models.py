@@ -77,12 +77,13 @@ class RunTable(Base):
 
 
 class ProblemTable(Base):
-    """An attention problem; one row per distinct shape/dtype/mask/layout."""
+    """An attention problem; one row per distinct shape/dtype/mask/layout/key lengths."""
 
     __tablename__ = "problems"
     __table_args__ = (
         UniqueConstraint(
-            "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout", name="uq_problems_shape"
+            "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout", "lengths",
+            name="uq_problems_shape",
         ),
     )
 
@@ -96,6 +97,7 @@ class ProblemTable(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     causal: Mapped[bool] = mapped_column(Boolean)
     layout: Mapped[str] = mapped_column(String(16))
+    lengths: Mapped[str] = mapped_column(String(32), server_default="full")  # Problem.lengths: full or uniform:LO
 
 
 class VariantTable(Base):

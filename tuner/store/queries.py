@@ -136,6 +136,7 @@ def best_select(filt: TrialFilter) -> Select:
             ProblemTable.seq_k,
             ProblemTable.causal,
             ProblemTable.layout,
+            ProblemTable.lengths,
             RunTable.profile,
         )
     )
