@@ -185,6 +185,7 @@ def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: s
         rows = db.execute("SELECT p.lengths, t.status FROM trials t JOIN problems p ON t.problem_id = p.id").fetchall()
         baselines = {r[0] for r in db.execute("SELECT impl FROM baselines")}
     assert rows and all(lengths == "uniform:64" for lengths, _ in rows)
-    assert [status for _, status in rows].count("ok") == len(rows), rows
+    statuses = [status for _, status in rows]  # "pruned": infeasible points the sampler proposed, never run
+    assert statuses.count("ok") == 5 and set(statuses) <= {"ok", "pruned"}, rows
     assert baselines and "fa4" not in baselines and "sdpa_flash" not in baselines  # no mask, no ragged batch
-    assert "lengths uniform:64" in res.stdout
+    assert "B6 H16 Hkv4 Sq1 Sk3000 D128 bf16 lengths" in res.stdout  # the summary's label (cut to the terminal)
