@@ -838,3 +838,14 @@ def test_a_kernel_slower_than_fa4_but_faster_than_sdpa_is_not_routed(tmp_path) -
     (entry,) = report.entries
     assert entry["best_baseline_impl"] == "fa4" and entry["ratio_to_best_baseline"] == pytest.approx(0.75)
     assert entry["ratio_to_sdpa"] == pytest.approx(1.25) and entry["route"] is None
+
+
+def test_a_kernel_tuned_at_full_lengths_serves_a_key_before_one_tuned_on_a_ragged_batch() -> None:
+    from tuner.export.selection import resolve_collisions
+
+    full = Problem(8, 32, 1, 8192, 128, "bf16", heads_kv=8)
+    ragged = Problem(8, 32, 1, 8192, 128, "bf16", heads_kv=8, lengths="uniform:1024")
+    entries = [{"key": {"k": 1}, "problem": ragged.to_dict(), "trial_id": 1},
+               {"key": {"k": 1}, "problem": full.to_dict(), "trial_id": 2}]
+    resolve_collisions(entries)
+    assert [e["dispatch"] for e in entries] == [False, True] and entries[0]["shadowed_by"] == 2

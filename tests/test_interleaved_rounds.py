@@ -76,3 +76,19 @@ def test_the_leader_and_the_fastest_baseline_always_run_every_round(variant_us, 
     if baselines:
         assert len(times[baselines[baseline_us.index(min(baseline_us))]]) == rounds
     assert all(1 <= len(t) <= rounds for t in times.values())
+
+
+def test_the_fastest_sdpa_backend_keeps_running_when_fa4_is_far_ahead() -> None:
+    """An export routes a cell by its kernel's per-round ratio to the fastest SDPA backend: that one must
+    have every round even when another baseline (FlashAttention-4) is more than 10% faster."""
+    from tuner.runtime.timing import confirm_pruner
+
+    calls = {"v": _fixed(90.0), "fa4": _fixed(80.0), "sdpa_cudnn": _fixed(100.0), "sdpa_flash": _fixed(120.0)}
+    prune = confirm_pruner(["v"], ["fa4", "sdpa_cudnn", "sdpa_flash"], keep_fastest_of={"sdpa_cudnn", "sdpa_flash"})
+    times = interleaved_rounds(calls, 5, prune=prune)
+    assert {name: len(t) for name, t in times.items()} == {"v": 5, "fa4": 5, "sdpa_cudnn": 5, "sdpa_flash": 1}
+
+
+def test_a_pruner_that_stops_everything_ends_the_rounds() -> None:
+    times = interleaved_rounds({"a": _fixed(1.0)}, 4, prune=lambda r, t: set(t))
+    assert times == {"a": [1.0]}

@@ -69,3 +69,11 @@ def test_a_paged_layout_names_its_page_size() -> None:
     assert Problem(1, 8, 1, 64, 64).page_size == 0
     with pytest.raises(TunerError, match="unsupported layout 'paged24'"):
         Problem(1, 8, 1, 64, 64, layout="paged24")
+
+
+def test_lengths_without_a_shape_is_a_one_line_error(tmp_path) -> None:
+    from tests.cli_helpers import run_tuner
+
+    res = run_tuner("--db", f"sqlite:///{tmp_path / 'r.db'}", "search", "--gpu", "h100", "--lengths", "uniform:8")
+    assert res.exit_code != 0 and "--lengths describes the batches of --shape problems" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from cli_helpers import run_tuner
 from sqlalchemy import text
+from store_factories import H100, trial
 
 from tuner.errors import TunerError
 from tuner.store import NcuMetric, TrialFilter, open_store, store_info, upgrade_store
@@ -34,18 +35,42 @@ def test_migrations_are_reversible(store_url):
     engine, _ = create_store_engine(store_url)
     try:
         migrate(engine, "head")
-        from alembic import command
-
-        from tuner.store.engine import alembic_config
-
-        with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "base")
+        migrate(engine, "base", downgrade=True)
         with engine.connect() as conn:
             assert current_revision(conn) is None
         migrate(engine, "head")
     finally:
         engine.dispose()
     assert _diff(store_url) == []
+
+
+def test_a_store_with_results_goes_down_a_revision_and_up_again_keeping_them(store_url):
+    """0006 rebuilds the problems table on SQLite (trials point at it): its rows and ids survive both ways,
+    and a problem with a length distribution, which 0005 cannot hold, refuses to go down."""
+    from tuner.problem import Problem
+    from tuner.store import TrialFilter
+
+    with open_store(store_url) as store:
+        run = store.start_run(H100)
+        store.add_trial(trial(run, Problem(2, 8, 1, 512, 64)))
+    engine, _ = create_store_engine(store_url)
+    try:
+        migrate(engine, "0005", downgrade=True)
+        migrate(engine, "head")
+    finally:
+        engine.dispose()
+    with open_store(store_url) as store:
+        [row] = store.query_trials(TrialFilter())
+        assert row.problem == Problem(2, 8, 1, 512, 64)
+        store.add_trial(trial(run, Problem(2, 8, 1, 512, 64, lengths="uniform:16")))
+    engine, _ = create_store_engine(store_url)
+    try:
+        with pytest.raises(Exception, match="key-length distribution cannot go back"):
+            migrate(engine, "0005", downgrade=True)
+    finally:
+        engine.dispose()
+    with open_store(store_url) as store:  # refused in one transaction: nothing lost
+        assert len(store.query_trials(TrialFilter())) == 2
 
 
 def _store_at(url: str, revision: str) -> None:

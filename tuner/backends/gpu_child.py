@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from tuner.errors import NoGpuError
 from tuner.problem import Problem
-from tuner.runtime.baselines import available_baselines
+from tuner.runtime.baselines import SDPA_BACKENDS, available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
@@ -182,7 +182,8 @@ class CudaRunner:
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
         variants = [b.entry for b in request["builts"] if b.entry in calls]
-        prune = confirm_pruner(variants, [name for name in calls if name not in variants])
+        prune = confirm_pruner(variants, [name for name in calls if name not in variants],
+                               keep_fastest_of=SDPA_BACKENDS)
         return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
                                   prune=prune)
 

@@ -26,6 +26,7 @@ from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
+from tuner.runtime.baselines import SDPA_BACKENDS
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.timing import Timing, confirm_pruner, interleaved_rounds
 from tuner.status import TrialStatus
@@ -166,7 +167,7 @@ class ReplayBackend:
             return Timing(us, us, us, 1)
 
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        prune = confirm_pruner(names, [impl for impl in samples if impl not in names])
+        prune = confirm_pruner(names, [impl for impl in samples if impl not in names], keep_fastest_of=SDPA_BACKENDS)
         times = interleaved_rounds(calls, rounds, prune=prune)
         return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
 

@@ -110,6 +110,9 @@ def search_command(
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
     phases: list[list[str]] = [list(shape or ())]
+    if lengths != "full" and not shape:
+        raise TunerError("--lengths describes the batches of --shape problems: pass --shape (a profile's default "
+                         "problems and --model's use full lengths)")
     if model is not None:
         if shape or hkv is not None or study:
             raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "

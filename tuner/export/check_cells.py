@@ -11,13 +11,14 @@ whose nearest tuned kernel happens to lose.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # one threshold for entries and cells
 from tuner.export.shipped._dispatch import DispatchTable, Key
 from tuner.models import DECODE
-from tuner.problem import Problem
+from tuner.problem import FULL_LENGTHS, Problem
 from tuner.runtime.timing import per_round_ratio
 
 PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
@@ -44,7 +45,8 @@ def serving_problems(tuned: Problem) -> list[Problem]:
 def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     """One cell per dispatch key met by the tuned problems and their serving shapes (tuned problems first)."""
     table = DispatchTable(list(entries))
-    tuned = [Problem.from_dict(e["problem"]) for e in table.entries]
+    # A cell serves dense calls: a problem tuned on a ragged batch is timed at full lengths there.
+    tuned = [dataclasses.replace(Problem.from_dict(e["problem"]), lengths=FULL_LENGTHS) for e in table.entries]
     cells: dict[Key, CheckCell] = {}
     for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
         key = dispatch_key(problem)

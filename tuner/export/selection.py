@@ -13,7 +13,7 @@ from tuner.errors import TunerError
 from tuner.export.shipped._dispatch import Key
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
-from tuner.problem import DTYPES, Problem, parse_shape
+from tuner.problem import DTYPES, FULL_LENGTHS, Problem, parse_shape
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel, build
 from tuner.store import TrialFilter, TrialRow
@@ -148,15 +148,18 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
 
 
 def resolve_collisions(entries: list[dict[str, Any]]) -> None:
-    """One entry per dispatch key: the largest tuned problem wins (long runs are where tuning pays)."""
+    """One entry per dispatch key: the largest tuned problem wins (long runs are where tuning pays); at equal
+    size one tuned at full lengths before one tuned on a ragged batch (the key is a dense call's)."""
+    def rank(e: dict[str, Any]) -> tuple:
+        p = e["problem"]
+        full = p.get("lengths", FULL_LENGTHS) == FULL_LENGTHS
+        return p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"], full, -e["trial_id"]
+
     winners: dict[str, dict[str, Any]] = {}
     for e in entries:
         key = json.dumps(e["key"], sort_keys=True)
-        p = e["problem"]
-        work = (p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"], -e["trial_id"])
         best = winners.get(key)
-        if best is None or work > (best["problem"]["batch"] * best["problem"]["heads"] * best["problem"]["seq_q"]
-                                   * best["problem"]["seq_k"], -best["trial_id"]):
+        if best is None or rank(e) > rank(best):
             winners[key] = e
     for e in entries:
         winner = winners[json.dumps(e["key"], sort_keys=True)]

@@ -165,6 +165,7 @@ def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Opti
     base = timings.get(confirmed.baseline_impl or "")
     variants = tuple(ConfirmedVariant(
         name, in_search.get(name), statistics.median(times), per_round_ratio(base, times) if base else None,
+        len(times),
     ) for name, times in timings.items() if name.startswith(best.template + "_"))
     return ConfirmSection(confirmed.run_id, confirmed.rounds, confirmed.baseline_impl, confirmed.variant_name,
                           tuple(sorted(variants, key=lambda v: -(v.ratio or 0))))

@@ -115,8 +115,9 @@ def _confirm_lines(p: ProblemReport, figures: dict[str, str], number: list[int])
     _figure(lines, figures, f"{p.key}/confirm", number,
             f"{p.problem.label}: in-search vs confirmed µs of the re-timed variants — {p.label.caption}.")
     rows = [[f"`{v.name}`" + (" (winner)" if v.name == c.winner else ""), _f(v.in_search_us, ".3f"),
-             _f(v.confirmed_us, ".3f"), _f(v.ratio, ".3f", "x")] for v in c.variants]
-    return lines + _table(["variant", "in-search µs", "confirmed µs", f"x {c.baseline_impl or 'baseline'}"], rows)
+             _f(v.confirmed_us, ".3f"), _f(v.ratio, ".3f", "x"), str(v.rounds)] for v in c.variants]
+    return lines + _table(["variant", "in-search µs", "confirmed µs", f"x {c.baseline_impl or 'baseline'}",
+                           "rounds (fewer: stopped early as clearly slower)"], rows)
 
 
 def report_json(report: BenchmarkReport) -> dict[str, Any]:
@@ -144,6 +145,6 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
                 "run_id": p.confirm.run_id, "rounds": p.confirm.rounds, "winner": p.confirm.winner,
                 "baseline_impl": p.confirm.baseline_impl,
                 "variants": [{"name": v.name, "in_search_us": v.in_search_us, "confirmed_us": v.confirmed_us,
-                              "ratio": v.ratio} for v in p.confirm.variants]},
+                              "ratio": v.ratio, "rounds": v.rounds} for v in p.confirm.variants]},
         } for p in report.problems],
     }  # fmt: skip

@@ -84,8 +84,9 @@ class ConfirmedVariant:
 
     name: str
     in_search_us: Optional[float]
-    confirmed_us: float  # median over the rounds
+    confirmed_us: float  # median over the rounds it ran
     ratio: Optional[float]  # median per-round ratio to the stage's fastest baseline
+    rounds: int = 0  # rounds it ran (fewer than the stage's: stopped early as clearly slower)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,8 @@ def interleaved_rounds(calls: Mapping[str, Callable[[], Timing]], rounds: int,
         if prune is not None and r + 1 < rounds:
             dropped = set(prune(r, {name: times[name] for name in order}))
             order = [name for name in order if name not in dropped]
+            if not order:
+                break
     return times
 
 
@@ -101,18 +103,24 @@ def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -
 
 
 def confirm_pruner(variants: Collection[str], baselines: Collection[str], *, after: int = 3,
-                   margin: float = 0.02, baseline_margin: float = 0.10) -> Pruner:
+                   margin: float = 0.02, baseline_margin: float = 0.10,
+                   keep_fastest_of: Collection[str] = ()) -> Pruner:
     """Successive elimination for the confirm stage, so its rounds go to the variants still in the race:
-    after round 1 a baseline slower than the fastest by more than `baseline_margin` stops (it can never
-    be the one the ratio is taken against); after `after` rounds a variant whose median per-round ratio
-    is more than `margin` below the leader's stops (2% is about twice the spread of a median of three
-    per-round ratios on an H100). With no baseline left, variants compare by median µs."""
+    after round 1 a baseline slower than the fastest by more than `baseline_margin` stops (it cannot be
+    the one the winner's ratio is taken against), except the fastest of `keep_fastest_of` (the SDPA
+    backends: an export's routing compares with the fastest of them); after `after` rounds a variant
+    whose median per-round ratio is more than `margin` below the leader's stops (2% is about twice the
+    spread of a median of three per-round ratios on an H100). With no baseline, variants compare by
+    median µs."""
     def prune(r: int, times: Mapping[str, Sequence[float]]) -> set[str]:
         base = [b for b in baselines if b in times]
         drop: set[str] = set()
         if r == 0 and base:
             fastest = min(times[b][0] for b in base)
             drop |= {b for b in base if times[b][0] > fastest * (1 + baseline_margin)}
+            group = [b for b in base if b in keep_fastest_of]
+            if group:
+                drop.discard(min(group, key=lambda b: times[b][0]))
         if r + 1 == after:
             racing = [v for v in variants if v in times]
             kept = [b for b in base if b not in drop]

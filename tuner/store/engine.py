@@ -239,23 +239,26 @@ def _lock_for_migration(conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
 
 
-def migrate(engine: Engine, target: str = "head") -> None:
-    """Run the migrations up to `target` in one transaction (serialised between processes)."""
+def migrate(engine: Engine, target: str = "head", *, downgrade: bool = False) -> None:
+    """Run the migrations up (or, with downgrade, down) to `target` in one transaction (serialised
+    between processes)."""
     from alembic import command
 
     with engine.connect() as conn:
         conn.execution_options(**{WRITE_OPTION: True})
         sqlite = conn.dialect.name == "sqlite"
         # SQLite batch mode rebuilds a table by copy, drop and rename: with foreign keys enforced, dropping a
-        # parent (problems) fails. The pragma is ignored inside a transaction: off before BEGIN, the keys
-        # checked before COMMIT (a violation rolls the migration back), on again after.
+        # parent (problems) fails. The pragma is ignored inside a transaction: off before BEGIN (the
+        # connection is in autocommit mode until then), on again after. Rows a rebuild left pointing nowhere
+        # roll the migration back.
         if sqlite:
             conn.connection.driver_connection.execute("PRAGMA foreign_keys = OFF")
         try:
             with conn.begin():
                 _lock_for_migration(conn)
-                command.upgrade(alembic_config(conn), target)
-                if sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
+                dangling = sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None
+                (command.downgrade if downgrade else command.upgrade)(alembic_config(conn), target)
+                if sqlite and not dangling and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
                     raise TunerError("the migration left rows whose foreign keys point nowhere; rolled back")
         finally:
             if sqlite:
