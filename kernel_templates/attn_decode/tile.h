@@ -1,0 +1,302 @@
+// The math of the decode templates, whatever brings the K/V tiles (TMA on
+// sm_90, cp.async on sm_80) and however the split CTAs merge (a cluster's
+// distributed shared memory, or a workspace in global memory): the packed Q
+// rows, one K/V tile's online-softmax step per warp, the merge of the warps
+// in shared memory, and the rows' final merge over the splits.
+#pragma once
+
+#include "attn_decode/config.h"
+#include "attn_fwd_mma/ptx_sm80.h"
+#include "attn_fwd_mma/tree_reduce.h"
+#include "common/attn_args.h"
+#include "common/utils.h"
+
+namespace fc {
+
+// Q rows r0 .. r0 + BM of the packed (position, head) order into the tile;
+// rows past the problem are zero (their scores are finite and never stored).
+template <class C>
+__device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs& a, int b, int hk, int r0,
+                                              int rows) {
+  using T = typename C::T;
+  constexpr int CHUNKS = C::D / 8;
+  for (int i = threadIdx.x; i < C::BM * CHUNKS; i += C::THREADS) {
+    const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+    const int gr = r0 + r;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (gr < rows) {
+      const int p = gr / a.h_per_kv, h = hk * a.h_per_kv + gr % a.h_per_kv;
+      val = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + p * a.q_ss + c);
+    }
+    *reinterpret_cast<uint4*>(sQ + C::QLayout::offset(r, c)) = val;
+  }
+}
+
+// What a warp carries from tile to tile: O (unnormalised) and the online softmax's row max and sum.
+template <class C>
+struct WarpState {
+  float acc_o[C::MT][C::DT][4];
+  float row_max[C::MT][2], row_sum[C::MT][2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < C::DT; ++dt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_o[mt][dt][i] = 0.f;
+      row_max[mt][0] = row_max[mt][1] = NEG_INF;
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+  }
+};
+
+// Where the block's rows and this lane sit: fixed for the whole key loop.
+struct TilePlace {
+  int m0, group, diag, p_first, n_end, key_base, g, t;
+  float scale_log2;
+};
+
+// One K/V tile (keys n0 .. n0 + BN) for this warp's keys: S = Q K^T (ldmatrix + mma.sync), the masks
+// (keys past n_end, and past each row's causal limit), the online softmax, O += P V. tk_rb / tv_rb: the
+// lane's K and V row bases in the tile's shared memory (k_cb / v_cb their swizzled chunks).
+template <class C>
+__device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& at, uint32_t q_rb, uint32_t q_cb,
+                                            uint32_t tk_rb, uint32_t k_cb, uint32_t tv_rb, uint32_t v_cb, int n0) {
+  using T = typename C::T;
+  using QL = typename C::QLayout;
+  using KL = typename C::KVLayout;
+  using M = Mma<T>;
+  const int g = at.g, t = at.t;
+
+  // ---- S = Q K^T: every row of the block x this warp's keys of the tile
+  float acc_s[C::MT][C::NT][4];
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+#pragma unroll
+  for (int kd = 0; kd < C::KD; ++kd) {
+    uint32_t a_frag[C::MT][4];
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt) ldmatrix_x4(a_frag[mt], QL::addr(q_rb, q_cb, mt * 16, kd * 16));
+#pragma unroll
+    for (int np = 0; np < C::NT / 2; ++np) {
+      uint32_t b_frag[4];
+      ldmatrix_x4(b_frag, KL::addr(tk_rb, k_cb, np * 16, kd * 16));
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) {
+        M::run(acc_s[mt][2 * np], a_frag[mt], b_frag[0], b_frag[1]);
+        M::run(acc_s[mt][2 * np + 1], a_frag[mt], b_frag[2], b_frag[3]);
+      }
+    }
+  }
+
+  // ---- masks: keys past the end, and past each row's causal limit
+  if (n0 + C::BN > at.n_end || (C::CAUSAL && n0 + C::BN - 1 > at.p_first + at.diag)) {
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int p = (at.m0 + mt * 16 + g + r * 8) / at.group;
+        const int limit = C::CAUSAL ? min(at.n_end, p + at.diag + 1) : at.n_end;
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (n0 + at.key_base + nt * 8 + 2 * t + e >= limit) acc_s[mt][nt][2 * r + e] = NEG_INF;
+      }
+  }
+
+  // ---- online softmax (row max shared by the thread quad; sums reduced at the end)
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float vals[2 * C::NT];
+#pragma unroll
+      for (int nt = 0; nt < C::NT; ++nt) {
+        vals[2 * nt] = acc_s[mt][nt][2 * r];
+        vals[2 * nt + 1] = acc_s[mt][nt][2 * r + 1];
+      }
+      TreeReduce<C::NT>::run(vals, MaxOp());
+      float mx = fmaxf(st.row_max[mt][r], vals[0]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float m_scaled = (mx == NEG_INF) ? 0.f : mx * at.scale_log2;
+      const float alpha = fast_exp2(st.row_max[mt][r] * at.scale_log2 - m_scaled);
+      st.row_max[mt][r] = mx;
+#pragma unroll
+      for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fast_exp2(fmaf(acc_s[mt][nt][2 * r + e], at.scale_log2, -m_scaled));
+          acc_s[mt][nt][2 * r + e] = p;
+          vals[2 * nt + e] = p;
+        }
+      TreeReduce<C::NT>::run(vals, AddOp());
+      st.row_sum[mt][r] = st.row_sum[mt][r] * alpha + vals[0];
+#pragma unroll
+      for (int dt = 0; dt < C::DT; ++dt) {
+        st.acc_o[mt][dt][2 * r] *= alpha;
+        st.acc_o[mt][dt][2 * r + 1] *= alpha;
+      }
+    }
+
+  // ---- O += P V
+#pragma unroll
+  for (int kk = 0; kk < C::KN; ++kk) {
+    uint32_t p_frag[C::MT][4];
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt) {
+      p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+      p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+      p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+      p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < C::DT / 2; ++dp) {
+      uint32_t b_frag[4];
+      ldmatrix_x4_trans(b_frag, KL::addr(tv_rb, v_cb, kk * 16, dp * 16));
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt) {
+        M::run(st.acc_o[mt][2 * dp], p_frag[mt], b_frag[0], b_frag[1]);
+        M::run(st.acc_o[mt][2 * dp + 1], p_frag[mt], b_frag[2], b_frag[3]);
+      }
+    }
+  }
+}
+
+// The CTA's partial result in shared memory (the K/V ring reused: call after every warp is done with it):
+// O [BM][D] fp32, unnormalised, relative to the CTA's row max; the row max (log2 units, -inf: no key) and
+// the row sum relative to it.
+template <class C>
+struct CtaPartial {
+  float* acc;  // [BM][D]
+  float* m;    // [BM]
+  float* l;    // [BM]
+};
+
+template <class C>
+__device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned char* smem_raw, const TilePlace& at,
+                                                     int warp, int rows) {
+  const int g = at.g, t = at.t;
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.row_sum[mt][r] += __shfl_xor_sync(0xffffffff, st.row_sum[mt][r], 1);
+      st.row_sum[mt][r] += __shfl_xor_sync(0xffffffff, st.row_sum[mt][r], 2);
+    }
+  float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_BYTES);  // [BM][D]
+  float* s_wmax = s_acc + C::BM * C::D;                            // [NUM_WARPS][BM]
+  float* s_wsum = s_wmax + C::NUM_WARPS * C::BM;                   // [NUM_WARPS][BM]
+  float* s_m = s_wsum + C::NUM_WARPS * C::BM;
+  float* s_l = s_m + C::BM;
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (t == 0) {
+        const int row = mt * 16 + g + r * 8;
+        s_wmax[warp * C::BM + row] = st.row_max[mt][r];
+        s_wsum[warp * C::BM + row] = st.row_sum[mt][r];
+      }
+  __syncthreads();
+  // Each warp's O, rescaled to the CTA's row max, added to s_acc one warp after the other: shared-memory
+  // atomics from every warp on the same addresses serialised and cost more than the whole key loop at
+  // B8 Sk8192 (the first version: 119 us; skipping the padding rows alone: 99 us).
+  float factor[C::MT][2];
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = mt * 16 + g + r * 8;
+      float m_all = NEG_INF;
+#pragma unroll
+      for (int w = 0; w < C::NUM_WARPS; ++w) m_all = fmaxf(m_all, s_wmax[w * C::BM + row]);
+      const float m_scaled = (m_all == NEG_INF) ? 0.f : m_all * at.scale_log2;
+      factor[mt][r] = fast_exp2(st.row_max[mt][r] * at.scale_log2 - m_scaled);
+      if (warp == 0 && t == 0) {
+        float l_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < C::NUM_WARPS; ++w)
+          l_all += s_wsum[w * C::BM + row] * fast_exp2(s_wmax[w * C::BM + row] * at.scale_log2 - m_scaled);
+        s_m[row] = m_all == NEG_INF ? NEG_INF : m_scaled;
+        s_l[row] = l_all;
+      }
+    }
+#pragma unroll
+  for (int w = 0; w < C::NUM_WARPS; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = mt * 16 + g + r * 8;
+          if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
+#pragma unroll
+          for (int dt = 0; dt < C::DT; ++dt) {
+            float2* dst = reinterpret_cast<float2*>(s_acc + row * C::D + dt * 8 + 2 * t);
+            const float2 mine = make_float2(st.acc_o[mt][dt][2 * r] * factor[mt][r],
+                                            st.acc_o[mt][dt][2 * r + 1] * factor[mt][r]);
+            if (w == 0) {
+              *dst = mine;
+            } else {
+              const float2 sum = *dst;
+              *dst = make_float2(sum.x + mine.x, sum.y + mine.y);
+            }
+          }
+        }
+    }
+    __syncthreads();
+  }
+  return CtaPartial<C>{s_acc, s_m, s_l};
+}
+
+// Rows first_row, first_row + row_step, ... of the block (row: 0 .. BM) finished from the NSPLITS partial
+// results `part(s)` (a CtaPartial<C>-like view with m, l, acc readable by this CTA): merged, normalised,
+// stored to O (and lse).
+template <class C, int NSPLITS, class Parts>
+__device__ __forceinline__ void finish_rows(const AttnArgs& a, int b, int hk, int m0, int rows, int first_row,
+                                            int row_step, int heads, Parts part) {
+  using T = typename C::T;
+  constexpr int CHUNKS = C::D / 8;
+  const int group = a.h_per_kv;
+  const int my_rows = (C::BM - first_row + row_step - 1) / row_step;
+  for (int i = threadIdx.x; i < my_rows * CHUNKS; i += C::THREADS) {
+    const int row = first_row + (i / CHUNKS) * row_step, c = (i % CHUNKS) * 8;
+    const int gr = m0 + row;
+    if (row >= C::BM || gr >= rows) continue;
+    float m_all = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < NSPLITS; ++s) m_all = fmaxf(m_all, part(s).m[row]);
+    const float m_ref = m_all == NEG_INF ? 0.f : m_all;
+    float l_all = 0.f, o8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < NSPLITS; ++s) {
+      const auto p = part(s);
+      const float w = fast_exp2(p.m[row] - m_ref);  // 0 for a split that saw no key of the row
+      l_all += p.l[row] * w;
+      const float* acc = p.acc + row * C::D + c;
+      const float4 lo = *reinterpret_cast<const float4*>(acc);
+      const float4 hi = *reinterpret_cast<const float4*>(acc + 4);
+      o8[0] += lo.x * w, o8[1] += lo.y * w, o8[2] += lo.z * w, o8[3] += lo.w * w;
+      o8[4] += hi.x * w, o8[5] += hi.y * w, o8[6] += hi.z * w, o8[7] += hi.w * w;
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const int p = gr / group, h = hk * group + gr % group;
+    uint4 packed;
+    packed.x = pack2<T>(o8[0] * inv, o8[1] * inv);
+    packed.y = pack2<T>(o8[2] * inv, o8[3] * inv);
+    packed.z = pack2<T>(o8[4] * inv, o8[5] * inv);
+    packed.w = pack2<T>(o8[6] * inv, o8[7] * inv);
+    *reinterpret_cast<uint4*>(static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + p * a.o_ss + c) = packed;
+    if (a.lse != nullptr && c == 0)
+      a.lse[((long long)b * heads + h) * a.sq + p] = l_all > 0.f ? (m_all + log2f(l_all)) / LOG2E : NEG_INF;
+  }
+}
+
+}  // namespace fc
