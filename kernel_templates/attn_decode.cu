@@ -23,16 +23,6 @@
 
 namespace fc {
 
-// A paged K/V cache (vLLM's layout): K and V are [pages, page, Hkv, D]; sequence b's key n lives in page
-// table[b * per_seq + n / page], row n % page. The tensor maps then cover the pages as [pages, Hkv, page, D]
-// with boxes of min(BN, page) rows (page: a power of two >= 16, so a box never crosses a page and starts
-// on the 128-byte swizzle's 1024-byte period). table == nullptr: the dense layout. The page size comes as
-// its log2: shifts, not divisions, in the loop (the larger tiles have no register to spare).
-struct Paging {
-  const int* table;
-  int page_shift, per_seq;
-};
-
 // Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread).
 template <class C>
 __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, uint32_t sk, uint32_t sv,

@@ -5,13 +5,23 @@
 // in shared memory, and the rows' final merge over the splits.
 #pragma once
 
-#include "attn_decode/config.h"
-#include "attn_fwd_mma/ptx_sm80.h"
-#include "attn_fwd_mma/tree_reduce.h"
-#include "common/attn_args.h"
-#include "common/utils.h"
+#include "../attn_fwd_mma/ptx_sm80.h"
+#include "../attn_fwd_mma/tree_reduce.h"
+#include "../common/attn_args.h"
+#include "../common/utils.h"
+#include "config.h"
 
 namespace fc {
+
+// A paged K/V cache (vLLM's layout): K and V are [pages, page, Hkv, D]; sequence b's key n lives in page
+// table[b * per_seq + n / page], row n % page. The tensor maps then cover the pages as [pages, Hkv, page, D]
+// with boxes of min(BN, page) rows (page: a power of two >= 16, so a box never crosses a page and starts
+// on the 128-byte swizzle's 1024-byte period). table == nullptr: the dense layout. The page size comes as
+// its log2: shifts, not divisions, in the loop (the larger tiles have no register to spare).
+struct Paging {
+  const int* table;
+  int page_shift, per_seq;
+};
 
 // Q rows r0 .. r0 + BM of the packed (position, head) order into the tile;
 // rows past the problem are zero (their scores are finite and never stored).

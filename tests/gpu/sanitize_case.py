@@ -1,6 +1,6 @@
 """Run a few variants on tail shapes; executed under compute-sanitizer by the gpu tests.
 
-Usage: python sanitize_case.py [mma|wgmma|decode]   (default mma)
+Usage: python sanitize_case.py [mma|wgmma|decode|decode_sm80]   (default mma)
 """
 
 import sys
@@ -30,6 +30,11 @@ CASES = {
         ("attn_decode_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
         ("attn_decode_d64_fp16_m32n128_w8_sp8_s2_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
         ("attn_decode_d64_fp16_m16n32_w2_sp2_s4_causal", Problem(1, 2, 20, 10, 64, causal=True)),
+    ],
+    "decode_sm80": [  # the cp.async ring and the workspace merge (the last CTA of a row block)
+        ("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
+        ("attn_decode_sm80_d64_fp16_m32n128_w8_sp8_s2_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
+        ("attn_decode_sm80_d64_fp16_m16n32_w2_sp2_s4_causal", Problem(1, 2, 20, 10, 64, causal=True)),
     ],
 }
 

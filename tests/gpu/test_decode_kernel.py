@@ -9,7 +9,8 @@ from tests.gpu.reference_checks import assert_sanitizer_clean, assert_variants_m
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
-TEMPLATE = "attn_decode"
+# The sm_80 template (cp.async, splits merged through a workspace) runs on sm_90 too: tested here.
+TEMPLATES = ["attn_decode", "attn_decode_sm80"]
 
 PROBLEMS = [
     Problem(2, 32, 1, 8192, 128, dtype="bf16", heads_kv=8),                # the decode step: GQA 4
@@ -24,18 +25,21 @@ PROBLEMS = [
 ]
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
-def test_variants_match_fp32_reference(problem: Problem, hopper) -> None:
-    assert_variants_match_reference(sample_variants(TEMPLATE, problem, hopper), problem, hopper)
+def test_variants_match_fp32_reference(problem: Problem, template: str, hopper) -> None:
+    assert_variants_match_reference(sample_variants(template, problem, hopper), problem, hopper)
 
 
+@pytest.mark.parametrize("case", ["decode", "decode_sm80"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_clean(tool: str, hopper) -> None:
-    assert_sanitizer_clean(tool, "decode")
+def test_compute_sanitizer_clean(tool: str, case: str, hopper) -> None:
+    assert_sanitizer_clean(tool, case)
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("causal, sq", [(False, 1), (True, 3)])
-def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: int) -> None:
+def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: int, template: str) -> None:
     """seq_lens: each batch row attends to its own first L keys of one dense cache (L = 0 gives zeros),
     read on the GPU, so a captured graph replays with new lengths; wrong seq_lens are a clear error."""
     import torch
@@ -55,7 +59,7 @@ def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: i
                 out[b:b + 1] = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal)[0]
         return out
 
-    for built in build_many(covering_sample(TEMPLATE, problem, hopper, seed=5)[:3], hopper.nvcc_arch):
+    for built in build_many(covering_sample(template, problem, hopper, seed=5)[:3], hopper.nvcc_arch):
         assert built.ok, built.compiled.log[-2000:]
         kernel = built.load()
         lens = torch.tensor([1000, 17, 1, 0], dtype=torch.int32, device="cuda")
@@ -96,10 +100,11 @@ def _paged_copy(k, page: int, lens: list[int], seed: int):
     return cache, table.to(k.device)
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("page", [16, 64, 256])
 @pytest.mark.parametrize("sq, group, causal", [(1, 4, False), (4, 8, True), (2, 1, True)])
 def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, sq: int, group: int,
-                                                            causal: bool) -> None:
+                                                            causal: bool, template: str) -> None:
     """A paged K/V cache (block table in shuffled order, unused entries -1, a garbage page) gives what the
     dense rows give, for tiles smaller and larger than a page; a graph replays with a new table and lengths."""
     import torch
@@ -124,7 +129,7 @@ def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, s
     vc, table_v = _paged_copy(v, page, lens, seed=page)
     assert torch.equal(table, table_v)  # one table for K and V (same seed)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    for built in build_many(covering_sample(TEMPLATE, problem, hopper, seed=page)[:3], hopper.nvcc_arch):
+    for built in build_many(covering_sample(template, problem, hopper, seed=page)[:3], hopper.nvcc_arch):
         assert built.ok, built.compiled.log[-2000:]
         kernel = built.load()
         out = empty_output(q)
@@ -168,8 +173,8 @@ def test_a_paged_problem_is_searched_through_the_paged_launch(hopper, tmp_path) 
     assert "paged16" in res.stdout
 
 
-@pytest.mark.parametrize("layout", ["bhsd", "paged32"])
-def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: str) -> None:
+@pytest.mark.parametrize("layout, template", [("bhsd", None), ("paged32", None), ("paged32", "attn_decode_sm80")])
+def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: str, template) -> None:
     """`tuner search --lengths uniform:LO`: every trial is verified against the reference over each row's
     own keys (a kernel that ignored the lengths would be incorrect) and timed on that batch, SDPA gets
     the same batch as a mask, and the store keeps the distribution."""
@@ -179,7 +184,8 @@ def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: s
 
     url = f"sqlite:///{tmp_path / 'ragged.db'}"
     res = run_tuner("--db", url, "search", "--gpu", hopper.name, "--shape", "6,16,1,3000,128", "--hkv", "4",
-                    "--dtype", "bf16", "--layout", layout, "--lengths", "uniform:64", "--trials", "5", "--seed", "0")
+                    "--dtype", "bf16", "--layout", layout, "--lengths", "uniform:64", "--trials", "5", "--seed", "0",
+                    *(["--template", template] if template else []))
     assert res.exit_code == 0, res.stderr[-3000:]
     with sqlite3.connect(tmp_path / "ragged.db") as db:
         rows = db.execute("SELECT p.lengths, t.status FROM trials t JOIN problems p ON t.problem_id = p.id").fetchall()

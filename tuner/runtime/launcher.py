@@ -77,6 +77,7 @@ class LaunchShape:
     tma_q_rows: int = 0  # rows of a Q box (0: block_m)
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
     splits: int = 0  # > 0: a decode kernel, grid (row blocks x splits, Hkv, B) over rows = Sq x group
+    workspace: bool = False  # a decode kernel whose splits merge through a global workspace (no cluster)
 
 
 def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count: int) -> tuple[int, int, int]:
@@ -211,7 +212,11 @@ class AttentionKernel:
         self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
         if shape.splits:  # a decode kernel's last parameters: key lengths (int32*, or null) and the paging
             self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
-        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, max(shape.splits, 1))
+        if shape.workspace:
+            self._format += "PP"  # the split merge's workspace (float*) and arrival counters (int32*)
+        cluster = 1 if shape.workspace else max(shape.splits, 1)
+        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, cluster)
+        self._merge_buffers: dict[int, tuple[Any, Any]] = {}  # per stream: (workspace, counters)
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
         self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
@@ -339,9 +344,29 @@ class AttentionKernel:
         else:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
+        stream = self._stream(self._device)
         if shape.splits:
             args += (lens,) + paging
-        self._kernel.launch(grid, self._block, args, shape.smem_bytes, self._stream(self._device))
+        if shape.workspace:
+            args += self._merge_space(stream, grid, d)
+        self._kernel.launch(grid, self._block, args, shape.smem_bytes, stream)
+
+    def _merge_space(self, stream: int, grid: tuple[int, int, int], d: int) -> tuple[int, int]:
+        """(workspace, counters) pointers for a launch of `grid` on `stream`: SPLITS partial results of
+        BLOCK_M x (D + 2) floats and one arrival counter per row block. Kept per stream (launches on one
+        stream are ordered; the last CTA of a row block puts its counter back to zero) and grown, never
+        shrunk: a captured graph keeps the buffers it was captured with, so capture after a first call."""
+        import torch
+
+        blocks = grid[0] // self.shape.splits * grid[1] * grid[2]
+        floats = blocks * self.shape.splits * self.shape.block_m * (d + 2)
+        have = self._merge_buffers.get(stream)
+        if have is None or have[0].numel() < floats or have[1].numel() < blocks:
+            device = torch.device("cuda", self._device)
+            have = (torch.empty(max(floats, 4), dtype=torch.float32, device=device),
+                    torch.zeros(max(blocks, 1), dtype=torch.int32, device=device))
+            self._merge_buffers[stream] = have
+        return have[0].data_ptr(), have[1].data_ptr()
 
     def _map_inputs(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[tuple[str, Any, int], ...]:
         """(name, tensor, box rows) of each input read through a tensor map. In a paged cache (k is then
