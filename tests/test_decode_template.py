@@ -101,9 +101,16 @@ def test_the_grid_covers_every_packed_row_once(b, hkv, group, sq, block_m, split
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(tmp_path) -> None:
-    """The header's usage names the decode Config, the cluster attribute and the decode grid, and the
-    usage, as written, compiles with nvcc."""
+@pytest.mark.parametrize("template, profile, gpu_name, arch, says", [
+    (TEMPLATE, "h100", "NVIDIA H100 80GB HBM3", "90a", ["__cluster_dims__(Cfg::SPLITS, 1, 1)",
+                                                         "grid (ceil(Sq * H / Hkv / Cfg::BM) * Cfg::SPLITS, Hkv, B)"]),
+    ("attn_decode_sm80", "a100", "NVIDIA A100-SXM4-80GB", "80", ["workspace (float*", "no cluster"]),
+])
+def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(tmp_path, template: str, profile: str,
+                                                                                gpu_name: str, arch: str,
+                                                                                says: list[str]) -> None:
+    """The header's usage names the decode Config and how to launch it (a cluster on sm_90, a workspace on
+    sm_80), and the usage, as written, compiles with nvcc."""
     import re
     import subprocess
 
@@ -115,28 +122,27 @@ def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(
     from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    variant = Variant(TEMPLATE, 128, "bf16", False, dict(BLOCK_M=16, BLOCK_N=64, NUM_WARPS=4, SPLITS=2, STAGES=2))
-    built = build(variant, "sm_90a")
+    variant = Variant(template, 128, "bf16", False, dict(BLOCK_M=16, BLOCK_N=64, NUM_WARPS=4, SPLITS=2, STAGES=2))
+    built = build(variant, f"sm_{arch}")
     assert built.ok, built.compiled.log[-2000:]
     with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name="NVIDIA H100 80GB HBM3", profile="h100", host="test"))
+        run = store.start_run(RunInfo(gpu_name=gpu_name, profile=profile, host="test"))
         store.add_baseline(BaselineRecord(run_id=run, problem=DECODE_STEP, impl="sdpa_cudnn", median_us=100.0))
-        store.add_trial(TrialRecord(run_id=run, problem=DECODE_STEP, template=TEMPLATE,
-                                    template_hash=load_manifest(TEMPLATE).source_hash, params=variant.stored_params(),
+        store.add_trial(TrialRecord(run_id=run, problem=DECODE_STEP, template=template,
+                                    template_hash=load_manifest(template).source_hash, params=variant.stored_params(),
                                     variant_name=variant.name, status=TrialStatus.OK, median_us=94.0, rel_error=3e-3,
                                     cubin_sha256=built.compiled.cubin_sha256))
         store.finish_run(run)
     out = tmp_path / "hdr"
-    export(ExportOptions(gpu="h100", out=out, db_url=url, format="header", name="dec"))
+    export(ExportOptions(gpu=profile, out=out, db_url=url, format="header", name="dec"))
     header = (out / "dec.h").read_text()
-    assert "fc::DecodeConfig" in header and "__cluster_dims__(Cfg::SPLITS, 1, 1)" in header
-    assert "grid (ceil(Sq * H / Hkv / Cfg::BM) * Cfg::SPLITS, Hkv, B)" in header
+    assert "fc::DecodeConfig" in header and all(text in header for text in says), header[:3000]
     bucket = re.search(r"struct (bf16_d128_\w+) \{", header).group(1)
     usage = [line[4:] for line in header.splitlines() if line.startswith("//   ")]
     user = out / "user.cu"
-    user.write_text('#include "attn_decode.cu"\n#include "dec.h"\n' + "\n".join(usage).replace("<bucket>", bucket)
+    user.write_text(f'#include "{template}.cu"\n#include "dec.h"\n' + "\n".join(usage).replace("<bucket>", bucket)
                     + "\n")
-    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
+    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", f"arch=compute_{arch},code=sm_{arch}",
                           "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert b"my_attention" in (out / "user.cubin").read_bytes()

@@ -59,7 +59,16 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
     if "tma_swizzle" in resources:
         lines.append("// Parameters: first one 4-D TMA tensor map (D, S, H, B) per input q, k, v (see the template's "
                      "header comment), then the tensors, then heads and batch.")
-    if "splits" in resources:
+    if "workspace_merge" in resources:
+        lines += ["// Decode kernels (sm_80+) take, after the tensors: seq_lens (const int*, per-row key lengths, or",
+                  "// nullptr), block_table (const int*, [B, pages_per_seq] of a paged K/V cache, or nullptr for dense",
+                  "// K/V), log2 of the page size, pages_per_seq, then workspace (float*, at least row blocks x Hkv x B",
+                  "// x Cfg::SPLITS x Cfg::BM x (D + 2) floats) and counters (int*, row blocks x Hkv x B ints, zero",
+                  "// before the first launch; the kernel puts them back to zero; one pair per stream).",
+                  "// Launch: grid (row blocks * Cfg::SPLITS, Hkv, B), row blocks = ceil(Sq * H / Hkv / Cfg::BM): the",
+                  "// rows are (query, head of the GQA group) pairs; no cluster; block Cfg::THREADS, dynamic shared",
+                  "// memory Cfg::SMEM_BYTES"]
+    elif "splits" in resources:
         lines += ["// Decode kernels take four more parameters after batch: seq_lens (const int*, per-row key",
                   "// lengths, or nullptr), block_table (const int*, [B, pages_per_seq] of a paged K/V cache, or",
                   "// nullptr for dense K/V), log2 of the page size, pages_per_seq; dense without lengths: nullptr,",
