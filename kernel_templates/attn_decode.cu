@@ -80,13 +80,8 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const int rows = group * a.sq;
   const int diag = sk - a.sq;  // bottom-right alignment offset
 
-  // Keys the block's last query position sees, split in whole tiles across the cluster.
-  int n_end = sk;
-  if (C::CAUSAL) n_end = min(sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
-  const int tiles_all = (n_end + C::BN - 1) / C::BN;
-  const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
-  const int j0 = split * per_split;
-  const int n_tiles = max(0, min(tiles_all, j0 + per_split) - j0);
+  const KeyRange keys = key_range<C>(sk, a.sq, group, m0, split);
+  const int n_end = keys.n_end, j0 = keys.j0, n_tiles = keys.n_tiles;
   const int p_first = m0 / group;  // the block's first query position: tiles past its diagonal need masks
 
   if (tid == 0) {

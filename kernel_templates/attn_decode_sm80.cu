@@ -73,12 +73,8 @@ __device__ __forceinline__ void attn_decode_sm80(const AttnArgs& a, const int* s
   const int rows = group * a.sq;
   const int diag = sk - a.sq;
 
-  int n_end = sk;
-  if (C::CAUSAL) n_end = min(sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
-  const int tiles_all = (n_end + C::BN - 1) / C::BN;
-  const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
-  const int j0 = split * per_split;
-  const int n_tiles = max(0, min(tiles_all, j0 + per_split) - j0);
+  const KeyRange keys = key_range<C>(sk, a.sq, group, m0, split);
+  const int n_end = keys.n_end, j0 = keys.j0, n_tiles = keys.n_tiles;
   const int p_first = m0 / group;
 
   // STAGES - 1 tiles in flight before the loop; one commit group a tile (empty groups keep the count).

@@ -23,6 +23,23 @@ struct Paging {
   int page_shift, per_seq;
 };
 
+// A CTA's keys: those its block's last query position sees (0 .. n_end; bottom-right causal alignment), cut in
+// whole BN-key tiles, split s of SPLITS taking tiles j0 .. j0 + n_tiles.
+struct KeyRange {
+  int n_end, j0, n_tiles;
+};
+
+template <class C>
+__device__ __forceinline__ KeyRange key_range(int sk, int sq, int group, int m0, int split) {
+  const int rows = group * sq, diag = sk - sq;
+  int n_end = sk;
+  if (C::CAUSAL) n_end = min(sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
+  const int tiles_all = (n_end + C::BN - 1) / C::BN;
+  const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
+  const int j0 = split * per_split;
+  return KeyRange{n_end, j0, max(0, min(tiles_all, j0 + per_split) - j0)};
+}
+
 // Q rows r0 .. r0 + BM of the packed (position, head) order into the tile;
 // rows past the problem are zero (their scores are finite and never stored).
 template <class C>
