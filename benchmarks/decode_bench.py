@@ -29,7 +29,7 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, ragged_seq_lens, reference, relative_error
 from tuner.store import TrialFilter, open_store
 
 TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
@@ -54,11 +54,10 @@ def best_trial(store: Any, gpu: str, p: Problem) -> Any:
 
 
 def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int, dense_row: Any = None) -> dict[str, Any]:
-    import torch
 
     q, k, v = make_inputs(p, seed=0)
     lengths = p.key_lengths() if p.ragged else None
-    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda") if lengths else None
+    lens = ragged_seq_lens(p, "cuda")
     ref, _ = reference(q, k, v, p.causal, key_lengths=lengths)
     calls, names, errors = {}, {}, {}
     for label, r in (("tuned", row), ("dense-tuned", dense_row)):

@@ -26,7 +26,15 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.timing import confirm_pruner, interleaved_rounds, time_cuda
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, paged_inputs, reference, relative_error
+from tuner.runtime.verify import (
+    TOLERANCE,
+    empty_output,
+    make_inputs,
+    paged_inputs,
+    ragged_seq_lens,
+    reference,
+    relative_error,
+)
 
 Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
 
@@ -102,8 +110,6 @@ class CudaRunner:
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
         """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time)."""
-        import torch
-
         entry = self._inputs.get(problem)
         if entry is not None and entry["uses"] < self.options.refresh_every:
             self._inputs.move_to_end(problem)
@@ -121,7 +127,7 @@ class CudaRunner:
         if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
             entry.update(paged_inputs(problem, k, v, seed))
         if lengths is not None:  # a ragged batch: each row's keys, read by the kernel on the GPU
-            entry["seq_lens"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+            entry["seq_lens"] = ragged_seq_lens(problem, "cuda")
         self._inputs[problem] = entry
         return entry
 

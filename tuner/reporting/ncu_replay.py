@@ -18,7 +18,7 @@ from tuner.problem import Problem
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, nvtx_available
-from tuner.runtime.verify import empty_output, make_inputs
+from tuner.runtime.verify import empty_output, make_inputs, ragged_seq_lens
 
 DEFAULT_LAUNCHES = 3
 
@@ -46,7 +46,7 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     # A ragged batch's lengths, as its trials ran (the work profiled is the work measured).
-    lens = torch.tensor(problem.key_lengths(), dtype=torch.int32, device=q.device) if problem.ragged else None
+    lens = ragged_seq_lens(problem, q.device)
     kernel(q, k, v, out, seq_lens=lens)
     torch.cuda.synchronize()
     for _ in range(launches):

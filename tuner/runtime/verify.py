@@ -118,6 +118,13 @@ def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any) -> Any:
     return kept & (cols <= rows + (used - sq)) if causal else kept
 
 
+def ragged_seq_lens(problem: Problem, device: Any) -> Any:
+    """The int32 [B] key lengths a decode kernel takes for the problem's ragged batch (None: full lengths)."""
+    import torch
+
+    return torch.tensor(problem.key_lengths(), dtype=torch.int32, device=device) if problem.ragged else None
+
+
 def ragged_mask(problem: Problem, device: Any) -> Any:
     """[B, 1, Sq, Sk] bool for SDPA's attn_mask: what each row of the problem's ragged batch sees."""
     import torch
