@@ -53,6 +53,22 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
   }
 }
 
+// V rows from `first` to the tile's end set to zero (every thread a share of the 16-byte chunks). TMA fills
+// rows past the tensor (or a table's -1 entries) with zeros, but rows past a batch row's own length come from
+// the cache: masked (P = 0), yet a NaN or Inf there would poison O through 0 * NaN in P V. Then the fence: the
+// slot is refilled by TMA (the async proxy) after these generic-proxy writes.
+template <class C>
+__device__ __forceinline__ void zero_v_rows(unsigned char* tile, int first) {
+  constexpr int CHUNKS = C::KVLayout::ROW_BYTES / 16;  // a row's 16-byte chunks within one 64-column box
+  const int rows = C::BN - first;  // first >= 1: a tile is only loaded when it holds one of the row's keys
+  for (int i = threadIdx.x; i < rows * CHUNKS * (C::D / 64); i += C::THREADS) {
+    const int c = i % CHUNKS, r = first + (i / CHUNKS) % rows, box = i / (CHUNKS * rows);
+    *reinterpret_cast<uint4*>(tile + box * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES + c * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 template <class C>
 __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
                                             const int* seq_lens, const Paging pg) {
@@ -114,6 +130,10 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
     const int slot = j % C::STAGES;
     mbar_wait(bars + 8 * slot, (j / C::STAGES) & 1);  // K_j and V_j have landed
     const uint32_t slot_bytes = (uint32_t)slot * C::KV_TILE_BYTES;
+    if ((j0 + j + 1) * C::BN > sk) {  // the tile with the row's last key: zero V past it (see zero_v_rows)
+      zero_v_rows<C>(smem_raw + C::Q_BYTES + C::STAGES * C::KV_TILE_BYTES + slot_bytes, sk - (j0 + j) * C::BN);
+      __syncthreads();
+    }
     decode_tile<C>(st, at, q_rb, q_cb, k_rb + slot_bytes, k_cb, v_rb + slot_bytes, v_cb, (j0 + j) * C::BN);
     __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
     if (tid == 0 && j + C::STAGES < n_tiles)

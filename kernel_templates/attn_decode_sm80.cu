@@ -20,10 +20,11 @@ namespace fc {
 
 // Tile j (absolute) of K and V into ring slot (sk, sv) by cp.async, every thread a share of the 16-byte
 // chunks, each at the chunk TMA's 128-byte swizzle would use (KVLayout), so the tile math is the same.
-// Rows past the tensor's keys (or the paged table) are zero-filled; they are masked anyway.
+// Rows past the batch row's length `len` are zero-filled, not read: they are masked (P = 0), but a NaN or Inf
+// left in a cache's unused rows would still poison O through 0 * NaN in P V.
 template <class C>
 __device__ __forceinline__ void load_kv_async(typename C::T* sk, typename C::T* sv, const AttnArgs& a, int j,
-                                              int hk, int b, const Paging& pg) {
+                                              int hk, int b, const Paging& pg, int len) {
   using T = typename C::T;
   constexpr int CHUNKS = C::D / 8;  // 16-byte chunks a row
   const T* k = static_cast<const T*>(a.k);
@@ -31,7 +32,7 @@ __device__ __forceinline__ void load_kv_async(typename C::T* sk, typename C::T* 
   for (int i = threadIdx.x; i < C::BN * CHUNKS; i += C::THREADS) {
     const int r = i / CHUNKS, c = i % CHUNKS;
     const int n = j * C::BN + r;
-    const bool valid = n < a.sk;  // a.sk: the tensor's keys (paged: the table's capacity)
+    const bool valid = n < len;  // len <= a.sk, the tensor's keys (paged: the table's capacity)
     long long ko, vo;  // element offsets of row n in K and V (their strides may differ)
     if (pg.table == nullptr) {
       const long long row = min(n, a.sk - 1);
@@ -82,7 +83,7 @@ __device__ __forceinline__ void attn_decode_sm80(const AttnArgs& a, const int* s
   for (int s = 0; s < C::STAGES - 1; ++s) {
     if (s < n_tiles)
       load_kv_async<C>(sK + s * C::KV_TILE_BYTES / (int)sizeof(T), sV + s * C::KV_TILE_BYTES / (int)sizeof(T), a,
-                       j0 + s, hk, b, pg);
+                       j0 + s, hk, b, pg, sk);
     cp_async_commit();
   }
   load_packed_q<C>(sQ, a, b, hk, m0, rows);
@@ -106,7 +107,7 @@ __device__ __forceinline__ void attn_decode_sm80(const AttnArgs& a, const int* s
     if (next < n_tiles) {
       const int ns = next % C::STAGES;
       load_kv_async<C>(sK + ns * C::KV_TILE_BYTES / (int)sizeof(T), sV + ns * C::KV_TILE_BYTES / (int)sizeof(T), a,
-                       j0 + next, hk, b, pg);
+                       j0 + next, hk, b, pg, sk);
     }
     cp_async_commit();
     const uint32_t slot_bytes = (uint32_t)(j % C::STAGES) * C::KV_TILE_BYTES;

@@ -50,13 +50,14 @@ def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: i
     from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
     problem = Problem(4, 8, sq, 1000, 128, dtype="bf16", causal=causal, heads_kv=2)
-    q, k, v = make_inputs(problem, seed=3)
+    q, clean_k, clean_v = make_inputs(problem, seed=3)
+    k, v = _poisoned_past(clean_k, [1000, 17, 1, 0]), _poisoned_past(clean_v, [1000, 17, 1, 0])
 
     def expected(lens: list[int]) -> torch.Tensor:
         out = torch.zeros_like(q, dtype=torch.float32)
         for b, n in enumerate(lens):
             if n:
-                out[b:b + 1] = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal)[0]
+                out[b:b + 1] = reference(q[b:b + 1], clean_k[b:b + 1, :, :n], clean_v[b:b + 1, :, :n], causal)[0]
         return out
 
     for built in build_many(covering_sample(template, problem, hopper, seed=5)[:3], hopper.nvcc_arch):
@@ -73,29 +74,42 @@ def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: i
         with torch.cuda.graph(graph):
             kernel.launch_unchecked(q, k, v, out, seq_lens=lens)
         lens.copy_(torch.tensor([5, 999, 64, 1000], dtype=torch.int32))
+        k.copy_(_poisoned_past(clean_k, [5, 999, 64, 1000])), v.copy_(_poisoned_past(clean_v, [5, 999, 64, 1000]))
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, expected([5, 999, 64, 1000])) < TOLERANCE["bf16"], built.variant.name
         with pytest.raises(AttentionInputError, match="seq_lens must be a contiguous int32"):
             kernel(q, k, v, out, seq_lens=lens.long())
+        lens.copy_(torch.tensor([1000, 17, 1, 0], dtype=torch.int32))  # the next variant starts from the first
+        k.copy_(_poisoned_past(clean_k, [1000, 17, 1, 0])), v.copy_(_poisoned_past(clean_v, [1000, 17, 1, 0]))
+
+
+def _poisoned_past(x, lens: list[int]):
+    """A copy of K or V [B, Hkv, Sk, D] with NaN in every row past its batch row's length: a cache's unused
+    rows may hold anything, and must not reach the output (0 * NaN in P V would)."""
+    out = x.clone()
+    for b, n in enumerate(lens):
+        out[b, :, n:] = float("nan")
+    return out
 
 
 def _paged_copy(k, page: int, lens: list[int], seed: int):
     """k [B, Hkv, Sk, D] scattered into shuffled pages of a [pages, page, Hkv, D] cache (vLLM's layout),
-    plus a spare page of garbage; the block table [B, ceil(Sk / page)] (unused entries -1)."""
+    plus a spare page; every row no sequence holds (a last page's tail, unused pages) is NaN; the block
+    table [B, ceil(Sk / page)] (unused entries -1)."""
     import torch
 
     b, hkv, sk, d = k.shape
     per_seq = (sk + page - 1) // page
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(b * per_seq + 1, generator=gen)
-    cache = torch.randn(b * per_seq + 1, page, hkv, d, generator=gen).to(k.dtype).to(k.device) * 50
+    cache = torch.full((b * per_seq + 1, page, hkv, d), float("nan"), dtype=k.dtype, device=k.device)
     table = torch.full((b, per_seq), -1, dtype=torch.int32)
     for bi in range(b):
         for pi in range((lens[bi] + page - 1) // page):
             pid = int(order[bi * per_seq + pi])
             table[bi, pi] = pid
-            rows = k[bi, :, pi * page:(pi + 1) * page].transpose(0, 1)  # [rows, Hkv, D]
+            rows = k[bi, :, pi * page:min((pi + 1) * page, lens[bi])].transpose(0, 1)  # [rows, Hkv, D]
             cache[pid, :rows.shape[0]] = rows
     return cache, table.to(k.device)
 
@@ -196,3 +210,42 @@ def test_a_ragged_batch_is_searched_with_its_lengths(hopper, tmp_path, layout: s
     assert baselines and "fa4" not in baselines and "sdpa_flash" not in baselines  # no mask, no ragged batch
     label = f"B6 H16 Hkv4 Sq1 Sk3000 D128 bf16{'' if layout == 'bhsd' else ' ' + layout} lengths"
     assert label in res.stdout + res.stderr  # the problem's label (on the progress line; the table cuts it)
+
+
+def test_graphs_of_one_split_kernel_replay_side_by_side(hopper) -> None:
+    """attn_decode_sm80 merges its key splits through a workspace and arrival counters: each graph captured
+    from one kernel gets its own (counters zeroed inside the graph), so two graphs replayed at once on two
+    streams, the second first, each give their own inputs' result. (On an H100 this replay did not expose
+    the earlier shared-per-stream workspace: the race needs arrivals of the two launches to interleave.)"""
+    import torch
+
+    from tuner.kernels.feasibility import feasible_space
+    from tuner.runtime.build import build_many
+    from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+
+    # The serving decode step (one wave of CTAs, launched 4 times a graph): the replays run side by side, and
+    # CTAs of one row block in both finish at about the same time (shared counters would mix their arrivals).
+    problem = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)
+    pool = [v for v in feasible_space("attn_decode_sm80", problem, hopper) if v.params["SPLITS"] >= 4]
+    built = build_many(pool[:1], hopper.nvcc_arch)[0]
+    assert built.ok, built.compiled.log[-2000:]
+    kernel = built.load()
+    cases = [make_inputs(problem, seed=s) for s in (1, 2)]
+    outs = [empty_output(q) for q, _, _ in cases]
+    graphs = [torch.cuda.CUDAGraph() for _ in cases]
+    for graph, (q, k, v), out in zip(graphs, cases, outs):
+        with torch.cuda.graph(graph):  # both on torch's one default capture stream
+            for _ in range(4):
+                kernel.launch_unchecked(q, k, v, out)
+    expected = [reference(q, k, v, False)[0] for q, k, v in cases]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(20):
+        for out in outs:
+            out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for graph, stream in zip(graphs[::-1], streams):  # the second graph first, each on its own stream
+            with torch.cuda.stream(stream):
+                graph.replay()
+        torch.cuda.synchronize()
+        for out, want in zip(outs, expected):
+            assert relative_error(out, want) < TOLERANCE["bf16"], built.variant.name

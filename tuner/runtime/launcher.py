@@ -217,7 +217,7 @@ class AttentionKernel:
         cluster = 1 if shape.workspace else max(shape.splits, 1)
         self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, cluster)
         self._merge_buffers: dict[int, tuple[Any, Any]] = {}  # per stream: (workspace, counters)
-        self._outgrown: list[tuple[Any, Any]] = []  # replaced buffers a captured graph may still use
+        self._outgrown: list[tuple[Any, Any]] = []  # replaced or captured buffers a graph may still use
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
         # Per input layout: the address-free maps of q, k, v, or None (encode every call).
         self._map_cache: dict[tuple, tuple[bytes, bytes, bytes] | None] = {}
@@ -354,20 +354,29 @@ class AttentionKernel:
 
     def _merge_space(self, stream: int, grid: tuple[int, int, int], d: int) -> tuple[int, int]:
         """(workspace, counters) pointers for a launch of `grid` on `stream`: SPLITS partial results of
-        BLOCK_M x (D + 2) floats and one arrival counter per row block. Kept per stream (launches on one
-        stream are ordered; the last CTA of a row block puts its counter back to zero); grown by doubling
-        when a launch needs more, and the outgrown buffers are kept, never freed: a captured CUDA graph
-        still points at the buffers it was captured with."""
+        BLOCK_M x (D + 2) floats and one arrival counter per row block.
+
+        Eager launches share buffers per stream (launches on one stream are ordered; the last CTA of a row
+        block puts its counter back to zero), grown by doubling; outgrown buffers are kept, never freed,
+        since a captured CUDA graph may still point at them. A launch being captured gets buffers of its
+        own, allocated (and the counters zeroed) inside the capture: two graphs then never share a
+        workspace, whatever order or streams they are replayed in, and each replay starts from zeroed
+        counters. They live as long as this kernel (a capture is rare; each pair is a few hundred KB)."""
         import torch
 
         blocks = grid[0] // self.shape.splits * grid[1] * grid[2]
         floats = blocks * self.shape.splits * self.shape.block_m * (d + 2)
+        device = torch.device("cuda", self._device)
+        if torch.cuda.is_current_stream_capturing():
+            own = (torch.empty(max(floats, 4), dtype=torch.float32, device=device),
+                   torch.zeros(max(blocks, 1), dtype=torch.int32, device=device))  # a memset in the graph
+            self._outgrown.append(own)
+            return own[0].data_ptr(), own[1].data_ptr()
         have = self._merge_buffers.get(stream)
         if have is None or have[0].numel() < floats or have[1].numel() < blocks:
             if have is not None:
                 self._outgrown.append(have)
                 floats, blocks = max(floats, 2 * have[0].numel()), max(blocks, 2 * have[1].numel())
-            device = torch.device("cuda", self._device)
             have = (torch.empty(max(floats, 4), dtype=torch.float32, device=device),
                     torch.zeros(max(blocks, 1), dtype=torch.int32, device=device))
             self._merge_buffers[stream] = have
