@@ -245,3 +245,22 @@ def test_a_submitted_measurement_returns_at_once_and_the_next_request_collects_i
     assert (a.status, a.median_us) == (TrialStatus.OK, 11.0) and (b.status, b.median_us) == (TrialStatus.OK, 12.0)
     assert first.seconds >= 1.5 and first.result() is a  # collected once, then cached
     assert measure(backend, "ok").median_us == 13.0  # the pipe is still in step
+
+
+def test_a_prestarted_child_is_adopted_by_the_backend_of_its_device(profile, monkeypatch) -> None:
+    """`tuner search` starts the GPU child before it prepares its studies (its torch import then overlaps
+    them): the backend built afterwards for that device uses that very child, another device starts its own."""
+    from tuner.backends import gpu
+
+    monkeypatch.setattr(gpu, "default_runner", FakeRunner)
+    monkeypatch.setattr(gpu, "_check_gpu_environment", lambda: None)
+    monkeypatch.setattr(gpu, "_prestarted", {})
+    gpu.prestart(profile, 0)
+    gpu.prestart(profile, 0)  # a second call for the same device starts nothing more
+    assert len(gpu._prestarted) == 1
+    pid = next(iter(gpu._prestarted.values())).pid
+    with GpuBackend(profile, device=0, start_timeout_s=120) as mine, \
+            GpuBackend(profile, device=1, start_timeout_s=120) as other:
+        assert mine.device_facts().gpu_name == "Fake GPU" and other.device_facts().gpu_name == "Fake GPU"
+        assert mine.worker_pid == pid and other.worker_pid != pid
+        assert gpu._prestarted == {}

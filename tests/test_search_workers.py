@@ -199,7 +199,7 @@ def test_one_failing_worker_stops_the_others_and_their_events_are_drained():
     import threading
 
     from tuner.search.job import WorkerResult
-    from tuner.search.workers import collect
+    from tuner.search.worker_processes import collect
 
     done0 = WorkerResult(run_id=1, measured=2)
     events = FakeQueue([("trial", 0, 1.0), ("error", 1, "boom"), FakeQueue.EMPTY, ("trial", 0, 2.0),
@@ -223,7 +223,7 @@ def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
     import threading
 
     from tuner.search.job import WorkerResult
-    from tuner.search.workers import collect
+    from tuner.search.worker_processes import collect
 
     late = WorkerResult(run_id=3)
     # Worker 0 exited normally, its "done" still in the pipe when the first get() timed out.
@@ -238,7 +238,7 @@ def test_a_worker_that_dies_silently_is_an_error_but_a_late_result_is_not():
 def test_ctrl_c_in_the_parent_stops_then_terminates_then_kills_the_children():
     import threading
 
-    from tuner.search.workers import EscalateOnSigint
+    from tuner.search.worker_processes import EscalateOnSigint
 
     flag, said = threading.Event(), []
     running, exited = FakeProc(lambda: True), FakeProc(lambda: False)
@@ -263,7 +263,8 @@ def test_a_worker_process_that_fails_ends_the_search_without_waiting_for_the_oth
     from tuner.search.options import SearchOptions
     from tuner.search.progress import SearchProgress
     from tuner.search.run import run_search
-    from tuner.search.workers import WorkerSpec, run_processes
+    from tuner.search.worker_processes import run_processes
+    from tuner.search.workers import WorkerSpec
 
     rec = replay_recording
     p = rec.problem

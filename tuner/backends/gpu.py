@@ -72,15 +72,21 @@ class _Fault(Exception):
 
 
 class _Worker:
-    """One child process and its end of the pipe."""
+    """One child process and its end of the pipe. Started at construction; wait_ready() before first use."""
 
-    def __init__(self, factory: Callable[[RunnerOptions], Runner], options: RunnerOptions, start_timeout_s: float) -> None:
+    def __init__(self, factory: Callable[[RunnerOptions], Runner], options: RunnerOptions) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=child_main, args=(child_conn, factory, options), daemon=True,
                                    name="tuner-gpu-worker")
         self.process.start()
         child_conn.close()
+        self.ready = False
+
+    def wait_ready(self, start_timeout_s: float) -> None:
+        """Wait for the child's "ready" (torch imported, CUDA context bound); TunerError (killed) if it fails."""
+        if self.ready:
+            return
         if not self.conn.poll(start_timeout_s):
             self.kill()
             raise TunerError(f"the GPU worker did not start within {start_timeout_s:.0f} s")
@@ -95,6 +101,7 @@ class _Worker:
         if kind != "ready":
             self.kill()
             raise TunerError(f"the GPU worker could not start: {message}")
+        self.ready = True
 
     @property
     def pid(self) -> Optional[int]:
@@ -145,7 +152,8 @@ class _Worker:
         self.process.join(30)
         self.conn.close()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ask the child to leave; past `timeout_s` (torch's teardown is slow and unneeded) kill it."""
         if self.process.is_alive():
             try:
                 self.conn.send(("stop", {}))
@@ -153,6 +161,32 @@ class _Worker:
                 pass
             self.process.join(timeout_s)
         self.kill()
+
+
+def runner_options(profile: GpuProfile, device: int, seed: Optional[int] = None,
+                   refresh_every: int = 20) -> RunnerOptions:
+    """What a GPU worker child of `device` is started with (and a prestarted child is matched by)."""
+    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
+
+
+# Children started ahead of their backend (prestart), by their options: the first GpuBackend with the
+# default runner and the same options adopts one.
+_prestarted: dict[RunnerOptions, _Worker] = {}
+
+
+def prestart(profile: GpuProfile, device: int = 0) -> None:
+    """Start the GPU worker child of `device` now and return at once. Its torch import and CUDA context
+    (4-7 s on an H100 host, the largest fixed cost of a search) then overlap the caller's own start-up
+    (imports, studies, the store); the backend built later adopts the child. Does nothing where the GPU
+    environment is missing: the backend says why when it is built."""
+    options = runner_options(profile, device)
+    if options in _prestarted:
+        return
+    try:
+        _check_gpu_environment()
+    except NoGpuError:
+        return
+    _prestarted[options] = _Worker(default_runner, options)
 
 
 def _check_gpu_environment() -> None:
@@ -209,7 +243,7 @@ class GpuBackend:
         self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
-        self._options = RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
+        self._options = runner_options(profile, device, seed, refresh_every)
         self._worker: Optional[_Worker] = None
         self._facts: Optional[DeviceFacts] = None
         self._pending: Optional[_GpuMeasurement] = None  # submitted, reply not collected yet
@@ -227,7 +261,14 @@ class GpuBackend:
         if self._worker is None or not self._worker.process.is_alive():
             if self._worker is not None:
                 self._worker.kill()
-            self._worker = _Worker(self._factory, self._options, self.start_timeout_s)
+            adopted = _prestarted.pop(self._options, None) if self._factory is default_runner else None
+            self._worker = adopted or _Worker(self._factory, self._options)
+        try:
+            self._worker.wait_ready(self.start_timeout_s)
+        except BaseException:
+            worker, self._worker = self._worker, None
+            worker.kill()  # already done where the start failed; an interrupt leaves it running
+            raise
         return self._worker
 
     def _request(self, op: str, args: dict[str, Any]) -> Any:

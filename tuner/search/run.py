@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
+from tuner.backends.gpu import prestart
 from tuner.backends.replay import recording_profile
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
@@ -36,7 +37,8 @@ from tuner.search.prepare import choose_template, prepare_study, problems_of, st
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
-from tuner.search.workers import WorkerSpec, run_here, run_processes
+from tuner.search.worker_processes import run_processes
+from tuner.search.workers import WorkerSpec, run_here
 from tuner.store import Store, default_db_url, open_store
 
 
@@ -103,6 +105,8 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     console = console or Console(stderr=True)
     validate_options(options)
     profile = _resolve(options)
+    if options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced:
+        prestart(profile, options.devices[0])  # its torch import overlaps the studies' preparation
     db_url = options.db_url or default_db_url()
     started = time.perf_counter()
     with opened_storage(db_url) as storage:
@@ -129,7 +133,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
                             worker_jobs(w, len(options.devices), studies, remaining, start, options.time_budget_s),
                             options.replay_from, options.force, options.seed, local_workers=len(options.devices),
-                            confirm=options.confirm, confirm_rounds=options.confirm_rounds)
+                            confirm=options.confirm, confirm_rounds=options.confirm_rounds, profile=profile.name)
                  for w, device in enumerate(options.devices)]
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
@@ -185,6 +189,8 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
     infos = [study_info(s) for s in loaded]
     if len({i.profile for i in infos}) > 1:
         raise TunerError("a worker serves one GPU profile; these studies name several")
+    if backend == "gpu" and infos and not hooks.replaced:
+        prestart(load_profile(infos[0].profile), device)
     jobs = []
     deadline = hooks.now() + time_budget_s if time_budget_s else None
     for i, (study, info) in enumerate(zip(loaded, infos)):
