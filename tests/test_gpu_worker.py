@@ -249,18 +249,29 @@ def test_a_submitted_measurement_returns_at_once_and_the_next_request_collects_i
 
 def test_a_prestarted_child_is_adopted_by_the_backend_of_its_device(profile, monkeypatch) -> None:
     """`tuner search` starts the GPU child before it prepares its studies (its torch import then overlaps
-    them): the backend built afterwards for that device uses that very child, another device starts its own."""
-    from tuner.backends import gpu
+    them): the backend built afterwards for that device uses that very child, another device starts its
+    own, a dead prestarted child is replaced, and one nobody adopted is stopped by discard_prestarted."""
+    from tuner.backends import gpu_process
 
-    monkeypatch.setattr(gpu, "default_runner", FakeRunner)
-    monkeypatch.setattr(gpu, "_check_gpu_environment", lambda: None)
-    monkeypatch.setattr(gpu, "_prestarted", {})
-    gpu.prestart(profile, 0)
-    gpu.prestart(profile, 0)  # a second call for the same device starts nothing more
-    assert len(gpu._prestarted) == 1
-    pid = next(iter(gpu._prestarted.values())).pid
-    with GpuBackend(profile, device=0, start_timeout_s=120) as mine, \
-            GpuBackend(profile, device=1, start_timeout_s=120) as other:
+    monkeypatch.setattr(gpu_process, "_prestarted", {})
+    gpu_process.prestart(profile, 0, runner=FakeRunner)
+    gpu_process.prestart(profile, 0, runner=FakeRunner)  # a second call for the same device starts nothing more
+    assert len(gpu_process._prestarted) == 1
+    pid = next(iter(gpu_process._prestarted.values())).pid
+    with GpuBackend(profile, device=0, runner=FakeRunner, start_timeout_s=120) as mine, \
+            GpuBackend(profile, device=1, runner=FakeRunner, start_timeout_s=120) as other:
         assert mine.device_facts().gpu_name == "Fake GPU" and other.device_facts().gpu_name == "Fake GPU"
         assert mine.worker_pid == pid and other.worker_pid != pid
-        assert gpu._prestarted == {}
+        assert gpu_process._prestarted == {}
+
+    gpu_process.prestart(profile, 2, runner=FakeRunner)
+    dead = next(iter(gpu_process._prestarted.values()))
+    dead.process.kill()
+    dead.process.join(30)
+    with GpuBackend(profile, device=2, runner=FakeRunner, start_timeout_s=120) as backend:
+        assert backend.device_facts().gpu_name == "Fake GPU" and backend.worker_pid != dead.pid
+
+    gpu_process.prestart(profile, 3, runner=FakeRunner)
+    unused = next(iter(gpu_process._prestarted.values()))
+    gpu_process.discard_prestarted(profile, 3, runner=FakeRunner)
+    assert gpu_process._prestarted == {} and not unused.process.is_alive()

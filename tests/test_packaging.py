@@ -81,7 +81,15 @@ def test_wheel_has_console_script(wheel):
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
         text = zf.read(entry_points).decode()
-    assert "tuner = tuner.cli.app:main" in text
+    assert "tuner = tuner.__main__:main" in text
+
+
+def test_the_console_script_module_imports_no_cli() -> None:
+    """A spawned child (the GPU worker, a card's worker process) re-runs the console script before its
+    own work: the script's module must not import the CLI (Optuna, SQLAlchemy, Typer) in every child."""
+    code = "import sys, tuner.__main__; print(sorted(m for m in sys.modules if m.startswith(('tuner.cli', 'optuna'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_installed_wheel_finds_its_assets(installed, tmp_path):

@@ -1,3 +1,16 @@
-from tuner.cli.app import main
+"""`python -m tuner` and the `tuner` console script.
 
-main()
+Light on purpose: a process started with multiprocessing's "spawn" (the GPU worker, the worker
+processes of a several-card search) re-runs the console script first, so importing this module
+must not import the CLI (about 1 s of Optuna, SQLAlchemy, Typer) in every child.
+"""
+
+
+def main() -> None:
+    from tuner.cli.app import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

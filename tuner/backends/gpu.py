@@ -31,8 +31,6 @@ the restarts are tested on a machine without a GPU with fake runners.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import multiprocessing
 import time
 import warnings
 from typing import Any, Callable, Optional
@@ -45,159 +43,25 @@ from tuner.backends.base import (
     Measurement,
     PendingMeasurement,
 )
-from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_runner
-from tuner.errors import NoGpuError, TunerError
+from tuner.backends.gpu_child import Runner, RunnerOptions, default_runner
+from tuner.backends.gpu_process import (
+    _Fault,
+    _Refused,
+    _Timeout,
+    _Worker,
+    adopt_prestarted,
+    check_gpu_environment,
+    runner_options,
+)
+from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
-from tuner.profiles import GpuProfile, visible_gpu_count
+from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
 from tuner.status import TrialStatus
 
 # ---------------------------------------------------------------------------------------------
 # Parent side
-
-
-class _Refused(TunerError):
-    """The child answered a request with an error (e.g. an unreadable cubin) and lives on."""
-
-
-class _Timeout(Exception):
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"no reply from the GPU worker within {seconds:.1f} s (phase {phase}); worker killed")
-        self.phase = phase
-
-
-class _Fault(Exception):
-    pass
-
-
-class _Worker:
-    """One child process and its end of the pipe. Started at construction; wait_ready() before first use."""
-
-    def __init__(self, factory: Callable[[RunnerOptions], Runner], options: RunnerOptions) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=child_main, args=(child_conn, factory, options), daemon=True,
-                                   name="tuner-gpu-worker")
-        self.process.start()
-        child_conn.close()
-        self.ready = False
-
-    def wait_ready(self, start_timeout_s: float) -> None:
-        """Wait for the child's "ready" (torch imported, CUDA context bound); TunerError (killed) if it fails."""
-        if self.ready:
-            return
-        if not self.conn.poll(start_timeout_s):
-            self.kill()
-            raise TunerError(f"the GPU worker did not start within {start_timeout_s:.0f} s")
-        try:
-            kind, message = self.conn.recv()
-        except (EOFError, OSError):
-            self.kill()
-            raise TunerError(f"the GPU worker died while starting (exit code {self.process.exitcode})") from None
-        if kind == "nogpu":
-            self.kill()
-            raise NoGpuError(message)
-        if kind != "ready":
-            self.kill()
-            raise TunerError(f"the GPU worker could not start: {message}")
-        self.ready = True
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.process.pid
-
-    def send(self, op: str, args: dict[str, Any]) -> None:
-        """Send one request; a _Fault leaves this worker dead."""
-        try:
-            self.conn.send((op, args))
-        except (OSError, ValueError) as exc:
-            self.kill()
-            raise _Fault(f"the GPU worker is gone ({exc})") from None
-
-    def receive(self, watchdog_s: float, long_budget_s: float) -> Any:
-        """The reply to the request sent last: the watchdog restarts with each phase the child reports."""
-        phase, budget = "start", watchdog_s
-        deadline = time.monotonic() + budget
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.conn.poll(remaining):
-                self.kill()
-                raise _Timeout(phase, budget)
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                self.kill()
-                raise _Fault(f"the GPU worker died (exit code {self.process.exitcode}) in phase {phase}") from None
-            kind = message[0]
-            if kind == "phase":
-                phase, long = message[1], message[2]
-                budget = watchdog_s + (long_budget_s if long else 0.0)
-                deadline = time.monotonic() + budget
-            elif kind == "result":
-                return message[1]
-            elif kind == "error":
-                raise _Refused(message[1])
-            elif kind == "fault":
-                self.process.join(10)
-                self.kill()
-                raise _Fault(f"{message[1]} (phase {phase})")
-            else:
-                self.kill()
-                raise _Fault(f"unexpected message from the GPU worker: {kind!r}")
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()  # SIGKILL: a hung kernel ignores anything gentler
-        self.process.join(30)
-        self.conn.close()
-
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """Ask the child to leave; past `timeout_s` (torch's teardown is slow and unneeded) kill it."""
-        if self.process.is_alive():
-            try:
-                self.conn.send(("stop", {}))
-            except (OSError, ValueError):
-                pass
-            self.process.join(timeout_s)
-        self.kill()
-
-
-def runner_options(profile: GpuProfile, device: int, seed: Optional[int] = None,
-                   refresh_every: int = 20) -> RunnerOptions:
-    """What a GPU worker child of `device` is started with (and a prestarted child is matched by)."""
-    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
-
-
-# Children started ahead of their backend (prestart), by their options: the first GpuBackend with the
-# default runner and the same options adopts one.
-_prestarted: dict[RunnerOptions, _Worker] = {}
-
-
-def prestart(profile: GpuProfile, device: int = 0) -> None:
-    """Start the GPU worker child of `device` now and return at once. Its torch import and CUDA context
-    (4-7 s on an H100 host, the largest fixed cost of a search) then overlap the caller's own start-up
-    (imports, studies, the store); the backend built later adopts the child. Does nothing where the GPU
-    environment is missing: the backend says why when it is built."""
-    options = runner_options(profile, device)
-    if options in _prestarted:
-        return
-    try:
-        _check_gpu_environment()
-    except NoGpuError:
-        return
-    _prestarted[options] = _Worker(default_runner, options)
-
-
-def _check_gpu_environment() -> None:
-    """What the GPU worker needs, checked without importing torch (that costs a worker process seconds;
-    the worker imports it itself)."""
-    if importlib.util.find_spec("torch") is None:
-        raise NoGpuError("torch is not installed")
-    if visible_gpu_count() == 0:
-        raise NoGpuError("no usable CUDA GPU on this machine (the CUDA driver reports none)")
-    if importlib.util.find_spec("pycuda") is None:
-        raise NoGpuError("pycuda is not installed; install the gpu extra: pip install 'flashcore-tuner[gpu]'")
 
 
 class _GpuMeasurement:
@@ -232,7 +96,7 @@ class GpuBackend:
                  *, runner: Optional[Callable[[RunnerOptions], Runner]] = None, timing_budget_s: float = 60.0,
                  start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "") -> None:
         if runner is None:
-            _check_gpu_environment()
+            check_gpu_environment()
         if watchdog_s <= 0 or timing_budget_s < 0:
             raise TunerError("watchdog_s must be positive and timing_budget_s non-negative")
         self.profile = profile
@@ -261,8 +125,7 @@ class GpuBackend:
         if self._worker is None or not self._worker.process.is_alive():
             if self._worker is not None:
                 self._worker.kill()
-            adopted = _prestarted.pop(self._options, None) if self._factory is default_runner else None
-            self._worker = adopted or _Worker(self._factory, self._options)
+            self._worker = adopt_prestarted(self._options, self._factory) or _Worker(self._factory, self._options)
         try:
             self._worker.wait_ready(self.start_timeout_s)
         except BaseException:

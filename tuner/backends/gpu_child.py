@@ -254,7 +254,10 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         conn.send(("error", _fault_text(exc)))
         conn.close()
         os._exit(1)
-    conn.send(("ready", None))
+    try:
+        conn.send(("ready", None))
+    except OSError:  # the parent went away while we started (e.g. aborted): nothing to report to
+        os._exit(0)
 
     def progress(phase: str, long: bool = False) -> None:
         conn.send(("phase", phase, bool(long)))

@@ -193,6 +193,12 @@ def _tma_arg_format(cubin: bytes, entry: str) -> str:
     return (f"{first}x" if first else "") + TMA_ARG_FORMAT
 
 
+def _capturing(torch: Any, device: int) -> bool:
+    """Is torch's current stream of `device` (the one a launch goes to) capturing a CUDA graph?"""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
     """cache[key] = value, emptying the cache first once it holds CACHE_LIMIT entries; returns value."""
     if len(cache) >= TensorMapEncoder.CACHE_LIMIT:
@@ -354,32 +360,27 @@ class AttentionKernel:
 
     def _merge_space(self, stream: int, grid: tuple[int, int, int], d: int) -> tuple[int, int]:
         """(workspace, counters) pointers for a launch of `grid` on `stream`: SPLITS partial results of
-        BLOCK_M x (D + 2) floats and one arrival counter per row block.
-
-        Eager launches share buffers per stream (launches on one stream are ordered; the last CTA of a row
-        block puts its counter back to zero), grown by doubling; outgrown buffers are kept, never freed,
-        since a captured CUDA graph may still point at them. A launch being captured gets buffers of its
-        own, allocated (and the counters zeroed) inside the capture: two graphs then never share a
-        workspace, whatever order or streams they are replayed in, and each replay starts from zeroed
-        counters. They live as long as this kernel (a capture is rare; each pair is a few hundred KB)."""
+        BLOCK_M x (D + 2) floats and one arrival counter per row block. Eager launches share them per
+        stream (ordered; the last CTA of a row block zeroes its counter), grown by doubling. A launch being
+        captured gets its own, allocated (counters zeroed: a memset) in the capture, so graphs never share
+        them. Buffers a graph may use are kept as long as this kernel (a few hundred KB a B8 decode step)."""
         import torch
 
         blocks = grid[0] // self.shape.splits * grid[1] * grid[2]
         floats = blocks * self.shape.splits * self.shape.block_m * (d + 2)
-        device = torch.device("cuda", self._device)
-        if torch.cuda.is_current_stream_capturing():
-            own = (torch.empty(max(floats, 4), dtype=torch.float32, device=device),
-                   torch.zeros(max(blocks, 1), dtype=torch.int32, device=device))  # a memset in the graph
-            self._outgrown.append(own)
-            return own[0].data_ptr(), own[1].data_ptr()
-        have = self._merge_buffers.get(stream)
+        capturing = _capturing(torch, self._device)
+        have = None if capturing else self._merge_buffers.get(stream)
         if have is None or have[0].numel() < floats or have[1].numel() < blocks:
             if have is not None:
                 self._outgrown.append(have)
                 floats, blocks = max(floats, 2 * have[0].numel()), max(blocks, 2 * have[1].numel())
+            device = torch.device("cuda", self._device)
             have = (torch.empty(max(floats, 4), dtype=torch.float32, device=device),
                     torch.zeros(max(blocks, 1), dtype=torch.int32, device=device))
-            self._merge_buffers[stream] = have
+            if capturing:
+                self._outgrown.append(have)
+            else:
+                self._merge_buffers[stream] = have
         return have[0].data_ptr(), have[1].data_ptr()
 
     def _map_inputs(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[tuple[str, Any, int], ...]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
-from tuner.backends.gpu import prestart
+from tuner.backends.gpu_process import discard_prestarted, prestart
 from tuner.backends.replay import recording_profile
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
@@ -105,12 +105,17 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     console = console or Console(stderr=True)
     validate_options(options)
     profile = _resolve(options)
-    if options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced:
+    early = options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced
+    if early:
         prestart(profile, options.devices[0])  # its torch import overlaps the studies' preparation
     db_url = options.db_url or default_db_url()
     started = time.perf_counter()
-    with opened_storage(db_url) as storage:
-        report = _search(options, profile, db_url, storage, console, hooks)
+    try:
+        with opened_storage(db_url) as storage:
+            report = _search(options, profile, db_url, storage, console, hooks)
+    finally:
+        if early:
+            discard_prestarted(profile, options.devices[0])  # not adopted when the search failed first
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
@@ -189,8 +194,6 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
     infos = [study_info(s) for s in loaded]
     if len({i.profile for i in infos}) > 1:
         raise TunerError("a worker serves one GPU profile; these studies name several")
-    if backend == "gpu" and infos and not hooks.replaced:
-        prestart(load_profile(infos[0].profile), device)
     jobs = []
     deadline = hooks.now() + time_budget_s if time_budget_s else None
     for i, (study, info) in enumerate(zip(loaded, infos)):
@@ -199,9 +202,16 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
             raise TunerError(f"study {info.name!r} has no trial budget: give --trials or --time-budget")
         jobs.append(WorkerJob(i, info.name, left, deadline, beyond_budget=trials is not None))
     spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed)
-    with SearchProgress(console) as progress:
-        for job, info in zip(jobs, infos):
-            progress.add_problem(job.index, info.problem, job.trials)
-        result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
+    early = backend == "gpu" and not hooks.replaced
+    if early:  # the GPU child starts while the progress display and the worker's store come up
+        prestart(load_profile(infos[0].profile), device)
+    try:
+        with SearchProgress(console) as progress:
+            for job, info in zip(jobs, infos):
+                progress.add_problem(job.index, info.problem, job.trials)
+            result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
+    finally:
+        if early:
+            discard_prestarted(load_profile(infos[0].profile), device)
     with open_store(db_url) as store:
         return _report(storage, store, [(i.name, i.problem) for i in infos], [result])

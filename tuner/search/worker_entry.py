@@ -9,16 +9,29 @@ imports the search modules.
 from __future__ import annotations
 
 import pickle
+import signal
 from typing import Any, Optional
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def worker_process_main(device: int, gpu_profile: Optional[str], spec: bytes, events: Any, stop: Any) -> None:
     """Start the GPU child of `device` (gpu_profile None: not the GPU backend), then run the worker."""
+    # First of all: Ctrl-C reaches the whole process group but is the parent's to handle (it sets
+    # `stop`); the parent's SIGTERM (a second Ctrl-C) aborts, as an exception, so the worker stores
+    # what it was doing and the GPU child started below is stopped on the way out.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     if gpu_profile is not None:
-        from tuner.backends.gpu import prestart
-        from tuner.profiles import load_profile
+        try:
+            from tuner.backends.gpu_process import prestart
+            from tuner.profiles import load_profile
 
-        prestart(load_profile(gpu_profile), device)
+            prestart(load_profile(gpu_profile), device)
+        except Exception:  # noqa: BLE001 - only a head start: the backend starts (and reports) it itself
+            pass
     from tuner.search.workers import child_main
 
     child_main(pickle.loads(spec), events, stop)

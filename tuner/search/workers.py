@@ -193,18 +193,12 @@ def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks
 # --- the body of a worker process (several devices; started by tuner.search.worker_processes) -----
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def child_main(spec: WorkerSpec, events: Any, stop: Any) -> None:
-    """A worker process started by run_processes (through tuner.search.worker_entry)."""
+    """A worker process started by run_processes, entered through tuner.search.worker_entry (which has
+    set the signals: SIGINT ignored, since the terminal's Ctrl-C reaches every process of the group and
+    only the parent acts on it; the parent's escalation, SIGTERM, aborts the trial in flight)."""
     import traceback
 
-    # The terminal's Ctrl-C reaches every process of the group: only the parent acts on it (it sets
-    # `stop`); the parent's escalation (SIGTERM) aborts the trial in flight, as a second Ctrl-C does.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run_worker(spec, events.put, stop)
         events.put(("done", spec.worker, result))
