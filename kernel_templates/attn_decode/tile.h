@@ -6,7 +6,7 @@
 #pragma once
 
 #include "../attn_fwd_mma/ptx_sm80.h"
-#include "../attn_fwd_mma/tree_reduce.h"
+#include "../attn_fwd_mma/warp_tile.h"
 #include "../common/attn_args.h"
 #include "../common/utils.h"
 #include "config.h"
@@ -93,33 +93,13 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
   using T = typename C::T;
   using QL = typename C::QLayout;
   using KL = typename C::KVLayout;
-  using M = Mma<T>;
   const int g = at.g, t = at.t;
 
   // ---- S = Q K^T: every row of the block x this warp's keys of the tile
   float acc_s[C::MT][C::NT][4];
-#pragma unroll
-  for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
-#pragma unroll
-  for (int kd = 0; kd < C::KD; ++kd) {
-    uint32_t a_frag[C::MT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) ldmatrix_x4(a_frag[mt], QL::addr(q_rb, q_cb, mt * 16, kd * 16));
-#pragma unroll
-    for (int np = 0; np < C::NT / 2; ++np) {
-      uint32_t b_frag[4];
-      ldmatrix_x4(b_frag, KL::addr(tk_rb, k_cb, np * 16, kd * 16));
-#pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
-        M::run(acc_s[mt][2 * np], a_frag[mt], b_frag[0], b_frag[1]);
-        M::run(acc_s[mt][2 * np + 1], a_frag[mt], b_frag[2], b_frag[3]);
-      }
-    }
-  }
+  warp_qk<T, KL, C::MT, C::NT, C::KD>(
+      acc_s, [&](uint32_t(&f)[4], int mt, int kd) { ldmatrix_x4(f, QL::addr(q_rb, q_cb, mt * 16, kd * 16)); }, tk_rb,
+      k_cb);
 
   // ---- masks: keys past the end, and past each row's causal limit
   if (n0 + C::BN > at.n_end || (C::CAUSAL && n0 + C::BN - 1 > at.p_first + at.diag)) {
@@ -137,63 +117,19 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
       }
   }
 
-  // ---- online softmax (row max shared by the thread quad; sums reduced at the end)
+  // ---- online softmax, then O += P V
 #pragma unroll
   for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float vals[2 * C::NT];
-#pragma unroll
-      for (int nt = 0; nt < C::NT; ++nt) {
-        vals[2 * nt] = acc_s[mt][nt][2 * r];
-        vals[2 * nt + 1] = acc_s[mt][nt][2 * r + 1];
-      }
-      TreeReduce<C::NT>::run(vals, MaxOp());
-      float mx = fmaxf(st.row_max[mt][r], vals[0]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float m_scaled = (mx == NEG_INF) ? 0.f : mx * at.scale_log2;
-      const float alpha = fast_exp2(st.row_max[mt][r] * at.scale_log2 - m_scaled);
-      st.row_max[mt][r] = mx;
-#pragma unroll
-      for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = fast_exp2(fmaf(acc_s[mt][nt][2 * r + e], at.scale_log2, -m_scaled));
-          acc_s[mt][nt][2 * r + e] = p;
-          vals[2 * nt + e] = p;
-        }
-      TreeReduce<C::NT>::run(vals, AddOp());
-      st.row_sum[mt][r] = st.row_sum[mt][r] * alpha + vals[0];
+      const float alpha = warp_softmax_row<C::NT>(acc_s[mt], r, st.row_max[mt][r], st.row_sum[mt][r], at.scale_log2);
 #pragma unroll
       for (int dt = 0; dt < C::DT; ++dt) {
         st.acc_o[mt][dt][2 * r] *= alpha;
         st.acc_o[mt][dt][2 * r + 1] *= alpha;
       }
     }
-
-  // ---- O += P V
-#pragma unroll
-  for (int kk = 0; kk < C::KN; ++kk) {
-    uint32_t p_frag[C::MT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) {
-      p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-      p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-      p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-      p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int dp = 0; dp < C::DT / 2; ++dp) {
-      uint32_t b_frag[4];
-      ldmatrix_x4_trans(b_frag, KL::addr(tv_rb, v_cb, kk * 16, dp * 16));
-#pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
-        M::run(st.acc_o[mt][2 * dp], p_frag[mt], b_frag[0], b_frag[1]);
-        M::run(st.acc_o[mt][2 * dp + 1], p_frag[mt], b_frag[2], b_frag[3]);
-      }
-    }
-  }
+  warp_pv<T, KL, C::MT, C::NT, C::DT>(st.acc_o, acc_s, tv_rb, v_cb);
 }
 
 // The CTA's partial result in shared memory (the K/V ring reused: call after every warp is done with it):
