@@ -21,11 +21,11 @@ from typing import Any, Callable, Optional, Protocol
 
 from tuner.errors import NoGpuError
 from tuner.problem import Problem
-from tuner.runtime.baselines import SDPA_BACKENDS, available_baselines
+from tuner.runtime.baselines import available_baselines, confirm_stage_pruner
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.timing import confirm_pruner, interleaved_rounds, time_cuda
+from tuner.runtime.timing import interleaved_rounds, time_cuda
 from tuner.runtime.verify import (
     TOLERANCE,
     empty_output,
@@ -188,10 +188,8 @@ class CudaRunner:
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
         variants = [b.entry for b in request["builts"] if b.entry in calls]
-        prune = confirm_pruner(variants, [name for name in calls if name not in variants],
-                               keep_fastest_of=SDPA_BACKENDS)
         return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
-                                  prune=prune)
+                                  prune=confirm_stage_pruner(variants, calls))
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)

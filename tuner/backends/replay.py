@@ -26,9 +26,9 @@ from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
-from tuner.runtime.baselines import SDPA_BACKENDS
+from tuner.runtime.baselines import confirm_stage_pruner
 from tuner.runtime.build import BuiltKernel
-from tuner.runtime.timing import Timing, confirm_pruner, interleaved_rounds
+from tuner.runtime.timing import Timing, interleaved_rounds
 from tuner.status import TrialStatus
 from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store
 
@@ -167,8 +167,7 @@ class ReplayBackend:
             return Timing(us, us, us, 1)
 
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        prune = confirm_pruner(names, [impl for impl in samples if impl not in names], keep_fastest_of=SDPA_BACKENDS)
-        times = interleaved_rounds(calls, rounds, prune=prune)
+        times = interleaved_rounds(calls, rounds, prune=confirm_stage_pruner(names, samples))
         return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
 
     def close(self) -> None:

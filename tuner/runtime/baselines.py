@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Iterable, Optional
 
 from tuner.problem import Problem
-from tuner.runtime.timing import Timing, time_cuda
+from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_cuda
 from tuner.runtime.verify import ragged_mask
 
 # Name stored in the results database -> torch SDPBackend member name.
@@ -20,6 +20,13 @@ SDPA_BACKENDS = {
     "sdpa_efficient": "EFFICIENT_ATTENTION",
 }
 FA4 = "fa4"  # FlashAttention-4's forward (flash_attn.cute.flash_attn_func)
+
+
+def confirm_stage_pruner(variants: Collection[str], timed: Iterable[str]) -> Pruner:
+    """The confirm stage's early stops (runtime.timing.confirm_pruner) over the implementations `timed`:
+    each one that is not a variant is a baseline, and the fastest SDPA backend always runs every round
+    (an export routes a cell by it)."""
+    return confirm_pruner(variants, [name for name in timed if name not in variants], keep_fastest_of=SDPA_BACKENDS)
 
 
 @dataclass(frozen=True)
