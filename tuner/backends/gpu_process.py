@@ -6,10 +6,11 @@ can start it ahead of need: `prestart()` at the top of a search, whose backend t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_runner
 from tuner.errors import NoGpuError, TunerError
@@ -156,6 +157,19 @@ def adopt_prestarted(options: RunnerOptions, factory: Callable[..., Any]) -> Opt
         worker.kill()  # died before it was needed (e.g. Ctrl-C while starting): the caller starts afresh
         return None
     return worker
+
+
+@contextlib.contextmanager
+def started_early(profile: GpuProfile, device: int, enabled: bool = True) -> Iterator[None]:
+    """prestart() the GPU child of `device` on entry (when `enabled`); on exit, stop it if nothing adopted it
+    (the work inside ended before it built its backend)."""
+    if enabled:
+        prestart(profile, device)
+    try:
+        yield
+    finally:
+        if enabled:
+            discard_prestarted(profile, device)
 
 
 def discard_prestarted(profile: GpuProfile, device: int = 0,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
-from tuner.backends.gpu_process import discard_prestarted, prestart
+from tuner.backends.gpu_process import started_early
 from tuner.backends.replay import recording_profile
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
@@ -105,17 +105,12 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     console = console or Console(stderr=True)
     validate_options(options)
     profile = _resolve(options)
-    early = options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced
-    if early:
-        prestart(profile, options.devices[0])  # its torch import overlaps the studies' preparation
     db_url = options.db_url or default_db_url()
     started = time.perf_counter()
-    try:
-        with opened_storage(db_url) as storage:
-            report = _search(options, profile, db_url, storage, console, hooks)
-    finally:
-        if early:
-            discard_prestarted(profile, options.devices[0])  # not adopted when the search failed first
+    # One card: its GPU child's torch import overlaps the studies' preparation (several: each worker's own).
+    early = options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced
+    with started_early(profile, options.devices[0], early), opened_storage(db_url) as storage:
+        report = _search(options, profile, db_url, storage, console, hooks)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
@@ -202,16 +197,11 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
             raise TunerError(f"study {info.name!r} has no trial budget: give --trials or --time-budget")
         jobs.append(WorkerJob(i, info.name, left, deadline, beyond_budget=trials is not None))
     spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed)
-    early = backend == "gpu" and not hooks.replaced
-    if early:  # the GPU child starts while the progress display and the worker's store come up
-        prestart(load_profile(infos[0].profile), device)
-    try:
-        with SearchProgress(console) as progress:
-            for job, info in zip(jobs, infos):
-                progress.add_problem(job.index, info.problem, job.trials)
-            result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
-    finally:
-        if early:
-            discard_prestarted(load_profile(infos[0].profile), device)
+    # The GPU child starts while the progress display and the worker's store come up.
+    with started_early(load_profile(infos[0].profile), device, backend == "gpu" and not hooks.replaced), \
+            SearchProgress(console) as progress:
+        for job, info in zip(jobs, infos):
+            progress.add_problem(job.index, info.problem, job.trials)
+        result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
     with open_store(db_url) as store:
         return _report(storage, store, [(i.name, i.problem) for i in infos], [result])
