@@ -64,7 +64,8 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
                   "// nullptr), block_table (const int*, [B, pages_per_seq] of a paged K/V cache, or nullptr for dense",
                   "// K/V), log2 of the page size, pages_per_seq, then workspace (float*, at least row blocks x Hkv x B",
                   "// x Cfg::SPLITS x Cfg::BM x (D + 2) floats) and counters (int*, row blocks x Hkv x B ints, zero",
-                  "// before the first launch; the kernel puts them back to zero; one pair per stream).",
+                  "// before the first launch; the kernel puts them back to zero; one pair per stream, and one",
+                  "// per captured CUDA graph, zeroed inside it).",
                   "// Launch: grid (row blocks * Cfg::SPLITS, Hkv, B), row blocks = ceil(Sq * H / Hkv / Cfg::BM): the",
                   "// rows are (query, head of the GQA group) pairs; no cluster; block Cfg::THREADS, dynamic shared",
                   "// memory Cfg::SMEM_BYTES"]

@@ -161,3 +161,12 @@ def stream_getter() -> Any:
         (lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
+def capturing_on(device: int) -> bool:
+    """Is torch's current stream of `device` (where a launch goes) capturing a CUDA graph? Without a device
+    switch in the usual case, where `device` is the current one."""
+    import torch
+
+    if torch.cuda.current_device() == device:
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()

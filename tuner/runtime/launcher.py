@@ -23,6 +23,7 @@ from ._cuda_api import (  # noqa: F401 - the errors are this module's API too
     TensorMapEncoder,
     _bound,
     _libcuda,
+    capturing_on,
     stream_getter,
 )
 
@@ -191,12 +192,6 @@ def _tma_arg_format(cubin: bytes, entry: str) -> str:
     if offsets != [first, first + 128, first + 256, first + 384]:
         raise GpuUnavailableError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
     return (f"{first}x" if first else "") + TMA_ARG_FORMAT
-
-
-def _capturing(torch: Any, device: int) -> bool:
-    """Is torch's current stream of `device` (the one a launch goes to) capturing a CUDA graph?"""
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
@@ -368,7 +363,7 @@ class AttentionKernel:
 
         blocks = grid[0] // self.shape.splits * grid[1] * grid[2]
         floats = blocks * self.shape.splits * self.shape.block_m * (d + 2)
-        capturing = _capturing(torch, self._device)
+        capturing = capturing_on(self._device)
         have = None if capturing else self._merge_buffers.get(stream)
         if have is None or have[0].numel() < floats or have[1].numel() < blocks:
             if have is not None:
