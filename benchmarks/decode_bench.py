@@ -54,7 +54,6 @@ def best_trial(store: Any, gpu: str, p: Problem) -> Any:
 
 
 def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int, dense_row: Any = None) -> dict[str, Any]:
-
     q, k, v = make_inputs(p, seed=0)
     lengths = p.key_lengths() if p.ragged else None
     lens = ragged_seq_lens(p, "cuda")
