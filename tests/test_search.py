@@ -80,8 +80,8 @@ class CountingBackend:
         self.measured.append(variant.name)
         return self.inner.measure(problem, variant, compiled)
 
-    def confirm(self, problem, variants, builts, rounds):
-        return self.inner.confirm(problem, variants, builts, rounds)
+    def confirm(self, problem, variants, builts, rounds, **kwargs):
+        return self.inner.confirm(problem, variants, builts, rounds, **kwargs)
 
     def close(self):
         self.closed = True
@@ -512,7 +512,7 @@ class _TinySpaceBackend:
         return Measurement(TrialStatus.OK, median_us=10.0 + len(variant.params["MODE"]), p20_us=1.0, p80_us=1.0,
                            rel_error=0.0)
 
-    def confirm(self, problem, variants, builts, rounds):
+    def confirm(self, problem, variants, builts, rounds, **kwargs):
         from tuner.backends.base import ConfirmTimings
 
         return ConfirmTimings({v.name: (10.0 + len(v.params["MODE"]),) * rounds for v in variants})

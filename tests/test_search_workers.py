@@ -337,3 +337,40 @@ def test_each_worker_goes_round_every_study_from_its_own_and_each_study_has_one_
             assert [j.deadline for j in jobs] == pytest.approx([100.0 + (k + 1) * budget / count for k in range(count)])
     for i in range(count):
         assert sum(j.confirm for jobs in plans for j in jobs if j.index == i) == 1
+
+
+def test_two_cards_share_the_confirm_stage_each_round_timed_on_one_card(replay_recording, sqlite_url):
+    rec = replay_recording
+    # Paced like a card (0.05 s a measurement), so both workers end the study together.
+    result = run_tuner(*search_args(rec, sqlite_url, 30, "--devices", "0,1", "--seed", "5", "--confirm", "3",
+                                    "--confirm-rounds", "6"), env={DELAY_ENV: "0.05", "COLUMNS": "250"})
+    assert result.exit_code == 0, result.stderr
+    attrs = the_study(rec, sqlite_url).user_attrs
+    shares = [v for k, v in attrs.items() if k.startswith("confirm_share:")]
+    assert len(shares) == 2 and all(s["rounds"] for s in shares)  # both cards timed rounds
+    pooled = sum(len(s["rounds"]) for s in shares)
+    assert pooled in (6, 7)  # two cards may both start the last round
+    assert attrs["confirm_plan"]["done"]
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(rec.problem)
+    assert confirmed is not None and confirmed.rounds == pooled
+    assert f"median of {pooled} interleaved rounds on 2 cards" in result.stdout + result.stderr
+
+
+def test_worker_processes_never_given_work_end_at_once(monkeypatch):
+    from tuner.search.worker_processes import started_workers
+
+    started = time.monotonic()
+    with started_workers((0, 1), None) as processes:
+        assert processes is not None and all(p.is_alive() for p in processes.procs)
+    assert not any(p.is_alive() for p in processes.procs)
+    assert all(p.exitcode == 0 for p in processes.procs)  # left on their own, not killed
+    assert time.monotonic() - started < 30
+    with started_workers((0,), None) as one:
+        assert one is None  # one card runs in this process
+
+
+def test_a_bad_search_with_several_devices_leaves_no_worker_process(replay_recording, sqlite_url):
+    rec = replay_recording
+    result = run_tuner(*search_args(rec, sqlite_url, 5, "--devices", "0,1", "--template", "no_such_template"))
+    assert result.exit_code == 2 and "no_such_template" in result.stderr and "Traceback" not in result.stderr

@@ -127,3 +127,19 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
     assert metrics["sm__inst_executed_pipe_tensor_op_hmma.sum"].value > 0  # mma.sync on the tensor pipe
     assert {x.name for x in detail.ncu_metrics} == set(METRICS)
     assert detail.median_us == m.median_us  # ncu's duration never replaces the measured median
+
+
+def test_a_confirm_round_times_the_variants_and_only_the_baselines_asked_for(gpu_profile) -> None:
+    from tuner.backends.gpu import GpuBackend
+
+    variant = real_variant(gpu_profile)
+    kernel = built(variant, gpu_profile)
+    with GpuBackend(gpu_profile) as backend:
+        every = backend.confirm(PROBLEM, [variant], [kernel], 1).rounds
+        baselines = sorted(name for name in every if name != variant.name)
+        assert variant.name in every and baselines, every
+        fastest = min(baselines, key=lambda name: every[name][0])
+        chosen = backend.confirm(PROBLEM, [variant], [kernel], 2, baselines=[fastest], first_round=3).rounds
+        none = backend.confirm(PROBLEM, [variant], [kernel], 1, baselines=[]).rounds
+    assert set(chosen) == {variant.name, fastest} and all(len(t) == 2 and min(t) > 0 for t in chosen.values())
+    assert set(none) == {variant.name}

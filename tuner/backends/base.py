@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Collection, Optional, Protocol
 
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -98,9 +98,10 @@ class Backend(Protocol):
         ...
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
-                rounds: int) -> ConfirmTimings:
-        """Time the variants and the SDPA baselines in `rounds` interleaved rounds (a variant that is not
-        correct on fresh inputs, or that the backend cannot time, is left out)."""
+                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
+        """Time the variants and the baselines named (None: every one the backend has) in `rounds`
+        interleaved rounds, numbered from `first_round` (the first call of a round rotates with it); a
+        variant that is not correct on fresh inputs, or that the backend cannot time, is left out."""
         ...
 
     def close(self) -> None: ...

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from tuner.backends.base import (
     BaselineMeasurement,
@@ -233,10 +233,12 @@ class GpuBackend:
                            reply.get("rel_error"), reply.get("error"))
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
-                rounds: int) -> ConfirmTimings:
+                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
         ready = [dataclasses.replace(b, source="") for b in builts if b is not None and b.ok]
         try:
-            reply = self._request("confirm", {"problem": problem, "builts": ready, "rounds": rounds})
+            reply = self._request("confirm", {"problem": problem, "builts": ready, "rounds": rounds,
+                                              "baselines": None if baselines is None else list(baselines),
+                                              "first_round": first_round})
         except (_Timeout, _Fault) as exc:
             raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
         return ConfirmTimings({name: tuple(times) for name, times in reply.items()})

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from tuner.errors import NoGpuError
 from tuner.problem import Problem
-from tuner.runtime.baselines import available_baselines, confirm_stage_pruner
+from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, range_name
@@ -167,10 +167,12 @@ class CudaRunner:
                 "p80_us": timing.p80_us, "reps": timing.reps}
 
     def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[float]]:
-        """Verified variants and every SDPA baseline, timed in interleaved rounds (the start rotates)."""
+        """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
+        rounds (the start rotates from round `first_round` on)."""
         import torch
 
         problem: Problem = request["problem"]
+        wanted = request.get("baselines")
         progress("prepare", True)
         data = self._problem_inputs(problem)
         q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
@@ -183,13 +185,14 @@ class CudaRunner:
                 calls[built.entry] = (lambda call=kernel_call(kernel, data, out, checked=False): time_cuda(
                     call, l2_bytes=self.options.l2_bytes))
         for baseline in available_baselines(problem, q, k, v, scale):
+            if wanted is not None and baseline.name not in wanted:
+                continue
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
-        variants = [b.entry for b in request["builts"] if b.entry in calls]
         return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
-                                  prune=confirm_stage_pruner(variants, calls))
+                                  first_round=int(request.get("first_round", 0)))
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)

@@ -19,14 +19,13 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Collection, Iterable, Optional
 
 from tuner.backends.base import BaselineMeasurement, ConfirmTimings, DeviceFacts, Measurement
 from tuner.errors import TunerError
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
-from tuner.runtime.baselines import confirm_stage_pruner
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.timing import Timing, interleaved_rounds
 from tuner.status import TrialStatus
@@ -34,8 +33,9 @@ from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_sto
 
 NOT_RECORDED = "not measured in the recording"
 REPLAYED_STATUSES = (TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT)
-# Seconds each replayed measurement sleeps (default 0): lets tests and demos
-# interrupt or kill a search mid-way, as they would a real one.
+# Seconds each replayed measurement takes (default 0): lets tests and demos interrupt or kill a search
+# mid-way, as they would a real one, and a search's own machinery be timed on a CPU as the GPU paces it
+# (a submitted measurement is busy for that long while the search asks and stores, as a card would be).
 DELAY_ENV = "TUNER_REPLAY_DELAY_S"
 
 
@@ -47,6 +47,21 @@ class _Recorded:
     p80_us: Optional[float]
     rel_error: Optional[float]
     error: Optional[str]
+
+
+@dataclass
+class _Paced:
+    """A replayed measurement that is ready at `ready_at` (perf_counter time)."""
+
+    measurement: Measurement
+    ready_at: float
+    seconds: float
+
+    def result(self) -> Measurement:
+        left = self.ready_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return self.measurement
 
 
 VariantKey = tuple[Problem, str, str]  # (problem, template, canonical JSON of the params)
@@ -137,10 +152,18 @@ class ReplayBackend:
                for impl, samples in self._baselines.get(problem, {}).items()]
         return sorted(out, key=lambda b: b.median_us)
 
+    def submit_measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
+                       range_prefix: str = "") -> "_Paced":
+        """Answered at once, ready after the delay: the search's work meanwhile overlaps it, as with a GPU."""
+        return _Paced(self._lookup(problem, variant), time.perf_counter() + self._delay, self._delay)
+
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: str = "") -> Measurement:
         if self._delay:
             time.sleep(self._delay)
+        return self._lookup(problem, variant)
+
+    def _lookup(self, problem: Problem, variant: Variant) -> Measurement:
         samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
         if not samples:
             return Measurement(status=TrialStatus.PRUNED, error=NOT_RECORDED)
@@ -149,25 +172,27 @@ class ReplayBackend:
                            rel_error=found.rel_error, error=found.error)
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
-                rounds: int) -> ConfirmTimings:
-        """The GPU worker's rounds (interleaved, clearly slower ones stopped early), each timing one draw
-        from the recorded timings of the variant or baseline (with one recorded timing, always that)."""
+                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
+        """The GPU worker's interleaved rounds, each timing one draw from the recorded timings of the
+        variant or baseline (with one recorded timing, always that); each draw takes the delay."""
         samples: dict[str, list[float]] = {}
         for variant in variants:
             rows = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
             ok = [r.median_us for r in rows if r.status is TrialStatus.OK and r.median_us is not None]
             if ok:
                 samples[variant.name] = ok
-        names = list(samples)
         for impl, measured in self._baselines.get(problem, {}).items():
-            samples[impl] = [m.median_us for m in measured]
+            if baselines is None or impl in baselines:
+                samples[impl] = [m.median_us for m in measured]
 
         def draw(impl: str) -> Timing:
+            if self._delay:
+                time.sleep(self._delay)
             us = self._rng.choice(samples[impl])
             return Timing(us, us, us, 1)
 
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        times = interleaved_rounds(calls, rounds, prune=confirm_stage_pruner(names, samples))
+        times = interleaved_rounds(calls, rounds, first_round=first_round)
         return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
 
     def close(self) -> None:

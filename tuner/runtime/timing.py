@@ -77,16 +77,18 @@ Pruner = Callable[[int, Mapping[str, Sequence[float]]], Collection[str]]
 
 def interleaved_rounds(calls: Mapping[str, Callable[[], Timing]], rounds: int,
                        on_round: Callable[[int], None] = lambda r: None,
-                       prune: Optional[Pruner] = None) -> dict[str, list[float]]:
+                       prune: Optional[Pruner] = None, first_round: int = 0) -> dict[str, list[float]]:
     """Each call's median µs in each of `rounds` rounds, every call once a round; the first call of a
     round rotates, so none always runs first (or on a cooler card). Compare with per-round ratios.
+    `first_round`: the number of the first round (rounds of one race timed a few at a time go on rotating).
 
     `prune(r, times)`, after round r (0-based) with the times of the calls still running, names calls
     to stop timing: theirs keep the rounds they ran, aligned with everyone's first rounds."""
     order, times = list(calls), {name: [] for name in calls}
     for r in range(rounds if order else 0):
         on_round(r)
-        for name in order[r % len(order):] + order[:r % len(order)]:
+        turn = (first_round + r) % len(order)
+        for name in order[turn:] + order[:turn]:
             times[name].append(calls[name]().median_us)
         if prune is not None and r + 1 < rounds:
             dropped = set(prune(r, {name: times[name] for name in order}))
@@ -102,7 +104,10 @@ def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -
     return statistics.median(b / t for b, t in zip(baseline_us, variant_us))
 
 
-def confirm_pruner(variants: Collection[str], baselines: Collection[str], *, after: int = 3,
+CONFIRM_AFTER = 3  # rounds after which the confirm stage stops the clearly slower variants
+
+
+def confirm_pruner(variants: Collection[str], baselines: Collection[str], *, after: int = CONFIRM_AFTER,
                    margin: float = 0.02, baseline_margin: float = 0.10,
                    keep_fastest_of: Collection[str] = ()) -> Pruner:
     """Successive elimination for the confirm stage, so its rounds go to the variants still in the race:

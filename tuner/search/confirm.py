@@ -2,26 +2,33 @@
 
 In-search timings of a ~0.5 ms kernel drift by ±5%, more than the gap between
 the top variants. So after a study's trials, its K best distinct variants are
-timed again in the same worker, in R rounds that alternate them with every
-SDPA baseline (the start of each round rotates); each variant's figure is the
-median over the rounds of its per-round ratio to the fastest baseline, and the
-winner is the best figure. Clearly slower variants and baselines stop early
-(runtime.timing.confirm_pruner), so the rounds go to the close race. The
-rounds are stored with the winner.
+timed again, in R rounds that alternate them with every SDPA baseline (the
+start of each round rotates); each variant's figure is the median over the
+rounds of its per-round ratio to the fastest baseline, and the winner is the
+best figure. Clearly slower variants and baselines stop early
+(runtime.timing.confirm_pruner), so the rounds go to the close race. With
+several cards the rounds are shared by those that end the study together
+(tuner.search.confirm_ledger), each round timed on one card. The rounds are
+stored with the winner.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+import uuid
 from typing import Callable, Optional
 
 from tuner.backends.base import ConfirmTimings
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
-from tuner.runtime.timing import per_round_ratio
+from tuner.runtime.baselines import confirm_stage_pruner
+from tuner.runtime.timing import CONFIRM_AFTER, per_round_ratio
+from tuner.search.confirm_ledger import Attributes, Ledger, MemoryAttributes, Plan, await_plan, publish
 from tuner.search.job import Context
+from tuner.search.liveness import WORKER_ID
 from tuner.status import TrialStatus
 from tuner.store import ConfirmRecord, TrialFilter, TrialRow
 
@@ -68,18 +75,74 @@ def pick_winner(timings: ConfirmTimings, variants: list[str], baselines: list[st
     return winner, ratio(winner), fastest
 
 
+def stopped_early(rounds: list[dict[str, float]], variants: list[str]) -> set[str]:
+    """The implementations the confirm stage stops timing, judged on the pooled rounds finished so far
+    (runtime.baselines.confirm_stage_pruner): after one round the clearly slower baselines, after three
+    the clearly slower variants."""
+    if not rounds:
+        return set()
+    prune = confirm_stage_pruner(variants, rounds[0])
+    dropped = set(prune(0, {impl: [us] for impl, us in rounds[0].items()}))
+    first = rounds[:CONFIRM_AFTER]
+    if len(first) == CONFIRM_AFTER:
+        common = [impl for impl in first[0] if impl not in dropped and all(impl in r for r in first)]
+        dropped |= set(prune(CONFIRM_AFTER - 1, {impl: [r[impl] for r in first] for impl in common}))
+    return dropped
+
+
+def pooled_timings(rounds: list[dict[str, float]]) -> ConfirmTimings:
+    """Each implementation's µs over the pooled rounds it ran (those timed in every round align)."""
+    times: dict[str, list[float]] = {}
+    for timed in rounds:
+        for impl, us in timed.items():
+            times.setdefault(impl, []).append(us)
+    return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
+
+
+def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[Variant]) -> None:
+    """Time rounds of the ledger's plan on this worker's card, one at a time, until all are started."""
+    needs = getattr(ctx.backend, "needs_compile", True)
+    builts = [ctx.hooks.build(v, ctx.profile.nvcc_arch) if needs else None for v in variants]
+    names = [v.name for v in variants]
+    while not ctx.stop.is_set():
+        number = ledger.begin_round()
+        if number is None:
+            return
+        done = ledger.rounds()
+        dropped = stopped_early(done, names)
+        keep = [i for i, name in enumerate(names) if name not in dropped]
+        baselines = None if not done else [impl for impl in done[0] if impl not in names and impl not in dropped]
+        timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
+                                      baselines=baselines, first_round=number)
+        ledger.record({impl: times[0] for impl, times in timings.rounds.items() if times})
+
+
+def participant(ctx: Context) -> str:
+    """This worker's name in a ledger (a process and its run)."""
+    return f"{WORKER_ID}:{ctx.run_id}"
+
+
 def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, rounds: int,
-                    say: Callable[[str], None]) -> Optional[int]:
-    """Run the confirm stage of one problem on the worker's backend; returns the stored confirmation's id."""
+                    say: Callable[[str], None], attrs: Optional[Attributes] = None) -> Optional[int]:
+    """Run the confirm stage of one problem on the worker's backend, its rounds shared (through `attrs`,
+    a study's attributes) with the workers that join; returns the stored confirmation's id."""
     start = time.perf_counter()
+    attrs = attrs if attrs is not None else MemoryAttributes()
     rows = candidates(ctx, problem, template, k)
+    variants = [Variant.from_stored(r.template, r.params) for r in rows]
+    plan = Plan(id=uuid.uuid4().hex[:12], gpu=ctx.gpu_name, template=template,
+                variants=tuple((v.name, r.params) for v, r in zip(variants, rows)), rounds=rounds, created=time.time())
+    publish(attrs, plan if rows else dataclasses.replace(plan, done=True))  # waiting helpers learn either way
     if not rows:
         say(f"nothing to confirm: no ok trial of the current {template} code measured on {ctx.gpu_name}")
         return None
-    variants = [Variant.from_stored(r.template, r.params) for r in rows]
-    needs = getattr(ctx.backend, "needs_compile", True)
-    builts = [ctx.hooks.build(v, ctx.profile.nvcc_arch) if needs else None for v in variants]
-    timings = ctx.backend.confirm(problem, variants, builts, rounds)
+    ledger = Ledger(attrs, plan, participant(ctx))
+    try:
+        take_rounds(ctx, ledger, problem, variants)
+        pooled = ledger.wait_settled(ctx.stop)
+    finally:
+        publish(attrs, dataclasses.replace(plan, done=True))
+    timings = pooled_timings(pooled)
     names = [v.name for v in variants]
     baselines = [impl for impl in timings.rounds if impl not in names]
     winner, ratio, baseline = pick_winner(timings, names, baselines)
@@ -88,7 +151,7 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
         return None
     by_name = {v.name: r for v, r in zip(variants, rows)}
     record = ConfirmRecord(
-        run_id=ctx.run_id, problem=problem, rounds=rounds, winner_trial_id=by_name[winner].id,
+        run_id=ctx.run_id, problem=problem, rounds=len(pooled), winner_trial_id=by_name[winner].id,
         winner_us=statistics.median(timings.rounds[winner]), winner_ratio=ratio, baseline_impl=baseline,
         timings={impl: (by_name[impl].id if impl in by_name else None, times) for impl, times in timings.rounds.items()},
     )
@@ -96,7 +159,20 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
     versus = f"{ratio:.3f}x {baseline}" if ratio is not None else "no baseline"
     timed = [n for n in names if n in timings.rounds]  # the others failed their check on fresh inputs
     raced = sum(len(timings.rounds[n]) == len(timings.rounds[winner]) for n in timed)
-    say(f"confirmed {winner}: {versus}, median of {rounds} interleaved rounds over {len(timed)} variants "
+    cards = ledger.participants()
+    where = f" on {cards} cards" if cards > 1 else ""
+    say(f"confirmed {winner}: {versus}, median of {len(pooled)} interleaved rounds{where} over {len(timed)} variants "
         f"({raced} timed in every round, the others stopped early as clearly slower; "
         f"{time.perf_counter() - start:.1f} s)")
     return confirmation
+
+
+def help_confirm(ctx: Context, attrs: Attributes, problem: Problem, since: float, wait_s: float) -> bool:
+    """Join the confirm stage another worker runs for `problem` (its plan published at or after `since`,
+    waited for at most `wait_s`) and time rounds of it on this card; False when there was none to join."""
+    plan = await_plan(attrs, since, ctx.stop, wait_s)
+    if plan is None or plan.gpu != ctx.gpu_name:
+        return False
+    variants = [Variant.from_stored(plan.template, params) for _, params in plan.variants]
+    take_rounds(ctx, Ledger(attrs, plan, participant(ctx)), problem, variants)
+    return True

@@ -18,6 +18,7 @@ MAX_UNMEASURABLE_STREAK = 100  # points in a row the backend could not measure (
 MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after which it stops (space exhausted)
 
 Events = Callable[[tuple], None]
+WAITING_FOR_WORKERS = "waiting for other workers"  # a phase of the time breakdown: duplicates, last trials
 
 @dataclass(frozen=True)
 class WorkerJob:

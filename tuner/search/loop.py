@@ -1,17 +1,14 @@
 """The ask/tell loop of one study on one worker (ProblemSearch).
 
 Per asked point:
-- infeasible      -> stored as `pruned` with the reason, told PRUNED, never compiled,
-                     and not counted against --trials (it costs nothing);
-- already measured (same problem, template hash, parameters, GPU) in the store
-                  -> told the stored result, not measured again, no new row;
+- infeasible -> stored as `pruned` with the reason, told PRUNED, never compiled, not counted against --trials;
+- already measured (same problem, template hash, parameters, GPU) in the store -> told the stored result,
+  not measured again, no new row;
 - measured by another worker right now -> waits for it, then the same;
-- otherwise       -> compiled (a thread pool running ahead of the GPU; nvcc
-                     runs in subprocesses), measured by the Backend, stored
-                     (one transaction), told (median µs, or FAIL/PRUNED).
-The next trial goes to the GPU worker before the previous one is stored and
-told, and the sampler is asked while the card measures: the parent's work
-hides behind the GPU's.
+- otherwise -> compiled (a thread pool running ahead of the GPU; nvcc runs in subprocesses), measured by the
+  Backend, stored (one transaction), told (median µs, or FAIL/PRUNED).
+The next trial goes to the GPU worker before the previous one is stored and told, and the sampler is asked
+while the card measures: the parent's work hides behind the GPU's.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from tuner.search.job import (
     MAX_INFEASIBLE_STREAK,
     MAX_REPEAT_STREAK,
     MAX_UNMEASURABLE_STREAK,
+    WAITING_FOR_WORKERS,
     Context,
     WorkerJob,
     lookahead_for,
@@ -249,7 +247,9 @@ class ProblemSearch:
         if item.wait_for is not None:
             self._complete_in_flight()  # the duplicate may be the trial on the GPU now: stored first
             item.stage = "waiting for a duplicate"
-            if self._await_duplicate(item):
+            waited, reused = time.perf_counter(), self._await_duplicate(item)
+            self.ctx.result.spent(WAITING_FOR_WORKERS, time.perf_counter() - waited)
+            if reused:
                 return None
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
                 self._tell_interrupted(item)

@@ -37,7 +37,7 @@ from tuner.search.prepare import choose_template, prepare_study, problems_of, st
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
-from tuner.search.worker_processes import run_processes
+from tuner.search.worker_processes import WorkerProcesses, run_processes, started_workers
 from tuner.search.workers import WorkerSpec, run_here
 from tuner.store import Store, default_db_url, open_store
 
@@ -107,15 +107,19 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     profile = _resolve(options)
     db_url = options.db_url or default_db_url()
     started = time.perf_counter()
-    # One card: its GPU child's torch import overlaps the studies' preparation (several: each worker's own).
-    early = options.backend == "gpu" and len(options.devices) == 1 and not hooks.replaced
-    with started_early(profile, options.devices[0], early), opened_storage(db_url) as storage:
-        report = _search(options, profile, db_url, storage, console, hooks)
+    # One card: its GPU child's torch import overlaps the studies' preparation.
+    # Several: the worker processes (each starting its GPU child) start while the studies are prepared.
+    early = options.backend == "gpu" and not hooks.replaced
+    with started_early(profile, options.devices[0], early and len(options.devices) == 1), \
+            started_workers(options.devices, profile.name if options.backend == "gpu" else None,
+                            not hooks.replaced) as processes, \
+            opened_storage(db_url) as storage:
+        report = _search(options, profile, db_url, storage, console, hooks, processes)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
 def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,
-            hooks: Hooks) -> SearchReport:
+            hooks: Hooks, processes: Optional[WorkerProcesses]) -> SearchReport:
     options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
@@ -143,7 +147,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
             else:
                 if hooks.replaced:
                     raise TunerError("replaced hooks serve one device only (other devices run in child processes)")
-                results = run_processes(specs, progress, say)
+                results = run_processes(specs, progress, say, processes)
         return _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
 
 

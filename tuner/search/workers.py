@@ -25,9 +25,10 @@ from optuna.trial import TrialState
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
-from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem
+from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem, help_confirm
+from tuner.search.confirm_ledger import StudyAttributes
 from tuner.search.hooks import Hooks
-from tuner.search.job import Context, Events, WorkerJob, WorkerResult
+from tuner.search.job import WAITING_FOR_WORKERS, Context, Events, WorkerJob, WorkerResult
 from tuner.search.liveness import await_running
 from tuner.search.loop import ProblemSearch
 from tuner.search.samplers import make_sampler
@@ -55,6 +56,7 @@ class WorkerSpec:
     profile: Optional[str] = None  # the GPU profile: a worker process starts its GPU child with it first
 
 
+PLAN_WAIT_S = 10.0  # longest wait, once a study's trials are in, for its confirming worker's plan
 RESEED_STRIDE = 1000003  # a resumed study's seed moves by this much per trial it already holds
 
 
@@ -118,7 +120,7 @@ def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks
 def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage: Any) -> WorkerResult:
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
-    started = time.perf_counter()
+    started, joined_at = time.perf_counter(), time.time()
     backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force,
                                  seed=None if spec.seed is None else spec.seed + spec.worker)
     compile_pool = None
@@ -141,6 +143,8 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
                     if stop.is_set():
                         break
                     _run_job(ctx, storage, job, spec)
+                if spec.confirm and spec.local_workers > 1:
+                    _help_confirm(ctx, storage, spec, joined_at)
             finally:
                 store.finish_run(run_id)
             return ctx.result
@@ -174,10 +178,39 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
         started = time.perf_counter()
         try:
-            await_running(study)
-            confirm_problem(ctx, info.problem, info.template, spec.confirm, spec.confirm_rounds, note)
+            started = _await_last_trials(ctx, study)
+            confirm_problem(ctx, info.problem, info.template, spec.confirm, spec.confirm_rounds, note,
+                            StudyAttributes(study))
         except TunerError as exc:  # the search's results stand; only the confirmation is missing
             note(f"confirm stage skipped: {exc}")
+        except KeyboardInterrupt:
+            ctx.interrupt()
+        ctx.result.spent("confirm stage", time.perf_counter() - started)
+
+
+def _await_last_trials(ctx: Context, study: Any) -> float:
+    """Wait for the other workers' last trials of `study` (stored before a confirm stage picks the best);
+    returns the time it ended."""
+    waited = time.perf_counter()
+    await_running(study)
+    ended = time.perf_counter()
+    ctx.result.spent(WAITING_FOR_WORKERS, ended - waited)
+    return ended
+
+
+def _help_confirm(ctx: Context, storage: Any, spec: WorkerSpec, since: float) -> None:
+    """With nothing left to measure, time rounds of the confirm stages other workers of this search run
+    on the studies this one shared (each plan published since this worker started)."""
+    for job in spec.jobs:
+        if job.confirm or ctx.stop.is_set():
+            continue
+        study = load_study(storage, job.study)
+        started = time.perf_counter()
+        try:
+            started = _await_last_trials(ctx, study)  # the confirming worker publishes its plan after them
+            help_confirm(ctx, StudyAttributes(study), study_info(study).problem, since, PLAN_WAIT_S)
+        except TunerError as exc:  # the confirming worker's own rounds stand
+            ctx.events(("note", job.index, f"could not help the confirm stage: {exc}"))
         except KeyboardInterrupt:
             ctx.interrupt()
         ctx.result.spent("confirm stage", time.perf_counter() - started)

@@ -1,0 +1,129 @@
+"""The confirm stage's rounds shared by several cards: the ledger, pruning on pooled rounds, pooling."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.runtime.baselines import confirm_stage_pruner
+from tuner.search.confirm import pooled_timings, stopped_early
+from tuner.search.confirm_ledger import Ledger, MemoryAttributes, Plan, await_plan, current_plan, publish
+
+
+def plan(rounds: int = 7, created: float = 100.0, done: bool = False) -> Plan:
+    return Plan(id="p1", gpu="NVIDIA H100 80GB HBM3", template="attn_fwd_mma",
+                variants=(("v1", {"BLOCK_M": 64}), ("v2", {"BLOCK_M": 128})), rounds=rounds, created=created, done=done)
+
+
+def test_a_plan_survives_its_json_form():
+    attrs = MemoryAttributes()
+    publish(attrs, plan())
+    assert current_plan(attrs) == plan()
+
+
+@given(rounds=st.integers(1, 12), cards=st.integers(1, 4), order=st.lists(st.integers(0, 3), min_size=60, max_size=60))
+def test_cards_sharing_a_plan_start_exactly_its_rounds_when_they_take_turns(rounds, cards, order):
+    attrs = MemoryAttributes()
+    ledgers = [Ledger(attrs, plan(rounds), f"card{i}") for i in range(cards)]
+    started = []
+    for i in order:
+        number = ledgers[i % cards].begin_round()
+        if number is not None:
+            started.append(number)
+            ledgers[i % cards].record({"v1": 1.0, "sdpa_cudnn": 1.1})
+    started += [n for n in (ledger.begin_round() for ledger in ledgers for _ in range(rounds)) if n is not None]
+    assert sorted(started) == list(range(rounds))  # each round number once: the start order keeps rotating
+
+
+def test_two_cards_starting_the_last_round_at_once_time_one_round_more():
+    attrs = MemoryAttributes()
+    a, b = Ledger(attrs, plan(3), "a"), Ledger(attrs, plan(3), "b")
+    assert (a.begin_round(), b.begin_round()) == (0, 1)
+    # a and b both read "2 started" before either writes: both start round 2
+    a.started, b.started = a.started + 1, b.started + 1
+    a._write(), b._write()
+    assert a.begin_round() is None and b.begin_round() is None
+    for ledger in (a, b, a, b):
+        ledger.record({"v1": 1.0})
+    assert len(a.rounds()) == 4 and a.participants() == 2
+
+
+def test_pooled_rounds_come_in_the_order_they_finished_and_wait_for_rounds_still_running():
+    attrs = MemoryAttributes()
+    a, b = Ledger(attrs, plan(2), "a"), Ledger(attrs, plan(2), "b")
+    a.begin_round(), b.begin_round()
+    b.record({"v1": 2.0})
+    time.sleep(0.01)
+
+    def late() -> None:
+        time.sleep(0.3)
+        a.record({"v1": 1.0})
+
+    threading.Thread(target=late).start()
+    started = time.monotonic()
+    rounds = b.wait_settled(threading.Event())
+    assert time.monotonic() - started >= 0.25
+    assert rounds == [{"v1": 2.0}, {"v1": 1.0}]
+
+
+def test_a_participant_that_falls_silent_mid_round_is_not_waited_for_forever():
+    attrs = MemoryAttributes()
+    a, b = Ledger(attrs, plan(2), "a"), Ledger(attrs, plan(2), "b")
+    a.begin_round(), b.begin_round()
+    a.record({"v1": 1.0})  # b was killed in its round
+    started = time.monotonic()
+    assert a.wait_settled(threading.Event(), quiet_s=0.2) == [{"v1": 1.0}]
+    assert time.monotonic() - started < 2
+
+
+def test_a_helper_joins_only_an_open_plan_published_since_it_started():
+    attrs, stop = MemoryAttributes(), threading.Event()
+    publish(attrs, plan(created=50.0))  # an earlier search's plan, left open
+    assert await_plan(attrs, since=100.0, stop=stop, wait_s=0.1) is None
+    publish(attrs, plan(created=150.0, done=True))
+    assert await_plan(attrs, since=100.0, stop=stop, wait_s=0.1) is None
+    publish(attrs, plan(created=150.0))
+    assert await_plan(attrs, since=100.0, stop=stop, wait_s=0.1) == plan(created=150.0)
+
+
+def test_a_helper_waits_for_the_plan_and_stops_waiting_on_ctrl_c():
+    attrs, stop = MemoryAttributes(), threading.Event()
+    threading.Timer(0.2, lambda: publish(attrs, plan(created=150.0))).start()
+    assert await_plan(attrs, since=100.0, stop=stop, wait_s=5) == plan(created=150.0)
+    stop.set()
+    started = time.monotonic()
+    assert await_plan(MemoryAttributes(), since=0.0, stop=stop, wait_s=5) is None
+    assert time.monotonic() - started < 1
+
+
+def test_pruning_on_pooled_rounds_is_the_confirm_stage_pruner_on_them():
+    variants = ["fast", "close", "slow"]
+    rounds = [{"fast": 100.0, "close": 101.0, "slow": 110.0, "sdpa_cudnn": 105.0, "sdpa_math": 400.0}
+              for _ in range(3)]
+    assert stopped_early([], variants) == set()
+    assert stopped_early(rounds[:1], variants) == {"sdpa_math"}  # a clearly slower baseline, after one round
+    assert stopped_early(rounds, variants) == {"sdpa_math", "slow"}  # a clearly slower variant, after three
+    prune = confirm_stage_pruner(variants, rounds[0])
+    assert set(prune(2, {k: [r[k] for r in rounds] for k in rounds[0] if k != "sdpa_math"})) == {"slow"}
+
+
+def test_pooled_timings_align_the_implementations_timed_in_every_round():
+    timings = pooled_timings([{"v": 1.0, "b": 2.0, "x": 9.0}, {"v": 1.1, "b": 2.1}, {"v": 1.2, "b": 2.2}])
+    assert timings.rounds == {"v": (1.0, 1.1, 1.2), "b": (2.0, 2.1, 2.2), "x": (9.0,)}
+
+
+@pytest.mark.parametrize("first_round", [0, 1, 2, 5])
+def test_interleaved_rounds_numbered_from_first_round_rotate_as_one_long_run(first_round):
+    from tuner.runtime.timing import Timing, interleaved_rounds
+
+    seen: list[str] = []
+
+    def call(name: str):
+        return lambda: (seen.append(name), Timing(1.0, 1.0, 1.0, 1))[1]
+
+    interleaved_rounds({"a": call("a"), "b": call("b"), "c": call("c")}, 1, first_round=first_round)
+    assert seen[0] == "abc"[first_round % 3]
