@@ -24,7 +24,7 @@ LAYERS = (
     ("tuner.search",),
     ("tuner.export",),
     ("tuner.reporting",),
-    ("tuner.cli", "tuner.__main__"),
+    ("tuner.cli", "tuner.__main__", "tuner.early_start"),
 )
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80

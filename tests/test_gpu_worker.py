@@ -37,7 +37,9 @@ class FakeRunner:
         pass
 
     def facts(self) -> dict[str, Any]:
-        return {"gpu_name": "Fake GPU", "gpu_uuid": "GPU-fake", "driver": "1.0", "cuda_version": "13.0"}
+        # The uuid tells the options the child was given (a prestarted child gets them on adoption).
+        return {"gpu_name": "Fake GPU", "gpu_uuid": f"GPU-fake-{self.options.device}-{self.options.seed}",
+                "driver": "1.0", "cuda_version": "13.0"}
 
     def baselines(self, problem: Problem, range_prefix: str, progress) -> list[dict[str, Any]]:
         progress("sdpa_flash/time", True)
@@ -124,7 +126,7 @@ def test_default_backend_without_gpu_raises_one_line_no_gpu_error(profile, monke
 def test_needs_compile_and_facts_and_baselines(backend) -> None:
     assert GpuBackend.needs_compile is True
     facts = backend.device_facts()
-    assert (facts.gpu_name, facts.gpu_uuid, facts.driver, facts.cuda_version) == ("Fake GPU", "GPU-fake", "1.0", "13.0")
+    assert (facts.gpu_name, facts.gpu_uuid, facts.driver, facts.cuda_version) == ("Fake GPU", "GPU-fake-0-None", "1.0", "13.0")
     [b] = backend.baselines(PROBLEM)
     assert (b.impl, b.median_us, b.p20_us, b.p80_us) == ("sdpa_flash", 12.0, 11.0, 13.0)
 
@@ -254,24 +256,25 @@ def test_a_prestarted_child_is_adopted_by_the_backend_of_its_device(profile, mon
     from tuner.backends import gpu_process
 
     monkeypatch.setattr(gpu_process, "_prestarted", {})
-    gpu_process.prestart(profile, 0, runner=FakeRunner)
-    gpu_process.prestart(profile, 0, runner=FakeRunner)  # a second call for the same device starts nothing more
+    gpu_process.prestart(0, runner=FakeRunner)
+    gpu_process.prestart(0, runner=FakeRunner)  # a second call for the same device starts nothing more
     assert len(gpu_process._prestarted) == 1
     pid = next(iter(gpu_process._prestarted.values())).pid
-    with GpuBackend(profile, device=0, runner=FakeRunner, start_timeout_s=120) as mine, \
+    with GpuBackend(profile, device=0, seed=5, runner=FakeRunner, start_timeout_s=120) as mine, \
             GpuBackend(profile, device=1, runner=FakeRunner, start_timeout_s=120) as other:
-        assert mine.device_facts().gpu_name == "Fake GPU" and other.device_facts().gpu_name == "Fake GPU"
+        assert mine.device_facts().gpu_uuid == "GPU-fake-0-5"  # started before its options, given them since
+        assert other.device_facts().gpu_uuid == "GPU-fake-1-None"
         assert mine.worker_pid == pid and other.worker_pid != pid
         assert gpu_process._prestarted == {}
 
-    gpu_process.prestart(profile, 2, runner=FakeRunner)
+    gpu_process.prestart(2, runner=FakeRunner)
     dead = next(iter(gpu_process._prestarted.values()))
     dead.process.kill()
     dead.process.join(30)
     with GpuBackend(profile, device=2, runner=FakeRunner, start_timeout_s=120) as backend:
         assert backend.device_facts().gpu_name == "Fake GPU" and backend.worker_pid != dead.pid
 
-    gpu_process.prestart(profile, 3, runner=FakeRunner)
+    gpu_process.prestart(3, runner=FakeRunner)
     unused = next(iter(gpu_process._prestarted.values()))
-    gpu_process.discard_prestarted(profile, 3, runner=FakeRunner)
+    gpu_process.discard_prestarted(3, runner=FakeRunner)
     assert gpu_process._prestarted == {} and not unused.process.is_alive()

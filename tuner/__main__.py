@@ -7,6 +7,11 @@ must not import the CLI (about 1 s of Optuna, SQLAlchemy, Typer) in every child.
 
 
 def main() -> None:
+    import sys
+
+    from tuner.early_start import start_for
+
+    start_for(sys.argv[1:])  # a search's GPU children start before the CLI's imports
     from tuner.cli.app import main as cli_main
 
     cli_main()

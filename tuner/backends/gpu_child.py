@@ -239,12 +239,29 @@ def default_runner(options: RunnerOptions) -> Runner:
 # Child process
 
 
-def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], options: RunnerOptions) -> None:
-    """The worker's loop. Exits with os._exit after a fault: never pop a broken CUDA context."""
+def warm_up(runner_factory: Callable[[RunnerOptions], Runner], device: int) -> None:
+    """What a child can do before it knows its options: the real runner's torch import and CUDA context
+    (4-7 s on an H100 host), which its setup() then finds done."""
+    if runner_factory is default_runner:
+        cuda_driver(device)
+
+
+def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], options: Optional[RunnerOptions],
+               device: int = 0) -> None:
+    """The worker's loop. Exits with os._exit after a fault: never pop a broken CUDA context.
+
+    `options` None: the child was started before they were known (a search starting its GPU child before
+    it has read its GPU profile); it warms up on `device`, then takes them from the first message."""
     # Ctrl-C reaches the whole process group: the parent decides (it stops or kills us),
     # so that an interrupted search does not record a bogus launch error.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        if options is None:
+            warm_up(runner_factory, device)
+            try:
+                _, options = conn.recv()  # ("options", RunnerOptions)
+            except (EOFError, OSError):  # the parent went away (or discarded us) before it needed us
+                os._exit(0)
         runner = runner_factory(options)
         runner.setup()
     except NoGpuError as exc:

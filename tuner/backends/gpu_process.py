@@ -1,7 +1,8 @@
 """The GPU worker's child process from the parent's side: started, awaited, stopped; started early.
 
 A child is started at construction and awaited (`wait_ready`) before its first request, so a caller
-can start it ahead of need: `prestart()` at the top of a search, whose backend then adopts it.
+can start it ahead of need: `prestart()` at the top of a search (before the GPU profile is known: the
+child warms up, then takes its options from the backend that adopts it).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import multiprocessing
+import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -34,14 +36,29 @@ class _Fault(Exception):
 class _Worker:
     """One child process and its end of the pipe. Started at construction; wait_ready() before first use."""
 
-    def __init__(self, factory: Callable[[RunnerOptions], Runner], options: RunnerOptions) -> None:
+    def __init__(self, factory: Callable[[RunnerOptions], Runner], options: Optional[RunnerOptions],
+                 device: int = 0) -> None:
+        """`options` None: the child warms up on `device` until configure() sends them."""
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=child_main, args=(child_conn, factory, options), daemon=True,
+        self.process = ctx.Process(target=child_main, args=(child_conn, factory, options, device), daemon=True,
                                    name="tuner-gpu-worker")
         self.process.start()
         child_conn.close()
+        self.device = options.device if options is not None else device
+        self.configured = options is not None
         self.ready = False
+
+    def configure(self, options: RunnerOptions) -> None:
+        """Send the options to a child started without them (once); a child that died meanwhile says why
+        in wait_ready."""
+        if self.configured:
+            return
+        self.configured = True
+        try:
+            self.conn.send(("options", options))
+        except (OSError, ValueError):
+            pass
 
     def wait_ready(self, start_timeout_s: float) -> None:
         """Wait for the child's "ready" (torch imported, CUDA context bound); TunerError (killed) if it fails."""
@@ -129,55 +146,60 @@ def runner_options(profile: GpuProfile, device: int, seed: Optional[int] = None,
     return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
 
 
-# Children started ahead of their backend (prestart), by (options, runner factory): the first
-# GpuBackend with the same options and factory adopts one.
-_prestarted: dict[tuple[RunnerOptions, Callable[..., Any]], _Worker] = {}
+# Children started ahead of their backend (prestart), by (device, runner factory), without their
+# options: the first GpuBackend of that device and factory adopts one and sends them.
+_prestarted: dict[tuple[int, Callable[..., Any]], _Worker] = {}
 
 
-def prestart(profile: GpuProfile, device: int = 0, runner: Optional[Callable[[RunnerOptions], Runner]] = None) -> None:
+def prestart(device: int = 0, runner: Optional[Callable[[RunnerOptions], Runner]] = None) -> None:
     """Start the GPU worker child of `device` now and return at once. Its torch import and CUDA context
     (4-7 s on an H100 host, the largest fixed cost of a search) then overlap the caller's own start-up
-    (imports, studies, the store); the backend built later adopts the child. Does nothing where the GPU
-    environment is missing (default runner): the backend says why when it is built."""
-    options, factory = runner_options(profile, device), runner or default_runner
-    if (options, factory) in _prestarted:
+    (imports, the GPU profile, studies, the store); the backend built later adopts the child and sends
+    its options. Does nothing where the GPU environment is clearly missing (default runner): the backend
+    says why when it is built."""
+    factory = runner or default_runner
+    if (device, factory) in _prestarted:
         return
-    if runner is None:
-        try:
-            check_gpu_environment()
-        except NoGpuError:
-            return
-    _prestarted[(options, factory)] = _Worker(factory, options)
+    if runner is None and not gpu_environment_likely():
+        return
+    _prestarted[(device, factory)] = _Worker(factory, None, device)
 
 
 def adopt_prestarted(options: RunnerOptions, factory: Callable[..., Any]) -> Optional[_Worker]:
-    """The prestarted child of these options and factory, if one is alive (a dead one is reaped)."""
-    worker = _prestarted.pop((options, factory), None)
+    """The prestarted child of this device and factory, given `options`, if one is alive (a dead one is reaped)."""
+    worker = _prestarted.pop((options.device, factory), None)
     if worker is not None and not worker.process.is_alive():
         worker.kill()  # died before it was needed (e.g. Ctrl-C while starting): the caller starts afresh
         return None
+    if worker is not None:
+        worker.configure(options)
     return worker
 
 
 @contextlib.contextmanager
-def started_early(profile: GpuProfile, device: int, enabled: bool = True) -> Iterator[None]:
+def started_early(device: int, enabled: bool = True) -> Iterator[None]:
     """prestart() the GPU child of `device` on entry (when `enabled`); on exit, stop it if nothing adopted it
     (the work inside ended before it built its backend)."""
     if enabled:
-        prestart(profile, device)
+        prestart(device)
     try:
         yield
     finally:
         if enabled:
-            discard_prestarted(profile, device)
+            discard_prestarted(device)
 
 
-def discard_prestarted(profile: GpuProfile, device: int = 0,
-                       runner: Optional[Callable[[RunnerOptions], Runner]] = None) -> None:
+def discard_prestarted(device: int = 0, runner: Optional[Callable[[RunnerOptions], Runner]] = None) -> None:
     """Stop the child prestart() started for `device` if no backend adopted it (the search ended early)."""
-    worker = _prestarted.pop((runner_options(profile, device), runner or default_runner), None)
+    worker = _prestarted.pop((device, runner or default_runner), None)
     if worker is not None:
         worker.kill()
+
+
+def gpu_environment_likely() -> bool:
+    """A cheap guess (no driver call: cuInit alone takes ~1 s) that a GPU child can start here."""
+    return (importlib.util.find_spec("torch") is not None and importlib.util.find_spec("pycuda") is not None
+            and os.path.exists("/dev/nvidiactl"))
 
 
 def check_gpu_environment() -> None:

@@ -37,7 +37,8 @@ from tuner.search.prepare import choose_template, prepare_study, problems_of, st
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
-from tuner.search.worker_processes import WorkerProcesses, run_processes, started_workers
+from tuner.search.worker_entry import StartedWorkers
+from tuner.search.worker_processes import run_processes, started_workers
 from tuner.search.workers import WorkerSpec, run_here
 from tuner.store import Store, default_db_url, open_store
 
@@ -110,16 +111,15 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     # One card: its GPU child's torch import overlaps the studies' preparation.
     # Several: the worker processes (each starting its GPU child) start while the studies are prepared.
     early = options.backend == "gpu" and not hooks.replaced
-    with started_early(profile, options.devices[0], early and len(options.devices) == 1), \
-            started_workers(options.devices, profile.name if options.backend == "gpu" else None,
-                            not hooks.replaced) as processes, \
+    with started_early(options.devices[0], early and len(options.devices) == 1), \
+            started_workers(options.devices, options.backend == "gpu", not hooks.replaced) as processes, \
             opened_storage(db_url) as storage:
         report = _search(options, profile, db_url, storage, console, hooks, processes)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
 def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,
-            hooks: Hooks, processes: Optional[WorkerProcesses]) -> SearchReport:
+            hooks: Hooks, processes: Optional[StartedWorkers]) -> SearchReport:
     options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
@@ -137,7 +137,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
                             worker_jobs(w, len(options.devices), studies, remaining, start, options.time_budget_s),
                             options.replay_from, options.force, options.seed, local_workers=len(options.devices),
-                            confirm=options.confirm, confirm_rounds=options.confirm_rounds, profile=profile.name)
+                            confirm=options.confirm, confirm_rounds=options.confirm_rounds)
                  for w, device in enumerate(options.devices)]
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
@@ -202,7 +202,7 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
         jobs.append(WorkerJob(i, info.name, left, deadline, beyond_budget=trials is not None))
     spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed)
     # The GPU child starts while the progress display and the worker's store come up.
-    with started_early(load_profile(infos[0].profile), device, backend == "gpu" and not hooks.replaced), \
+    with started_early(device, backend == "gpu" and not hooks.replaced), \
             SearchProgress(console) as progress:
         for job, info in zip(jobs, infos):
             progress.add_problem(job.index, info.problem, job.trials)

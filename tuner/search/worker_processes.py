@@ -2,23 +2,19 @@
 
 A worker process enters through tuner.search.worker_entry, which starts its GPU child before anything
 heavy is imported, then waits for its spec; the body of a worker is tuner.search.workers.child_main.
-`started_workers` starts them at the top of a search, before the studies are prepared.
+The processes are started by the command line itself (tuner.early_start) or at the top of run_search.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import pickle
 import queue as queue_module
-import signal
-import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from tuner.errors import TunerError
 from tuner.search.job import Events, WorkerResult
 from tuner.search.progress import SearchProgress
-from tuner.search.worker_entry import worker_process_main
+from tuner.search.worker_entry import StartedWorkers, adopt_early
 from tuner.search.workers import SigintHandler, WorkerSpec
 
 
@@ -54,11 +50,12 @@ class EscalateOnSigint(SigintHandler):
 
 def collect(events: Any, workers: Sequence[tuple[int, int, Any]], handle: Events, stop: Any,
             poll_s: float = 0.2) -> tuple[dict[int, WorkerResult], list[str]]:
-    """Drain `events` until every worker process has exited; returns results and errors by worker.
+    """Drain `events` until every worker process has reported (done or error) or died; returns results and
+    errors by worker.
 
     `workers`: (worker id, device, process). The first error sets `stop` so the others end after
-    their current trial. Draining goes on until all processes are gone: a child whose queue buffer
-    is not flushed into the pipe cannot exit, so nobody may stop reading while one still runs.
+    their current trial. A worker reports last of all (its GPU child shuts down after), so nothing is
+    left unread in its queue once it has reported.
     """
     results: dict[int, WorkerResult] = {}
     errors: list[str] = []
@@ -95,91 +92,49 @@ def collect(events: Any, workers: Sequence[tuple[int, int, Any]], handle: Events
                 results[worker] = WorkerResult(interrupted=True)
                 finished.add(worker)
                 stop.set()
-        if all(not p.is_alive() for _, _, p in workers) and len(finished) == len(workers):
+        if len(finished) == len(workers):
             return results, errors
 
 
-class WorkerProcesses:
-    """One worker process per device, started before their work is known: each starts its GPU child at
-    once, so the children's torch import and CUDA context overlap the parent preparing the studies (as
-    prestart does for one card). `run` hands each its spec; `discard` ends those never given one."""
+def run_processes(specs: list[WorkerSpec], progress: SearchProgress, say: Callable[[str], None],
+                  started: Optional[StartedWorkers] = None) -> list[WorkerResult]:
+    """One worker process per device (those `started` ahead, else new ones); their events drive the bars.
+    Worker i must have started on specs[i]'s device."""
+    own = started is None
+    if started is None:
+        started = StartedWorkers([s.device for s in specs], specs[0].backend == "gpu")
+    if [s.device for s in specs] != list(started.devices):
+        started.discard()
+        raise TunerError("worker specs do not match the devices the worker processes started on")
+    started.give(specs)
+    sigint = EscalateOnSigint(started.stop, started.procs, say)
+    try:
+        with sigint:
+            results, errors = collect(started.events, [(s.worker, s.device, p) for s, p in zip(specs, started.procs)],
+                                      progress.handle, started.stop)
+    except BaseException:
+        started.end()  # at once: don't leave children behind
+        raise
+    if own:  # else the caller's started_workers waits for them, after the report
+        started.end(EXIT_WAIT_S)
+    if errors and not sigint.aborted:  # after an abort, terminated children are no error
+        raise TunerError(errors[0])
+    return [results.get(s.worker, WorkerResult(interrupted=True)) for s in specs]
 
-    def __init__(self, devices: Sequence[int], gpu_profile: Optional[str]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.devices = tuple(devices)
-        self.events, self.stop = ctx.Queue(), ctx.Event()
-        self.inboxes = [ctx.SimpleQueue() for _ in self.devices]
-        self.procs = [ctx.Process(target=worker_process_main, name=f"tuner-worker-{device}",
-                                  args=(device, gpu_profile, inbox, self.events, self.stop))
-                      for device, inbox in zip(self.devices, self.inboxes)]
-        self.given = False
-        # Children start with SIGINT ignored (inherited through exec; Python keeps an ignored SIGINT),
-        # so a Ctrl-C during their start-up cannot kill them: only the parent handles it.
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
-            for proc in self.procs:
-                proc.start()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
 
-    def run(self, specs: list[WorkerSpec], progress: SearchProgress, say: Callable[[str], None]) -> list[WorkerResult]:
-        """Give worker i specs[i] (its device must be the one it started on); their events drive the bars."""
-        if [s.device for s in specs] != list(self.devices):
-            raise TunerError("worker specs do not match the devices the worker processes started on")
-        self.given = True
-        for inbox, spec in zip(self.inboxes, specs):
-            inbox.put(pickle.dumps(spec))
-        sigint = EscalateOnSigint(self.stop, self.procs, say)
-        try:
-            with sigint:
-                results, errors = collect(self.events, [(s.worker, s.device, p) for s, p in zip(specs, self.procs)],
-                                          progress.handle, self.stop)
-        finally:
-            self._end()
-        if errors and not sigint.aborted:  # after an abort, terminated children are no error
-            raise TunerError(errors[0])
-        return [results.get(s.worker, WorkerResult(interrupted=True)) for s in specs]
-
-    def discard(self) -> None:
-        """End processes that were never given work (the search stopped before its workers ran)."""
-        if self.given:
-            return
-        self.given = True
-        for inbox in self.inboxes:
-            inbox.put(None)
-        for proc in self.procs:
-            proc.join(timeout=10)
-        self._end()
-
-    def _end(self) -> None:
-        for proc in self.procs:
-            if proc.is_alive():  # only after an exception in the parent: don't leave children behind
-                self.stop.set()
-                proc.terminate()
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+EXIT_WAIT_S = 30.0  # a worker's exit after its report: its GPU child's teardown (~1 s; profilers write there)
 
 
 @contextlib.contextmanager
-def started_workers(devices: Sequence[int], gpu_profile: Optional[str], enabled: bool = True
-                    ) -> Iterator[Optional[WorkerProcesses]]:
-    """Worker processes for `devices` started on entry (when `enabled` and there are several devices);
-    on exit, those never given work are ended."""
-    processes = WorkerProcesses(devices, gpu_profile) if enabled and len(devices) > 1 else None
+def started_workers(devices: Sequence[int], gpu: bool, enabled: bool = True) -> Iterator[Optional[StartedWorkers]]:
+    """The worker processes of `devices` (when `enabled` and there are several): those the command line
+    started (tuner.early_start), else started now; on exit, those never given work are ended."""
+    started = None
+    if enabled and len(devices) > 1:
+        started = adopt_early(devices, gpu) or StartedWorkers(devices, gpu)
     try:
-        yield processes
+        yield started
     finally:
-        if processes is not None:
-            processes.discard()
-
-
-def run_processes(specs: list[WorkerSpec], progress: SearchProgress, say: Callable[[str], None],
-                  processes: Optional[WorkerProcesses] = None) -> list[WorkerResult]:
-    """One worker process per device (those started ahead by `started_workers`, else new ones)."""
-    if processes is None:
-        profile = specs[0].profile if specs[0].backend == "gpu" else None
-        processes = WorkerProcesses([s.device for s in specs], profile)
-    return processes.run(specs, progress, say)
+        if started is not None:
+            started.discard()
+            started.end(EXIT_WAIT_S)

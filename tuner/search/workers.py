@@ -53,7 +53,6 @@ class WorkerSpec:
     local_workers: int = 1  # workers on this host: they share its CPUs for nvcc
     confirm: int = DEFAULT_CONFIRM  # best variants re-timed after each study (0: no confirm stage)
     confirm_rounds: int = DEFAULT_ROUNDS
-    profile: Optional[str] = None  # the GPU profile: a worker process starts its GPU child with it first
 
 
 PLAN_WAIT_S = 10.0  # longest wait, once a study's trials are in, for its confirming worker's plan
@@ -111,13 +110,16 @@ class StopOnSigint(SigintHandler):
 # --- a worker: one device, its studies in turn --------------------------------------------------
 
 
-def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks()) -> WorkerResult:
-    """Run a worker's jobs on its device; returns what it did (its run id included)."""
+def run_worker(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks = Hooks(),
+               done: Optional[Callable[[WorkerResult], None]] = None) -> WorkerResult:
+    """Run a worker's jobs on its device; returns what it did (its run id included). `done` is given the
+    result as soon as the work is stored, before the GPU child shuts down (~1 s of torch's teardown)."""
     with opened_storage(spec.storage_url) as storage:
-        return _run_jobs(spec, events, stop, hooks, storage)
+        return _run_jobs(spec, events, stop, hooks, storage, done)
 
 
-def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage: Any) -> WorkerResult:
+def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage: Any,
+              done: Optional[Callable[[WorkerResult], None]]) -> WorkerResult:
     first = load_study(storage, spec.jobs[0].study)
     profile = load_profile(study_info(first).profile)
     started, joined_at = time.perf_counter(), time.time()
@@ -147,6 +149,8 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
                     _help_confirm(ctx, storage, spec, joined_at)
             finally:
                 store.finish_run(run_id)
+            if done is not None:
+                done(ctx.result)
             return ctx.result
     finally:
         if compile_pool is not None:
@@ -232,9 +236,16 @@ def child_main(spec: WorkerSpec, events: Any, stop: Any) -> None:
     only the parent acts on it; the parent's escalation, SIGTERM, aborts the trial in flight)."""
     import traceback
 
-    try:
-        result = run_worker(spec, events.put, stop)
+    told = []
+
+    def tell(result: WorkerResult) -> None:  # before the GPU child's teardown: the parent goes on meanwhile
         events.put(("done", spec.worker, result))
+        told.append(True)
+
+    try:
+        result = run_worker(spec, events.put, stop, done=tell)
+        if not told:
+            tell(result)
     except TunerError as exc:
         events.put(("error", spec.worker, str(exc)))
     except KeyboardInterrupt:
