@@ -601,6 +601,25 @@ def test_the_confirm_stage_re_times_the_best_and_stores_the_rounds(replay_record
     assert summary.confirmed and summary.best_variant == confirmed.variant_name and summary.ratio == confirmed.ratio
 
 
+def test_ctrl_c_during_the_confirm_stage_stores_no_confirmation_of_fewer_rounds(replay_recording, sqlite_url):
+    import os
+    import signal
+
+    class CtrlCInConfirm(CountingBackend):
+        def confirm(self, problem, variants, builts, rounds, **kwargs):
+            timings = super().confirm(problem, variants, builts, rounds, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)  # the user's first Ctrl-C: stop after this round
+            return timings
+
+    rec = replay_recording
+    report = run_search(options(rec, sqlite_url, trials=10, confirm=3, confirm_rounds=5),
+                        hooks=with_backend(CtrlCInConfirm(rec)))
+    assert report.interrupted
+    with open_store(sqlite_url) as store:
+        assert store.confirmed(rec.problem) is None
+        assert len(store.query_trials(TrialFilter(problem=rec.problem))) >= 10  # the trials stay stored
+
+
 def test_confirm_zero_turns_the_stage_off(replay_recording, sqlite_url):
     rec = replay_recording
     report = run_search(options(rec, sqlite_url, trials=10, confirm=0), hooks=with_backend(CountingBackend(rec)))

@@ -142,6 +142,10 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
         pooled = ledger.wait_settled(ctx.stop)
     finally:
         publish(attrs, dataclasses.replace(plan, done=True))
+    if ctx.stop.is_set() and len(pooled) < rounds:  # Ctrl-C: a winner of fewer rounds is not a confirmed one
+        ctx.interrupt()
+        say(f"confirm stage stopped after {len(pooled)} of {rounds} rounds; nothing confirmed")
+        return None
     timings = pooled_timings(pooled)
     names = [v.name for v in variants]
     baselines = [impl for impl in timings.rounds if impl not in names]
