@@ -59,9 +59,10 @@ def test_a_worker_process_whose_parent_dies_ends_instead_of_waiting_forever(tmp_
     script.write_text(
         "import os\n"
         "from tuner.search.worker_entry import StartedWorkers\n"
-        "started = StartedWorkers((0, 1), gpu=False)\n"
-        "print(' '.join(str(p.pid) for p in started.procs), flush=True)\n"
-        "os._exit(0)  # no atexit, no discard: as if killed\n")
+        "if __name__ == '__main__':  # spawned children re-run this script\n"
+        "    started = StartedWorkers((0, 1), gpu=False)\n"
+        "    print(' '.join(str(p.pid) for p in started.procs), flush=True)\n"
+        "    os._exit(0)  # no atexit, no discard: as if killed\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
@@ -78,3 +79,26 @@ def test_a_worker_process_whose_parent_dies_ends_instead_of_waiting_forever(tmp_
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+def test_a_command_that_fails_after_the_early_start_exits_at_once_and_ends_its_workers(tmp_path):
+    """`tuner search --devices 0,1 ...` whose options the CLI then refuses: the worker processes started
+    from argv are ended on the way out (not joined forever: they would wait for a spec)."""
+    import os
+    import subprocess
+
+    script = tmp_path / "entry.py"
+    script.write_text(
+        "import sys\n"
+        "from tuner.search import worker_entry\n"
+        "if __name__ == '__main__':  # spawned children re-run this script\n"
+        "    worker_entry.start_early((0, 1), gpu=True)\n"
+        "    print(' '.join(str(p.pid) for p in worker_entry._early.procs), flush=True)\n"
+        "    sys.exit(2)  # as the CLI does on a bad option\n")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and time.monotonic() - started < 30, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    for pid in map(int, out.stdout.split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
