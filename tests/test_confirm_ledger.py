@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.runtime.baselines import confirm_stage_pruner
-from tuner.search.confirm import pooled_timings, stopped_early
+from tuner.search.confirm import in_every_round, pick_winner, pooled_timings, stopped_early
 from tuner.search.confirm_ledger import Ledger, MemoryAttributes, Plan, await_plan, current_plan, publish
 
 
@@ -127,3 +127,14 @@ def test_interleaved_rounds_numbered_from_first_round_rotate_as_one_long_run(fir
 
     interleaved_rounds({"a": call("a"), "b": call("b"), "c": call("c")}, 1, first_round=first_round)
     assert seen[0] == "abc"[first_round % 3]
+
+
+def test_only_implementations_timed_in_every_pooled_round_can_win():
+    # A card skipped "fast" in round 1 (it failed its check on fresh inputs there): its two timings would
+    # pair with the baseline's rounds 0 and 1, not 0 and 2, so it may not win however fast it looks.
+    rounds = [{"fast": 50.0, "steady": 100.0, "base": 110.0}, {"steady": 101.0, "base": 111.0},
+              {"fast": 50.0, "steady": 100.0, "base": 110.0}]
+    assert set(in_every_round(rounds).rounds) == {"steady", "base"}
+    winner, ratio, baseline = pick_winner(in_every_round(rounds), ["fast", "steady"], ["base"])
+    assert (winner, baseline) == ("steady", "base") and ratio == pytest.approx(1.1, rel=1e-3)
+    assert pick_winner(in_every_round(rounds[:1] + rounds[1:2]), ["fast"], ["base"])[0] is None

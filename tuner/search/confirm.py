@@ -99,6 +99,13 @@ def pooled_timings(rounds: list[dict[str, float]]) -> ConfirmTimings:
     return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
 
 
+def in_every_round(rounds: list[dict[str, float]]) -> ConfirmTimings:
+    """The implementations timed in every pooled round (the only ones that may win: their per-round
+    lists align round by round, whichever card timed a round and whatever others skipped)."""
+    return ConfirmTimings({impl: times for impl, times in pooled_timings(rounds).rounds.items()
+                           if len(times) == len(rounds)})
+
+
 def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[Variant]) -> None:
     """Time rounds of the ledger's plan on this worker's card, one at a time, until all are started."""
     needs = getattr(ctx.backend, "needs_compile", True)
@@ -146,10 +153,9 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
         ctx.interrupt()
         say(f"confirm stage stopped after {len(pooled)} of {rounds} rounds; nothing confirmed")
         return None
-    timings = pooled_timings(pooled)
+    timings, complete = pooled_timings(pooled), in_every_round(pooled)
     names = [v.name for v in variants]
-    baselines = [impl for impl in timings.rounds if impl not in names]
-    winner, ratio, baseline = pick_winner(timings, names, baselines)
+    winner, ratio, baseline = pick_winner(complete, names, [impl for impl in complete.rounds if impl not in names])
     if winner is None:
         say(f"confirm stage of {problem.label}: no variant could be timed again")
         return None
