@@ -34,7 +34,7 @@ def test_cards_sharing_a_plan_start_exactly_its_rounds_when_they_take_turns(roun
         number = ledgers[i % cards].begin_round()
         if number is not None:
             started.append(number)
-            ledgers[i % cards].record({"v1": 1.0, "sdpa_cudnn": 1.1})
+            ledgers[i % cards].record(number, {"v1": 1.0, "sdpa_cudnn": 1.1})
     started += [n for n in (ledger.begin_round() for ledger in ledgers for _ in range(rounds)) if n is not None]
     assert sorted(started) == list(range(rounds))  # each round number once: the start order keeps rotating
 
@@ -47,34 +47,34 @@ def test_two_cards_starting_the_last_round_at_once_time_one_round_more():
     a.started, b.started = a.started + 1, b.started + 1
     a._write(), b._write()
     assert a.begin_round() is None and b.begin_round() is None
-    for ledger in (a, b, a, b):
-        ledger.record({"v1": 1.0})
+    for number, ledger in enumerate((a, b, a, b)):
+        ledger.record(number, {"v1": 1.0})
     assert len(a.rounds()) == 4 and a.participants() == 2
 
 
-def test_pooled_rounds_come_in_the_order_they_finished_and_wait_for_rounds_still_running():
+def test_pooled_rounds_come_in_the_order_they_started_and_wait_for_rounds_still_running():
     attrs = MemoryAttributes()
     a, b = Ledger(attrs, plan(2), "a"), Ledger(attrs, plan(2), "b")
-    a.begin_round(), b.begin_round()
-    b.record({"v1": 2.0})
-    time.sleep(0.01)
+    first, second = a.begin_round(), b.begin_round()
+    b.record(second, {"v1": 2.0})  # round 1 finishes first
+    assert b.leading_rounds() == []  # decisions wait for round 0
 
     def late() -> None:
         time.sleep(0.3)
-        a.record({"v1": 1.0})
+        a.record(first, {"v1": 1.0})
 
     threading.Thread(target=late).start()
     started = time.monotonic()
     rounds = b.wait_settled(threading.Event())
     assert time.monotonic() - started >= 0.25
-    assert rounds == [{"v1": 2.0}, {"v1": 1.0}]
+    assert rounds == [{"v1": 1.0}, {"v1": 2.0}] == b.leading_rounds()
 
 
 def test_a_participant_that_falls_silent_mid_round_is_not_waited_for_forever():
     attrs = MemoryAttributes()
     a, b = Ledger(attrs, plan(2), "a"), Ledger(attrs, plan(2), "b")
-    a.begin_round(), b.begin_round()
-    a.record({"v1": 1.0})  # b was killed in its round
+    a.record(a.begin_round(), {"v1": 1.0})
+    b.begin_round()  # b was killed in its round
     started = time.monotonic()
     assert a.wait_settled(threading.Event(), quiet_s=0.2) == [{"v1": 1.0}]
     assert time.monotonic() - started < 2
@@ -138,3 +138,31 @@ def test_only_implementations_timed_in_every_pooled_round_can_win():
     winner, ratio, baseline = pick_winner(in_every_round(rounds), ["fast", "steady"], ["base"])
     assert (winner, baseline) == ("steady", "base") and ratio == pytest.approx(1.1, rel=1e-3)
     assert pick_winner(in_every_round(rounds[:1] + rounds[1:2]), ["fast"], ["base"])[0] is None
+
+
+def test_a_round_a_card_failed_is_given_back_and_a_closed_plan_starts_no_more():
+    attrs = MemoryAttributes()
+    publish(attrs, plan(2))
+    a, b = Ledger(attrs, plan(2), "a"), Ledger(attrs, plan(2), "b")
+    assert (a.begin_round(), b.begin_round()) == (0, 1)
+    b.release()  # b's card failed in its round
+    assert a.begin_round() == 1  # a takes it
+    a.record(0, {"v1": 1.0}), a.record(1, {"v1": 1.0})
+    assert a.wait_settled(threading.Event(), quiet_s=0.2) == [{"v1": 1.0}, {"v1": 1.0}] and a.missing() == 0
+    c = Ledger(attrs, plan(5), "c")
+    publish(attrs, plan(5, done=True))
+    assert c.begin_round() is None
+
+
+def test_a_plan_of_another_release_is_ignored_and_only_its_owner_closes_a_plan():
+    from tuner.search.confirm_ledger import PLAN_KEY, finish
+
+    attrs = MemoryAttributes()
+    attrs.write(PLAN_KEY, {"id": "x", "something_new": 1})
+    assert current_plan(attrs) is None
+    publish(attrs, plan())
+    other = Plan(**{**plan().__dict__, "id": "p2"})
+    finish(attrs, other)  # not the current plan: left open
+    assert current_plan(attrs) == plan()
+    finish(attrs, plan())
+    assert current_plan(attrs).done

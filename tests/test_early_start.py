@@ -102,3 +102,29 @@ def test_a_command_that_fails_after_the_early_start_exits_at_once_and_ends_its_w
     for pid in map(int, out.stdout.split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_worker_process_that_died_before_its_spec_is_reported_not_a_broken_pipe(replay_recording, sqlite_url):
+    import io
+
+    from rich.console import Console
+
+    from tuner.errors import TunerError
+    from tuner.search.job import WorkerJob
+    from tuner.search.progress import SearchProgress
+    from tuner.search.worker_entry import StartedWorkers
+    from tuner.search.worker_processes import run_processes
+    from tuner.search.workers import WorkerSpec
+
+    started = StartedWorkers((0, 1), gpu=False)
+    started.procs[1].kill()  # e.g. the OOM killer, before the parent had prepared the studies
+    started.procs[1].join(10)
+    jobs = (WorkerJob(0, "no-such-study", 5),)
+    specs = [WorkerSpec(w, w, sqlite_url, sqlite_url, "replay", jobs, replay_recording.url, local_workers=2)
+             for w in (0, 1)]
+    begun = time.monotonic()
+    with SearchProgress(Console(file=io.StringIO()), enabled=False) as progress:
+        with pytest.raises(TunerError):
+            run_processes(specs, progress, lambda text: None, started)
+    started.end(5)
+    assert not any(p.is_alive() for p in started.procs) and time.monotonic() - begun < 60

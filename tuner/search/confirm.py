@@ -26,7 +26,7 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.runtime.baselines import confirm_stage_pruner
 from tuner.runtime.timing import CONFIRM_AFTER, per_round_ratio
-from tuner.search.confirm_ledger import Attributes, Ledger, MemoryAttributes, Plan, await_plan, publish
+from tuner.search.confirm_ledger import Attributes, Ledger, MemoryAttributes, Plan, await_plan, finish, publish
 from tuner.search.job import Context
 from tuner.search.liveness import WORKER_ID
 from tuner.status import TrialStatus
@@ -106,22 +106,32 @@ def in_every_round(rounds: list[dict[str, float]]) -> ConfirmTimings:
                            if len(times) == len(rounds)})
 
 
-def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[Variant]) -> None:
-    """Time rounds of the ledger's plan on this worker's card, one at a time, until all are started."""
+def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[Variant], extra: int = 0) -> None:
+    """Time rounds of the ledger's plan on this worker's card, one at a time, until all are started (or,
+    with `extra`, that many more); a round the card fails is given back before the error goes on."""
     needs = getattr(ctx.backend, "needs_compile", True)
     builts = [ctx.hooks.build(v, ctx.profile.nvcc_arch) if needs else None for v in variants]
     names = [v.name for v in variants]
+    left = extra
     while not ctx.stop.is_set():
-        number = ledger.begin_round()
+        number = ledger.begin_round(extra=left > 0)
         if number is None:
             return
-        done = ledger.rounds()
-        dropped = stopped_early(done, names)
-        keep = [i for i, name in enumerate(names) if name not in dropped]
-        baselines = None if not done else [impl for impl in done[0] if impl not in names and impl not in dropped]
-        timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
-                                      baselines=baselines, first_round=number)
-        ledger.record({impl: times[0] for impl, times in timings.rounds.items() if times})
+        try:
+            leading = ledger.leading_rounds()
+            dropped = stopped_early(leading, names)
+            keep = [i for i, name in enumerate(names) if name not in dropped]
+            baselines = None if not leading else [b for b in leading[0] if b not in names and b not in dropped]
+            timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
+                                          baselines=baselines, first_round=number)
+        except BaseException:
+            ledger.release()
+            raise
+        ledger.record(number, {impl: times[0] for impl, times in timings.rounds.items() if times})
+        if extra:
+            left -= 1
+            if left == 0:
+                return
 
 
 def participant(ctx: Context) -> str:
@@ -147,8 +157,11 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
     try:
         take_rounds(ctx, ledger, problem, variants)
         pooled = ledger.wait_settled(ctx.stop)
+        if ledger.missing() and not ctx.stop.is_set():  # a participant vanished mid-round: time them here
+            take_rounds(ctx, ledger, problem, variants, extra=ledger.missing())
+            pooled = ledger.rounds()
     finally:
-        publish(attrs, dataclasses.replace(plan, done=True))
+        finish(attrs, plan)
     if ctx.stop.is_set() and len(pooled) < rounds:  # Ctrl-C: a winner of fewer rounds is not a confirmed one
         ctx.interrupt()
         say(f"confirm stage stopped after {len(pooled)} of {rounds} rounds; nothing confirmed")

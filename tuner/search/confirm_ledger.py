@@ -88,8 +88,23 @@ def publish(attrs: Attributes, plan: Plan) -> None:
 
 
 def current_plan(attrs: Attributes) -> Optional[Plan]:
-    data = attrs.read().get(PLAN_KEY)
-    return Plan.from_json(data) if isinstance(data, dict) else None
+    """The study's latest plan (None: none, or one this version cannot read, e.g. from another release)."""
+    return _plan_of(attrs.read())
+
+
+def _plan_of(values: dict[str, Any]) -> Optional[Plan]:
+    data = values.get(PLAN_KEY)
+    try:
+        return Plan.from_json(data) if isinstance(data, dict) else None
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def finish(attrs: Attributes, plan: Plan) -> None:
+    """Mark `plan` done, unless another plan has replaced it since (another worker's stage, left open)."""
+    current = current_plan(attrs)
+    if current is None or current.id == plan.id:
+        publish(attrs, dataclasses.replace(plan, done=True))
 
 
 def await_plan(attrs: Attributes, since: float, stop: Any, wait_s: float) -> Optional[Plan]:
@@ -107,7 +122,8 @@ def await_plan(attrs: Attributes, since: float, stop: Any, wait_s: float) -> Opt
 
 
 class Ledger:
-    """One participant's view of a plan's rounds."""
+    """One participant's view of a plan's rounds. Rounds are numbered in the order they are started;
+    pooled rounds come in that order, so an implementation stopped early has timed a prefix of them."""
 
     def __init__(self, attrs: Attributes, plan: Plan, me: str) -> None:
         self.attrs, self.plan = attrs, plan
@@ -115,41 +131,70 @@ class Ledger:
         self.started = 0
         self.mine: list[dict[str, Any]] = []
 
-    def _shares(self) -> list[dict[str, Any]]:
+    def _read(self) -> tuple[list[dict[str, Any]], bool]:
+        """Every participant's share, and whether the plan was closed (its confirming worker gave up)."""
+        values = self.attrs.read()
         prefix = f"{SHARE_PREFIX}{self.plan.id}:"
-        return [value for key, value in sorted(self.attrs.read().items()) if key.startswith(prefix)]
+        shares = [value for key, value in sorted(values.items()) if key.startswith(prefix)]
+        current = _plan_of(values)
+        return shares, current is not None and current.id == self.plan.id and current.done
 
     def _write(self) -> None:
         self.attrs.write(self.key, {"started": self.started, "rounds": self.mine})
 
-    def begin_round(self) -> Optional[int]:
-        """Start a round (its number, which rotates the order of its timings), or None when the plan's
-        rounds are all started."""
-        total = sum(share["started"] for share in self._shares())
-        if total >= self.plan.rounds:
+    def begin_round(self, extra: bool = False) -> Optional[int]:
+        """Start a round (its number, which also rotates the order of its timings), or None when the
+        plan's rounds are all started or the plan is closed; `extra`: start one whatever the count (the
+        confirming worker replacing rounds a vanished participant never recorded)."""
+        shares, closed = self._read()
+        total = sum(share["started"] for share in shares)
+        if closed or (total >= self.plan.rounds and not extra):
             return None
         self.started += 1
         self._write()
         return total
 
-    def record(self, timings: dict[str, float]) -> None:
-        self.mine.append({"t": time.time(), "us": timings})
+    def release(self) -> None:
+        """Give back a round started here that could not be timed (the card failed): others may take it."""
+        self.started -= 1
         self._write()
 
+    def record(self, number: int, timings: dict[str, float]) -> None:
+        self.mine.append({"n": number, "us": timings})
+        self._write()
+
+    def _rounds(self, shares: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
+        done = [(r["n"], i, r["us"]) for i, share in enumerate(shares) for r in share["rounds"]]
+        return [(n, us) for n, _, us in sorted(done, key=lambda item: item[:2])]
+
     def rounds(self) -> list[dict[str, float]]:
-        """Every participant's finished rounds, in the order they finished."""
-        done = [r for share in self._shares() for r in share["rounds"]]
-        return [r["us"] for r in sorted(done, key=lambda r: r["t"])]
+        """Every participant's finished rounds, in the order they were started."""
+        return [us for _, us in self._rounds(self._read()[0])]
+
+    def leading_rounds(self) -> list[dict[str, float]]:
+        """The finished rounds numbered 0, 1, 2, ... up to the first one still running: what decisions to
+        stop timing an implementation are taken on, so that every card takes the same ones."""
+        out = []
+        for n, us in self._rounds(self._read()[0]):
+            if n > len(out):
+                break
+            if n == len(out):
+                out.append(us)
+        return out
 
     def participants(self) -> int:
-        return sum(1 for share in self._shares() if share["rounds"])
+        return sum(1 for share in self._read()[0] if share["rounds"])
+
+    def missing(self) -> int:
+        """Rounds of the plan not recorded by anyone (after wait_settled: a participant vanished)."""
+        return max(0, self.plan.rounds - len(self.rounds()))
 
     def wait_settled(self, stop: Any, quiet_s: float = QUIET_S) -> list[dict[str, float]]:
         """The pooled rounds once every started round is recorded; a participant silent for `quiet_s`
         (killed mid-round) is not waited for any longer."""
         last, quiet_since = -1, time.monotonic()
         while not stop.is_set():
-            shares = self._shares()
+            shares = self._read()[0]
             finished = sum(len(share["rounds"]) for share in shares)
             if finished >= sum(share["started"] for share in shares):
                 break

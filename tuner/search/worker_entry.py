@@ -82,7 +82,10 @@ class StartedWorkers:
         """Send worker i its spec (pickled here: the search modules are loaded by now)."""
         self.given = True
         for inbox, spec in zip(self.inboxes, specs):
-            inbox.send(pickle.dumps(spec))
+            try:
+                inbox.send(pickle.dumps(spec))
+            except (OSError, ValueError):  # that process died early: collect() reports it, the others stop
+                self.stop.set()
 
     def discard(self) -> None:
         """End processes that were never given work (the search stopped before its workers ran)."""

@@ -106,10 +106,10 @@ def run_processes(specs: list[WorkerSpec], progress: SearchProgress, say: Callab
     if [s.device for s in specs] != list(started.devices):
         started.discard()
         raise TunerError("worker specs do not match the devices the worker processes started on")
-    started.give(specs)
     sigint = EscalateOnSigint(started.stop, started.procs, say)
     try:
         with sigint:
+            started.give(specs)
             results, errors = collect(started.events, [(s.worker, s.device, p) for s, p in zip(specs, started.procs)],
                                       progress.handle, started.stop)
     except BaseException:
