@@ -19,6 +19,8 @@ from tuner.early_start import search_devices
     (["search", "--backend", "replay", "--from", "x"], None),
     (["search", "--backend=replay"], None),
     (["search", "--devices", "0,0"], None),  # the CLI refuses it: start nothing
+    (["search", "--devices", "0", "--devices", "0,1"], (0, 1)),  # the last one, as the CLI takes it
+    (["search", "--backend", "GPU"], (0,)),
     (["search", "--devices", "a"], None),
     (["search", "--help"], None),
     (["results", "--study", "search"], None),

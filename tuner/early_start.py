@@ -16,12 +16,14 @@ GLOBAL_OPTIONS_WITH_VALUE = ("--db",)  # the CLI's options before the command (t
 
 
 def _value(args: Sequence[str], option: str) -> Optional[str]:
+    """The option's last value, as the CLI takes it."""
+    value = None
     for i, arg in enumerate(args):
         if arg == option and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(option + "="):
-            return arg[len(option) + 1:]
-    return None
+            value = args[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg[len(option) + 1:]
+    return value
 
 
 def search_devices(argv: Sequence[str]) -> Optional[tuple[int, ...]]:
@@ -33,7 +35,7 @@ def search_devices(argv: Sequence[str]) -> Optional[tuple[int, ...]]:
     if not args or args[0] != "search":
         return None
     rest = args[1:]
-    if "--help" in rest or (_value(rest, "--backend") or "gpu") != "gpu":
+    if "--help" in rest or (_value(rest, "--backend") or "gpu").strip().lower() != "gpu":
         return None
     try:
         devices = tuple(int(part) for part in (_value(rest, "--devices") or "0").split(",") if part.strip())
