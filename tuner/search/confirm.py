@@ -157,8 +157,9 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
     try:
         take_rounds(ctx, ledger, problem, variants)
         pooled = ledger.wait_settled(ctx.stop)
-        if ledger.missing() and not ctx.stop.is_set():  # a participant vanished mid-round: time them here
-            take_rounds(ctx, ledger, problem, variants, extra=ledger.missing())
+        missing = ledger.missing()
+        if missing and not ctx.stop.is_set():  # a participant vanished mid-round: time them here
+            take_rounds(ctx, ledger, problem, variants, extra=missing)
             pooled = ledger.rounds()
     finally:
         finish(attrs, plan)
