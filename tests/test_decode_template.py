@@ -14,7 +14,7 @@ from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.runtime.launcher import LaunchShape, launch_grid
+from tuner.runtime.shipped.launcher import LaunchShape, launch_grid
 
 TEMPLATE = "attn_decode"
 DECODE_STEP = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)

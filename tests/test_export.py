@@ -130,11 +130,13 @@ def exported(export_store, tmp_path_factory):
 def test_package_layout_and_manifest(exported, export_store) -> None:
     report, mod = exported
     pkg = report.out / report.package
-    for rel in ("__init__.py", "_api.py", "_dispatch.py", "_kernels.py", "_launcher.py", "manifest.json"):
-        assert (pkg / rel).is_file(), rel
+    assert (pkg / "__init__.py").is_file() and (pkg / "manifest.json").is_file()
     assert (report.out / "pyproject.toml").is_file() and (report.out / "README.md").is_file()
-    # One launcher for the tuner and every export: a verbatim copy.
-    assert (pkg / "_launcher.py").read_bytes() == (ROOT / "tuner" / "runtime" / "launcher.py").read_bytes()
+    # One runtime for the tuner and every export: its folder, copied whole.
+    runtime = ROOT / "tuner" / "runtime" / "shipped"
+    ours = sorted(p.relative_to(runtime) for p in runtime.rglob("*.py"))
+    assert ours and sorted(p.relative_to(pkg / "_runtime") for p in (pkg / "_runtime").rglob("*.py")) == ours
+    assert all((pkg / "_runtime" / rel).read_bytes() == (runtime / rel).read_bytes() for rel in ours)
     m = json.loads((pkg / "manifest.json").read_text())
     assert m["package"] == report.package and m["tuner_version"] and m["nvcc_version"]
     assert m["gpu"]["profile"] == "h100" and m["gpu"]["arch"] == "sm_90a" and m["gpu"]["gpu_names"] == ["NVIDIA H100 80GB HBM3"]
@@ -291,7 +293,7 @@ def test_explain_gqa_and_arch(exported, export_store) -> None:
     ex = mod.explain(q, k, v, causal=True)
     assert ex.kernel == export_store.names["gqa"] and not ex.exact
     assert "tuned for GQA group 4, not 8" in ex.reason and "log2 distance 4" in ex.reason  # buckets 12/12 vs 10/10
-    kernels = mod._kernels
+    kernels = mod._runtime.kernels
     assert kernels.cubin_arch_for({"sm_90a": {}}, (9, 0)) == "sm_90a"
     assert kernels.cubin_arch_for({"sm_90a": {}}, (10, 0)) is None
     assert kernels.cubin_arch_for({"sm_80": {}, "sm_86": {}}, (8, 9)) == "sm_86"
@@ -301,7 +303,7 @@ def test_explain_gqa_and_arch(exported, export_store) -> None:
 
 def test_bucket_function(exported) -> None:
     _, mod = exported
-    seq_bucket = mod._dispatch.seq_bucket
+    seq_bucket = mod._runtime.dispatch.seq_bucket
     assert [seq_bucket(n) for n in (1, 2, 3, 4, 5, 1024, 1025, 2048, 2049)] == [0, 1, 2, 2, 3, 10, 11, 11, 12]
 
 
@@ -360,7 +362,8 @@ def test_tampered_cubin_is_refused(export_store, tmp_path) -> None:
     assert "refusing to load it" in bad.stderr
 
 
-@pytest.mark.parametrize("damage", ["no_manifest", "not_json", "no_kernels", "path_outside"])
+@pytest.mark.parametrize("damage", ["no_manifest", "not_json", "no_kernels", "path_outside", "null_sha256",
+                                    "cubin_sha256_number", "header_sha256_null", "kernels_a_list"])
 def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage) -> None:
     name = _unique("broken")
     out = tmp_path / name
@@ -374,6 +377,17 @@ def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage)
     elif damage == "no_kernels":
         del manifest["kernels"]
         manifest_path.write_text(json.dumps(manifest))
+    elif damage in ("null_sha256", "cubin_sha256_number", "header_sha256_null", "kernels_a_list"):
+        kernel = next(iter(manifest["kernels"].values()))
+        if damage == "null_sha256":
+            kernel["source_sha256"] = None
+        elif damage == "cubin_sha256_number":
+            next(iter(kernel["cubins"].values()))["sha256"] = 12
+        elif damage == "header_sha256_null":
+            manifest["headers"][next(iter(manifest["headers"]))] = None
+        else:
+            manifest["kernels"] = list(manifest["kernels"].values())
+        manifest_path.write_text(json.dumps(manifest))
     else:  # a path that leaves the package, with the hash of what is there
         outside = tmp_path / "outside.bin"
         outside.write_bytes(b"not a cubin")
@@ -384,8 +398,9 @@ def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage)
     bad = _import_in_subprocess(out, name)
     assert bad.returncode != 0
     last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{name}._kernels.IntegrityError: ") or "IntegrityError" in last, bad.stderr
+    assert last.startswith(f"{name}._runtime.kernels.IntegrityError: {name}"), bad.stderr
     assert "JSONDecodeError" not in bad.stderr and "FileNotFoundError" not in bad.stderr and "KeyError" not in last
+    assert "TypeError" not in bad.stderr and "AttributeError" not in bad.stderr
 
 
 def test_the_jit_path_checks_the_source_it_compiles(exported) -> None:
@@ -397,10 +412,10 @@ def test_the_jit_path_checks_the_source_it_compiles(exported) -> None:
     try:
         source.write_bytes(original + b"\n// injected\n")
         with pytest.raises(mod.IntegrityError, match="fails its integrity check"):
-            mod._kernels.verified_bytes(meta["source"], meta["source_sha256"])
+            mod._runtime.kernels.verified_bytes(meta["source"], meta["source_sha256"])
     finally:
         source.write_bytes(original)
-    assert mod._kernels.verified_bytes(meta["source"], meta["source_sha256"]) == original
+    assert mod._runtime.kernels.verified_bytes(meta["source"], meta["source_sha256"]) == original
 
 
 def test_a_cubin_changed_in_the_compile_cache_is_not_exported(export_store, tmp_path) -> None:
@@ -434,11 +449,18 @@ def test_pip_install_elsewhere(export_store, tmp_path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
                     "--target", str(target), str(out)], check=True, capture_output=True, timeout=300)
     assert (target / name / "manifest.json").is_file() and list((target / name / "kernels").glob("*.cubin"))
-    code = (f"import sys; sys.path.insert(0, {str(target)!r})\n"
+    metadata = next(target.glob("*.dist-info")) / "METADATA"
+    requires = [line.split(":", 1)[1].strip() for line in metadata.read_text().splitlines()
+                if line.startswith("Requires-Dist:")]
+    assert requires == ["torch>=2.4"]  # torch alone: no PyCUDA, nothing that needs the CUDA toolkit to build
+    # pycuda made unimportable and no nvcc on PATH: the package must not need either to import and explain.
+    code = (f"import sys; sys.path.insert(0, {str(target)!r}); sys.modules['pycuda'] = None\n"
             f"import torch\nfrom {name} import attention\n"
             "q = torch.randn(1, 2, 8, 64)\nout = attention(q, q, q, fallback='sdpa')\n"
             "assert 'tuner' not in sys.modules\nprint('ok', attention.explain(q.half(), q.half(), q.half()).kernel)")
-    run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "PYTHONPATH")} | {"PATH": "/usr/bin:/bin"}
+    run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("ok attn_fwd_mma_d64_fp16_")
 
@@ -643,25 +665,28 @@ def test_unwritable_out_is_a_one_line_error(export_store, tmp_path) -> None:
 # --- nvcc options, one dispatch rule ----------------------------------------------------------
 
 
-def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch) -> None:
+def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch, tmp_path) -> None:
+    """Where no shipped cubin runs, the package runs nvcc with the tuner's options and its own headers."""
     from tuner.kernels.compiler import BASE_OPTIONS
 
     report, mod = exported
     options = json.loads((report.out / report.package / "manifest.json").read_text())["nvcc_options"]
     assert options == [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")] and "-O3" in options
-    seen = {}
-
-    def fake_compile(source, options=None, arch=None, no_extern_c=False, include_dirs=()):
-        seen.update(options=options, arch=arch, include_dirs=list(include_dirs))
-        return b"cubin"
-
-    compiler = ModuleType("pycuda.compiler")
-    compiler.compile = fake_compile
-    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
-    monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
-    assert mod._kernels._jit_cubin("src", (8, 9)) == b"cubin"
-    assert seen == {"options": options, "arch": "sm_89",
-                    "include_dirs": [str(report.out.resolve() / report.package / "kernels")]}
+    fake = tmp_path / "bin" / "nvcc"  # records its arguments and writes the -o file
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"
+                    "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then printf cubin > \"$2\"; fi; shift; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    assert mod._runtime.kernels._jit_cubin("src", (8, 9)) == b"cubin"
+    args = (tmp_path / "args").read_text().split()
+    assert args[:1 + len(options)] == ["-cubin", *options]
+    assert "arch=compute_89,code=sm_89" in args
+    assert args[args.index("-I") + 1] == str(report.out.resolve() / report.package / "kernels")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    with pytest.raises(mod.GpuUnavailableError, match="nvcc"):
+        mod._runtime.kernels._jit_cubin("src", (8, 9))
 
 
 def test_a_shipped_source_compiles_with_the_shipped_headers_alone(exported, tmp_path) -> None:
@@ -710,7 +735,7 @@ def _synthetic_header_inputs():
 def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -> None:
     """The header's nearest_bucket, compiled into a host program, picks what _dispatch.choose picks."""
     from tuner.export.header import render_header
-    from tuner.export.shipped._dispatch import DispatchTable, Key
+    from tuner.runtime.shipped.dispatch import DispatchTable, Key
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
@@ -763,7 +788,7 @@ def test_a_tuned_problem_is_served_by_its_own_kernel_and_work_size_picks_among_e
     """B3 H12 S1536 and B16 H16 S2048 share the Sq/Sk bucket (11): both stay in dispatch, each serves
     itself, and other shapes of that bucket go to the one of the nearer batch x heads (waves on the card)."""
     from tuner.export.selection import _dispatch_key, resolve_collisions
-    from tuner.export.shipped._dispatch import DispatchTable, Key
+    from tuner.runtime.shipped.dispatch import DispatchTable, Key
 
     large, small = Problem(16, 16, 2048, 2048, 64), Problem(3, 12, 1536, 1536, 64)
     entries = [{"key": _dispatch_key(p), "kernel": name, "trial_id": i, "problem": p.to_dict(), "dispatch": True}

@@ -22,7 +22,7 @@ from tuner.export.check_cells import (
     median_ratios,
 )
 from tuner.export.selection import _dispatch_key, resolve_collisions
-from tuner.export.shipped._dispatch import DispatchTable, Key
+from tuner.runtime.shipped.dispatch import DispatchTable, Key
 from tuner.models import DECODE
 from tuner.problem import Problem
 

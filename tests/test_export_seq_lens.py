@@ -69,7 +69,7 @@ def test_seq_lens_on_cpu_without_fallback_names_the_device(exported) -> None:
 def test_one_query_takes_the_other_causalitys_kernel() -> None:
     """A decode step (Sq 1) sees every key causal or not: with decode kernels tuned as causal, a non-causal
     one-query call still runs them, while two queries do not cross causality."""
-    from tuner.export.shipped._dispatch import DispatchTable, Key
+    from tuner.runtime.shipped.dispatch import DispatchTable, Key
 
     entries = [{"key": {"dtype": "bf16", "head_dim": 128, "causal": True, "group": 4, "sq_bucket": 0, "sk_bucket": 13,
                         "bh_bucket": 8}, "kernel": "attn_decode_x", "trial_id": 7, "dispatch": True, "max_seq_q": 16}]
@@ -89,7 +89,7 @@ def test_paged_inputs_that_would_read_the_wrong_memory_are_refused() -> None:
     """The caches' dtype and device must be q's, and a table needs a page (a null table reads as dense)."""
     import torch
 
-    from tuner.runtime.launcher import AttentionInputError, check_paged_inputs
+    from tuner.runtime.shipped.launcher import AttentionInputError, check_paged_inputs
 
     q = torch.zeros(2, 4, 1, 64, dtype=torch.float16)
     kc = torch.zeros(5, 16, 2, 64, dtype=torch.float16)
@@ -118,11 +118,11 @@ def test_a_static_caches_decode_mask_becomes_key_lengths(exported) -> None:
     for sq, offset in ((1, 37), (4, 100)):
         args = dict(batch_size=3, q_length=sq, kv_length=256, kv_offset=0, mask_function=causal_mask_function,
                     attention_mask=None, allow_is_causal_skip=False)
-        lens = mod._hf.transformers_mask(q_offset=torch.tensor(offset), **args)
+        lens = mod._runtime.hf.transformers_mask(q_offset=torch.tensor(offset), **args)
         assert lens.dtype == torch.int32 and lens.tolist() == [offset + sq] * 3
         want = sdpa_mask(q_offset=offset, **args)
-        assert torch.equal(mod._seq_lens.lens_mask(lens, sq, 256, causal=True), want)
-        assert mod._hf.transformers_mask(q_offset=offset, **args).tolist() == [offset + sq] * 3  # an int offset
+        assert torch.equal(mod._runtime.seq_lens.lens_mask(lens, sq, 256, causal=True), want)
+        assert mod._runtime.hf.transformers_mask(q_offset=offset, **args).tolist() == [offset + sq] * 3  # an int offset
 
 
 @needs_transformers
@@ -140,7 +140,7 @@ def test_other_masks_stay_transformers_sdpa_masks(exported) -> None:
              dict(q_length=17, q_offset=0), dict(allow_is_causal_skip=True)]
     for change in cases:
         args = {**base, **change}
-        got, want = mod._hf.transformers_mask(**args), sdpa_mask(**args)
+        got, want = mod._runtime.hf.transformers_mask(**args), sdpa_mask(**args)
         assert (got is None and want is None) or (got.dtype == torch.bool and torch.equal(got, want)), change
 
 

@@ -65,7 +65,7 @@ def test_wheel_contains_data_folders(wheel):
     assert "tuner/_assets/profiles/h100.toml" in names
     for profile in ("a100", "h100", "h200", "l4"):
         assert f"tuner/_assets/profiles/{profile}.toml" in names
-    assert "tuner/cli/app.py" in names and "tuner/runtime/launcher.py" in names and "tuner/profiles/profile.py" in names
+    assert "tuner/cli/app.py" in names and "tuner/runtime/shipped/launcher.py" in names and "tuner/profiles/profile.py" in names
     for folder in ASSET_FOLDERS:
         files = _source_files(folder)
         if not files:  # folder still empty in this checkout: nothing to ship yet

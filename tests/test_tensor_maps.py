@@ -15,7 +15,7 @@ import ctypes
 import pytest
 import torch
 
-from tuner.runtime.launcher import TMA_ARG_FORMAT, TensorMapEncoder
+from tuner.runtime.shipped.launcher import TMA_ARG_FORMAT, TensorMapEncoder
 
 
 def fake_driver(address_at: int):
@@ -68,7 +68,7 @@ def test_the_kernel_argument_format_splits_each_map_into_address_and_rest() -> N
 
 
 def test_bad_strides_are_a_clear_error() -> None:
-    from tuner.runtime.launcher import AttentionInputError
+    from tuner.runtime.shipped.launcher import AttentionInputError
 
     def refusing(*_args) -> int:
         return 1  # CUDA_ERROR_INVALID_VALUE

@@ -46,7 +46,7 @@ def test_per_sequence_lengths_and_their_graph_replay(hopper, causal: bool, sq: i
 
     from tuner.kernels.feasibility import covering_sample
     from tuner.runtime.build import build_many
-    from tuner.runtime.launcher import AttentionInputError
+    from tuner.runtime.shipped.launcher import AttentionInputError
     from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
     problem = Problem(4, 8, sq, 1000, 128, dtype="bf16", causal=causal, heads_kv=2)
@@ -125,7 +125,7 @@ def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, s
 
     from tuner.kernels.feasibility import covering_sample
     from tuner.runtime.build import build_many
-    from tuner.runtime.launcher import AttentionInputError
+    from tuner.runtime.shipped.launcher import AttentionInputError
     from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
     hkv = 2

@@ -85,7 +85,7 @@ def test_matches_fp32_reference(package, problem: Problem) -> None:
     assert err < TOLERANCE[problem.dtype], f"{problem.label}: rel error {err:.2e}\n{mod.explain(q, k, v, causal=problem.causal)}"
     assert out.stride() == torch.empty_like(q).stride()
     if problem.seq_q <= problem.seq_k or not problem.causal:  # SDPA gives NaN on rows that see no key
-        sdpa = mod._api._sdpa(q, k, v, problem.causal, None)
+        sdpa = mod._runtime.api._sdpa(q, k, v, problem.causal, None)
         assert relative_error(out, sdpa.float()) < 2 * TOLERANCE[problem.dtype]
 
 
@@ -188,16 +188,16 @@ def test_cuda_inputs_it_cannot_take(package) -> None:
 
 
 def test_jit_from_source_runs(package) -> None:
-    """The path for a device arch without a shipped cubin: PyCUDA compiles the shipped source."""
+    """The path for a device arch without a shipped cubin: nvcc compiles the shipped source."""
     import torch
 
     mod, manifest = package
-    kernels = mod._kernels
+    kernels = mod._runtime.kernels
     kname, meta = next(iter(manifest["kernels"].items()))
     cc = torch.cuda.get_device_capability(0)
     cubin = kernels._jit_cubin((kernels.PACKAGE_DIR / meta["source"]).read_text(), cc)
-    kernel = mod._launcher.AttentionKernel(cubin, meta["entry"],
-                                           mod._launcher.LaunchShape(**meta["launch"]))
+    kernel = mod._runtime.launcher.AttentionKernel(cubin, meta["entry"],
+                                                   mod._runtime.launcher.LaunchShape(**meta["launch"]), 0)
     params = meta["params"]
     p = Problem(1, 4, 200, 200, params["head_dim"], dtype=params["dtype"], causal=params["causal"])
     q, k, v = make_inputs(p, seed=5)
@@ -299,8 +299,8 @@ def test_transformers_runs_the_tuned_kernels_and_matches_sdpa(package) -> None:
     ours, ref = model(name), model("sdpa")
     ref.load_state_dict(ours.state_dict())
     calls: list[int] = []
-    kernel_call = mod._hf.attention
-    mod._hf.attention = lambda *a, **k: (calls.append(1), kernel_call(*a, **k))[1]
+    kernel_call = mod._runtime.hf.attention
+    mod._runtime.hf.attention = lambda *a, **k: (calls.append(1), kernel_call(*a, **k))[1]
     try:
         ids = torch.randint(0, 1000, (2, 256), device="cuda")
         with torch.no_grad():
@@ -314,7 +314,7 @@ def test_transformers_runs_the_tuned_kernels_and_matches_sdpa(package) -> None:
         assert len(calls) == 2  # the padded batch went to SDPA
         torch.testing.assert_close(got, want)
     finally:
-        mod._hf.attention = kernel_call
+        mod._runtime.hf.attention = kernel_call
     with pytest.raises(ValueError, match="flash"):
         mod.register_transformers("my_flash_kernels")
 
@@ -330,14 +330,14 @@ def test_transformers_prefill_into_an_empty_static_cache_runs_the_kernel(package
     q = torch.randn(1, 8, 100, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     calls: list[tuple] = []
-    kernel_call = mod._hf.attention
-    mod._hf.attention = lambda *a, **kw: (calls.append(tuple(a[1].shape)), kernel_call(*a, **kw))[1]
+    kernel_call = mod._runtime.hf.attention
+    mod._runtime.hf.attention = lambda *a, **kw: (calls.append(tuple(a[1].shape)), kernel_call(*a, **kw))[1]
     try:
         with torch.no_grad():
-            out, _ = mod._hf.transformers_attention(types.SimpleNamespace(is_causal=True, num_key_value_groups=4),
+            out, _ = mod._runtime.hf.transformers_attention(types.SimpleNamespace(is_causal=True, num_key_value_groups=4),
                                                     q, k, v, None)
     finally:
-        mod._hf.attention = kernel_call
+        mod._runtime.hf.attention = kernel_call
     want = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :100], v[:, :, :100], is_causal=True,
                                                             enable_gqa=True).transpose(1, 2)
     assert calls == [(1, 2, 100, 128)]
@@ -350,23 +350,23 @@ def test_a_routed_cell_runs_sdpa_with_the_kernels_semantics(package) -> None:
     import torch
 
     mod, manifest = package
-    entry = next(e for e in mod._api.TABLE.entries if e["problem"]["causal"])
+    entry = next(e for e in mod._runtime.choice.table().entries if e["problem"]["causal"])
     p = Problem(**entry["problem"])
     before = entry.get("route")
     entry["route"] = "sdpa"
-    mod._api._cache.clear()
+    mod._runtime.api._cache.clear()
     try:
         q, k, v = make_inputs(p, seed=4)
         with torch.no_grad():
             out = mod.attention(q, k, v, causal=True)
             again = mod.attention(q, k, v, causal=True)  # the fast path, from the cache
         torch.cuda.synchronize()
-        assert any(hit[1] is None for hit in mod._api._cache.values())
+        assert any(hit[1] is None for hit in mod._runtime.api._cache.values())
         for got in (out, again):
             assert relative_error(got, reference(q, k, v, True)[0]) < TOLERANCE[p.dtype]
     finally:
         entry["route"] = before
-        mod._api._cache.clear()
+        mod._runtime.api._cache.clear()
 
 
 def test_export_check_measures_every_cell_and_calls_follow_it(searched, gpu_profile) -> None:
@@ -395,7 +395,7 @@ def test_export_check_measures_every_cell_and_calls_follow_it(searched, gpu_prof
         torch.cuda.synchronize()
         ref, _ = reference(q, k, v, problem.causal)
         assert relative_error(out, ref) < 2 * TOLERANCE[problem.dtype], r["problem_label"]
-        hit = mod._api._cache[(q.dtype, problem.head_dim, problem.causal, problem.heads // problem.heads_kv,
+        hit = mod._runtime.api._cache[(q.dtype, problem.head_dim, problem.causal, problem.heads // problem.heads_kv,
                                (problem.seq_q - 1).bit_length(), (problem.seq_k - 1).bit_length(),
                                (problem.batch * problem.heads - 1).bit_length())]
         assert (hit[1] is None) == (r["route"] == "sdpa"), r["problem_label"]
@@ -424,7 +424,7 @@ def test_seq_lens_run_the_decode_kernel_and_replay_in_a_graph(package) -> None:
         out = mod.attention(q, k, v, causal=True, seq_lens=lens)
         assert relative_error(out, expected([600, 1, 0, 257])) < TOLERANCE["bf16"]
         assert torch.count_nonzero(out[2]) == 0
-        assert any(kernel is not None for _, kernel in mod._api._lens_cache.values())  # the kernel, not SDPA
+        assert any(kernel is not None for _, kernel in mod._runtime.api._lens_cache.values())  # the kernel, not SDPA
         graph, static_out = torch.cuda.CUDAGraph(), None
         with torch.cuda.graph(graph):
             static_out = mod.attention(q, k, v, causal=True, seq_lens=lens)
@@ -451,8 +451,8 @@ def test_transformers_static_cache_decode_runs_the_decode_kernel_in_a_graph(pack
     model.eval()
     prompt = torch.randint(0, 1000, (4, 300), device="cuda")
     calls: list[tuple[int, bool]] = []  # (Sq, given key lengths) per call into the package
-    kernel_call = mod._hf.attention
-    mod._hf.attention = lambda *a, **kw: (calls.append((a[0].shape[2], kw.get("seq_lens") is not None)),
+    kernel_call = mod._runtime.hf.attention
+    mod._runtime.hf.attention = lambda *a, **kw: (calls.append((a[0].shape[2], kw.get("seq_lens") is not None)),
                                           kernel_call(*a, **kw))[1]
 
     def decode_logits(impl: str, graphed: bool) -> list[torch.Tensor]:
@@ -491,10 +491,10 @@ def test_transformers_static_cache_decode_runs_the_decode_kernel_in_a_graph(pack
         eager = decode_logits(name, graphed=False)
         decode_calls = [lens for sq, lens in calls if sq == 1]
         assert len(decode_calls) == 6 and all(decode_calls)  # 3 steps x 2 layers, each with key lengths
-        assert any(kernel is not None for _, kernel in mod._api._lens_cache.values())
+        assert any(kernel is not None for _, kernel in mod._runtime.api._lens_cache.values())
         graphed = decode_logits(name, graphed=True)
     finally:
-        mod._hf.attention = kernel_call
+        mod._runtime.hf.attention = kernel_call
     for got_eager, got_graph, ref in zip(eager, graphed, want):
         assert (got_eager - ref).abs().max() <= 0.03 * ref.abs().max()
         torch.testing.assert_close(got_graph, got_eager)
@@ -522,7 +522,7 @@ def test_the_paged_form_runs_the_decode_kernel_in_place(package) -> None:
     with torch.no_grad():
         out = mod.attention(q, kc, vc, causal=True, block_table=table, seq_lens=lens)
         assert relative_error(out, expected([512, 1, 100, 64])) < TOLERANCE["bf16"]
-        assert any(kernel is not None for _, kernel in mod._paged._paged_cache.values())  # the kernel, not SDPA
+        assert any(kernel is not None for _, kernel in mod._runtime.paged._paged_cache.values())  # the kernel, not SDPA
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_out = mod.attention(q, kc, vc, causal=True, block_table=table, seq_lens=lens)
@@ -530,3 +530,88 @@ def test_the_paged_form_runs_the_decode_kernel_in_place(package) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert relative_error(static_out, expected([7, 512, 511, 300])) < TOLERANCE["bf16"]
+
+
+# --- any thread, any device: the package needs torch alone -------------------------------------
+
+_THREADS_SCRIPT = """
+import sys, threading
+sys.modules["pycuda"] = None  # the package must not need PyCUDA
+import torch
+import {name} as pkg
+
+def reference(q, k, v, causal):
+    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1).float() for t in (k, v))
+    s = q.float() @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:  # bottom-right aligned
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq).logical_not(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+SHAPES = [((2, 16, 1024, 128), 4, True, torch.bfloat16), ((4, 8, 1, 128), 2, True, torch.bfloat16)]  # prefill, decode
+devices = {devices}
+start = threading.Barrier(len(devices) * 2)
+errors, worst = [], []
+
+def work(device, shape, hkv, causal, dtype):
+    try:
+        torch.manual_seed(device * 7 + shape[2])
+        b, h, s, d = shape
+        sk = 512 if s == 1 else s
+        q = torch.randn(b, h, s, d, dtype=dtype, device=device)
+        k, v = (torch.randn(b, hkv, sk, d, dtype=dtype, device=device) for _ in range(2))
+        stream = torch.cuda.Stream(device)
+        start.wait()  # every thread's first call at the same moment, each on its own stream
+        with torch.cuda.stream(stream), torch.no_grad():
+            outs = [pkg.attention(q, k, v, causal=causal) for _ in range(5)]
+        stream.synchronize()
+        ref = reference(q, k, v, causal)
+        err = max(float((o.float() - ref).norm() / ref.norm()) for o in outs)
+        assert pkg.attention.explain(q, k, v, causal=causal).kernel, "no kernel for " + str(shape)
+        worst.append(err)
+        assert err < 1e-2, (device, shape, err)
+    except BaseException as exc:  # reported by the main thread
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=work, args=(dev, *case)) for dev in devices for case in SHAPES]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert "pycuda" not in {{m.split(".")[0] for m, mod in sys.modules.items() if mod is not None}}
+print("ok", len(threads), "threads, worst relative error", max(worst))
+"""
+
+
+def _run_fresh(mod, devices: list[int]) -> "subprocess.CompletedProcess":
+    """The script above in a new process (an export's first calls), with the package's folder on its path."""
+    import subprocess
+    from pathlib import Path
+
+    folder = Path(mod.__file__).resolve().parent.parent
+    script = _THREADS_SCRIPT.format(name=mod.__name__, devices=devices)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=folder,
+                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(folder)})
+
+
+def test_first_calls_from_two_threads_on_two_streams(package) -> None:
+    """Serving code calls from worker threads: two threads, each on its own stream, make the package's first
+    calls at once (a prefill and a decode shape); both are right and the process exits 0."""
+    mod, _ = package
+    run = _run_fresh(mod, [0])
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert run.stdout.startswith("ok 2 threads"), run.stdout
+
+
+def test_the_package_runs_on_two_cards(package) -> None:
+    """On a machine with two GPUs, one process calls the package on cuda:0 and cuda:1 (a kernel loaded per
+    device), from four threads at once."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU on this machine: the two-card test needs two")
+    mod, _ = package
+    run = _run_fresh(mod, [0, 1])
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert run.stdout.startswith("ok 4 threads"), run.stdout

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # one threshold for entries and cells
-from tuner.export.shipped._dispatch import DispatchTable, Key
+from tuner.runtime.shipped.dispatch import DispatchTable, Key
 from tuner.models import DECODE
 from tuner.problem import FULL_LENGTHS, Problem
 from tuner.runtime.timing import per_round_ratio

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from tuner.errors import TunerError
 from tuner.export.options import ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
-from tuner.export.shipped._dispatch import seq_bucket
+from tuner.runtime.shipped.dispatch import seq_bucket
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.profiles import GpuProfile
@@ -53,7 +53,7 @@ def is_header_export(out: Path, name: str) -> bool:
 
 
 def _launch_lines(template: Optional[Manifest]) -> list[str]:
-    """How to launch the template's kernels: the grid and the parameters, as tuner/runtime/launcher.py does."""
+    """How to launch the template's kernels: the grid and the parameters, as tuner/runtime/shipped/launcher.py does."""
     resources = template.resources if template is not None else {}
     lines = []
     if "tma_swizzle" in resources:

@@ -1,6 +1,6 @@
 """tuner export --format package: an importable, pip-installable package of the tuned kernels.
 
-The package is self-contained: verbatim copies of tuner/runtime/launcher.py
+The package is self-contained: verbatim copies of tuner/runtime/shipped/launcher.py
 and of the runtime modules in tuner/export/shipped/, the cubins for the profile's arch,
 the rendered source of each kernel (JIT-compiled where no cubin fits) and
 manifest.json (dispatch table, provenance, sha256 of every file). It never
@@ -22,19 +22,34 @@ from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import GpuProfile
 
-# Runtime files copied verbatim into every export: (source under tuner/, name in the package).
-_RUNTIME_FILES = (
-    ("export/shipped/package_init.py", "__init__.py"),
-    ("export/shipped/_api.py", "_api.py"),
-    ("export/shipped/_choice.py", "_choice.py"),
-    ("export/shipped/_dispatch.py", "_dispatch.py"),
-    ("export/shipped/_hf.py", "_hf.py"),
-    ("export/shipped/_kernels.py", "_kernels.py"),
-    ("export/shipped/_paged.py", "_paged.py"),
-    ("export/shipped/_seq_lens.py", "_seq_lens.py"),
-    ("runtime/launcher.py", "_launcher.py"),  # one launcher for the tuner and every export
-    ("runtime/_cuda_api.py", "_cuda_api.py"),
-)
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime" / "shipped"  # copied whole as <package>/_runtime
+_PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner (provenance in manifest.json).
+
+    from {name} import attention
+    out = attention(q, k, v, causal=True)       # q [B, H, Sq, D], k/v [B, Hkv, Sk, D] on CUDA
+    out = attention(q, k_cache, v_cache, block_table=table, seq_lens=lens)  # a paged cache (decode)
+    print(attention.explain(q, k, v, causal=True))
+    {name}.register_transformers()             # attn_implementation="tuned_attention" in transformers
+
+Needs torch alone (and the NVIDIA driver to run). Importing checks every shipped cubin, source and header
+against manifest.json's sha256; _runtime/ is FlashCore tuner's runtime, as the tuner itself runs it.
+"""
+
+from ._runtime.kernels import IntegrityError, manifest, verify_package
+
+verify_package()
+
+from ._runtime.api import attention, explain  # noqa: E402 - only after the integrity check
+from ._runtime.choice import table as _table  # noqa: E402
+from ._runtime.hf import register_transformers  # noqa: E402
+from ._runtime.launcher import AttentionInputError, GpuUnavailableError  # noqa: E402
+
+MANIFEST = manifest()
+attention.table = _table()  # type: ignore[attr-defined]
+__version__: str = MANIFEST["version"]
+__all__ = ["AttentionInputError", "GpuUnavailableError", "IntegrityError", "MANIFEST", "attention", "explain",
+           "register_transformers"]
+'''
 # What a manifest.json written by this module always holds: how --force tells an earlier export from user files.
 _PROVENANCE_KEYS = ("format", "package", "version", "tuner_version", "exported_at", "gpu", "kernels", "entries")
 
@@ -63,7 +78,7 @@ name = "{dist}"
 version = "{PACKAGE_VERSION}"
 description = "Tuned fused-attention CUDA kernels exported by FlashCore tuner"
 requires-python = ">=3.10"
-dependencies = ["torch>=2.4", "numpy>=1.24", "pycuda>=2024.1"]
+dependencies = ["torch>=2.4"]
 
 # The whole package folder ships (cubins, sources, manifest.json), whatever a .gitignore says.
 [tool.hatch.build.targets.wheel]
@@ -91,7 +106,8 @@ def _readme(name: str, manifest: dict[str, Any]) -> str:
             f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n```\n\n"
             f"Tuned problems (other shapes use the nearest tuned one; `fallback=\"sdpa\"` sends what no "
             f"kernel takes to torch SDPA):\n\n{rows}\n\n"
-            "Needs torch, numpy and pycuda. manifest.json holds the provenance and the sha256 of every kernel.\n")
+            "Needs torch alone (the NVIDIA driver to run; nvcc only for a GPU no shipped cubin runs on). "
+            "manifest.json holds the provenance and the sha256 of every kernel.\n")
 
 
 def write_package(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
@@ -127,10 +143,10 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
             (pkg / "kernels" / rel).write_bytes(data)
             manifest["headers"][f"kernels/{rel}"] = _sha(data)
             files.append(pkg / "kernels" / rel)
-        tuner_dir = Path(__file__).resolve().parent.parent
-        for src, dest in _RUNTIME_FILES:
-            shutil.copyfile(tuner_dir / src, pkg / dest)
-            files.append(pkg / dest)
+        shutil.copytree(RUNTIME_DIR, pkg / "_runtime", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        files += sorted(p for p in (pkg / "_runtime").rglob("*") if p.is_file())
+        (pkg / "__init__.py").write_text(_PACKAGE_INIT.format(name=name))
+        files.append(pkg / "__init__.py")
         (pkg / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
         (root / "pyproject.toml").write_text(_pyproject(name))
         (root / "README.md").write_text(_readme(name, manifest))

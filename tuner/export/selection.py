@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 # The shipped dispatch module is standard-library only: the tuner keys entries with it (one definition).
 from tuner.errors import TunerError
-from tuner.export.shipped._dispatch import Key
+from tuner.runtime.shipped.dispatch import Key
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import DTYPES, FULL_LENGTHS, Problem, parse_shape

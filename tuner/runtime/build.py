@@ -20,7 +20,7 @@ from tuner.kernels.feasibility import resources
 from tuner.kernels.render import render
 from tuner.kernels.variant import Variant
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.launcher import AttentionKernel, LaunchShape
+from tuner.runtime.shipped.launcher import AttentionKernel, LaunchShape
 
 
 def launch_shape(variant: Variant) -> LaunchShape:

@@ -1,27 +1,25 @@
 """Launch a compiled attention kernel on torch tensors, on torch's current stream.
 
-Standalone on purpose: this file imports nothing from `tuner`, so that an
-exported kernel package (tuner export) ships it verbatim and needs only
-torch, numpy and pycuda at run time. PyCUDA is bound to torch's primary
-context, so kernels read and write torch tensors directly; the cubin is
-loaded and launched through the CUDA driver API (ctypes), on the stream
-torch is using, so launches order with the caller's work and CUDA graphs
-capture them.
+Standalone on purpose: this folder imports nothing from `tuner`, so that an
+exported kernel package (tuner export) ships it whole and needs only torch
+and the NVIDIA driver at run time. The cubin is loaded and launched through
+the CUDA driver API (ctypes, cuda_driver.py) in the primary context torch
+uses, so kernels read and write torch tensors directly, from any thread, on
+the stream torch is using: launches order with the caller's work and CUDA
+graphs capture them. One AttentionKernel serves one device.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._cuda_api import (  # noqa: F401 - the errors are this module's API too
+from .cuda_driver import (  # noqa: F401 - the errors are this module's API too
     AttentionInputError,
     DriverKernel,
     GpuUnavailableError,
     TensorMapEncoder,
-    _bound,
     _libcuda,
     capturing_on,
     stream_getter,
@@ -32,40 +30,6 @@ ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk
 # address (the map's first 8 bytes) and the other 120 bytes; heads, batch last.
 TMA_ARG_FORMAT = "Q120s" * 3 + ARG_FORMAT + "ii"
 
-
-
-def bind_torch_context(device: int = 0) -> Any:
-    """Initialise torch's CUDA and push its primary context for PyCUDA; returns pycuda.driver."""
-    if "drv" in _bound:
-        return _bound["drv"]
-    import torch
-
-    if not torch.cuda.is_available():
-        raise GpuUnavailableError("no CUDA GPU is visible to torch on this machine")
-    try:
-        import pycuda.driver as drv
-    except ImportError as exc:
-        raise GpuUnavailableError(f"pycuda is not installed ({exc}); pip install pycuda") from None
-    torch.cuda.set_device(device)
-    torch.cuda.init()
-    torch.zeros(1, device=f"cuda:{device}")  # torch creates (and makes current) the primary context
-    drv.init()
-    ctx = drv.Device(device).retain_primary_context()
-    ctx.push()
-    _bound.update(drv=drv, ctx=ctx, device=device)
-    atexit.register(_release_context)
-    return drv
-
-
-def _release_context() -> None:
-    """Pop our context at exit; PyCUDA aborts the process if one is left on its stack."""
-    ctx = _bound.pop("ctx", None)
-    _bound.pop("drv", None)
-    if ctx is not None:
-        ctx.pop()
-        from pycuda.tools import clear_context_caches
-
-        clear_context_caches()
 
 
 @dataclass(frozen=True)
@@ -159,35 +123,16 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
                             k_cache.transpose(1, 2))
 
 
-def _tma_arg_format(cubin: bytes, entry: str) -> str:
+def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
     """TMA_ARG_FORMAT with the padding the compiled kernel expects before its tensor maps.
 
-    PyCUDA passes arguments as one packed buffer, which must match the
-    kernel's parameter offsets; a 64-byte aligned tensor map may be placed
-    after padding (48 bytes on sm_90, where parameters start at constant-bank
-    offset 0x210). The offsets come from the driver (cuFuncGetParamInfo) on a
-    second, short-lived load of the same cubin.
+    The arguments travel as one packed buffer, which must match the kernel's parameter offsets; a
+    64-byte aligned tensor map may be placed after padding (48 bytes on sm_90, where parameters start
+    at constant-bank offset 0x210). The offsets come from the driver (cuKernelGetParamInfo, CUDA 12.4+).
     """
-    import ctypes as ct
-
-    lib = _libcuda()
-    if not hasattr(lib, "cuFuncGetParamInfo"):
-        raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuFuncGetParamInfo is missing)")
-    module, fn = ct.c_void_p(), ct.c_void_p()
-    image = ct.create_string_buffer(cubin, len(cubin))
-    if lib.cuModuleLoadData(ct.byref(module), image) != 0:
-        raise GpuUnavailableError(f"{entry}: the driver cannot load this cubin")
-    try:
-        if lib.cuModuleGetFunction(ct.byref(fn), module, entry.encode()) != 0:
-            raise GpuUnavailableError(f"{entry}: entry point not found in its cubin")
-        offsets = []
-        for index in range(4):  # the three tensor maps and the first pointer after them
-            offset, size = ct.c_size_t(), ct.c_size_t()
-            if lib.cuFuncGetParamInfo(fn, ct.c_size_t(index), ct.byref(offset), ct.byref(size)) != 0:
-                raise GpuUnavailableError(f"{entry}: cuFuncGetParamInfo failed for parameter {index}")
-            offsets.append(offset.value)
-    finally:
-        lib.cuModuleUnload(module)
+    if not hasattr(_libcuda(), "cuKernelGetParamInfo"):
+        raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuKernelGetParamInfo is missing)")
+    offsets = kernel.param_offsets(4)  # the three tensor maps and the first pointer after them
     first = offsets[0]
     if offsets != [first, first + 128, first + 256, first + 384]:
         raise GpuUnavailableError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
@@ -206,17 +151,19 @@ class AttentionKernel:
     """A compiled attention variant, loaded and ready to launch on torch tensors (on torch's current stream)."""
 
     def __init__(self, cubin: bytes, entry: str, shape: LaunchShape, device: int = 0) -> None:
-        drv = bind_torch_context(device)
+        import torch
+
         self.entry = entry
         self.shape = shape
         self._device = device
-        self._format = _tma_arg_format(cubin, entry) if shape.tma_swizzle else ARG_FORMAT
+        cluster = 1 if shape.workspace else max(shape.splits, 1)
+        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, ARG_FORMAT, cluster, device)
+        self._format = tma_arg_format(self._kernel, entry) if shape.tma_swizzle else ARG_FORMAT
         if shape.splits:  # a decode kernel's last parameters: key lengths (int32*, or null) and the paging
             self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
         if shape.workspace:
             self._format += "PP"  # the split merge's workspace (float*) and arrival counters (int32*)
-        cluster = 1 if shape.workspace else max(shape.splits, 1)
-        self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, self._format, cluster)
+        self._kernel.use_format(self._format)
         self._merge_buffers: dict[int, tuple[Any, Any]] = {}  # per stream: (workspace, counters)
         self._outgrown: list[tuple[Any, Any]] = []  # replaced or captured buffers a graph may still use
         self._maps = TensorMapEncoder() if shape.tma_swizzle else None
@@ -225,7 +172,7 @@ class AttentionKernel:
         self._fits: dict[tuple, tuple[bool, Any]] = {}  # per input layout: (passes the checks, TMA maps)
         self.registers = self._kernel.registers
         self._block = (shape.threads, 1, 1)
-        self._sm_count = drv.Device(device).get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self._stream = stream_getter()
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,

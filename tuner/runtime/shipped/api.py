@@ -1,6 +1,6 @@
 """attention(q, k, v): tuned kernels behind a dispatch cache, a torch.library op and an SDPA fallback.
 
-Copied verbatim into every package written by `tuner export`.
+Part of the runtime every export ships (this folder, copied whole).
 Eager calls take the fast path: one dict lookup on a cheap tuple, a few
 attribute checks (the layout's are remembered by the kernel) and one driver
 launch on torch's current stream, so calls order with the caller's streams and
@@ -14,13 +14,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _kernels, _paged
-from ._choice import DTYPES, FALLBACKS, TABLE, check_structure, choose_kernel, refuse_grads
-from ._dispatch import Explanation, Key, cell_summary
-from ._launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
-from ._seq_lens import check_seq_lens, sdpa_with_lens
+from . import kernels as _kernels, paged as _paged
+from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads, table
+from .dispatch import Explanation, Key, cell_summary
+from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
+from .seq_lens import check_seq_lens, sdpa_with_lens
 
-PACKAGE: str = _kernels.MANIFEST["package"]
+# The torch.library namespace: the package's import name (an export's folder, e.g. my_attention; nested names
+# joined by "_"), so that two exports in one process register two ops.
+PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")
 # (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
 _cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
 # The same cells for calls with seq_lens -> (device index, the decode kernel, or None: masked SDPA)
@@ -222,13 +224,13 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
     if len({t.dtype for _, t in tensors}) > 1:
         errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
     if isinstance(q, torch.Tensor) and q.dtype not in DTYPES:
-        errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({TABLE.describe()})")
+        errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({table().describe()})")
     if usable:
         key = _key(q, k, causal)
         lines.append(f"  dispatch key: {key.label()}")
-        choice = TABLE.choose(key)
+        choice = table().choose(key)
         if choice is None:
-            errors.append(TABLE.unsupported_reason(key))
+            errors.append(table().unsupported_reason(key))
     if choice is not None:
         e = choice.entry
         ratio = e.get("ratio_to_best_baseline")
@@ -237,7 +239,7 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
         lines.append(f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}")
         lines.append(f"  why: {choice.reason}")
         if choice.cell is not None:
-            checked = _kernels.MANIFEST["checked"]
+            checked = _kernels.manifest()["checked"]
             lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
                          f"{cell_summary(choice.cell)}")
         elif e.get("route") == "sdpa":
@@ -257,4 +259,3 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
 
 
 attention.explain = explain  # type: ignore[attr-defined]
-attention.table = TABLE  # type: ignore[attr-defined]

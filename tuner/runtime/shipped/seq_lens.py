@@ -1,6 +1,6 @@
 """Per-sequence key lengths: one dense K/V cache of Sk slots, batch row b using its first seq_lens[b] keys.
 
-Copied verbatim into every package written by `tuner export`. The decode kernels read the lengths on the
+Part of the runtime every export ships. The decode kernels read the lengths on the
 GPU, so a CUDA graph captured once replays with new lengths (a static cache's decode step). Everything else
 (no decode kernel for the shape, a cell routed to SDPA) runs torch SDPA under the equivalent boolean mask,
 built on the GPU as well, so that path captures too.
@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._launcher import AttentionInputError
+from .launcher import AttentionInputError
 
 
 def check_seq_lens(q: Any, seq_lens: Any) -> None:

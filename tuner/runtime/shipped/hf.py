@@ -1,7 +1,7 @@
 """Hugging Face transformers integration: register_transformers() makes the tuned kernels an attention
 implementation of transformers' attention interface.
 
-Copied verbatim by `tuner export`; transformers is optional and imported only when registering.
+Part of the runtime every export ships; transformers is optional and imported only when registering.
 
     import PACKAGE, transformers
     name = PACKAGE.register_transformers()
@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from ._api import attention
-from ._seq_lens import lens_mask
+from .api import attention
+from .seq_lens import lens_mask
 
 DEFAULT_NAME = "tuned_attention"
 MAX_LENS_QUERIES = 16  # the decode kernels' reach (their templates' max_seq_q)

@@ -1,18 +1,26 @@
 """The choice every call form shares: the dispatch table, the inputs nothing can compute, the kernel to load.
 
-Copied verbatim into every package written by `tuner export`.
+Part of the runtime every export ships (this folder, copied whole).
 """
 
+from functools import lru_cache
 from typing import Any
 
 import torch
 
-from . import _kernels
-from ._dispatch import DispatchTable, Key
-from ._launcher import AttentionInputError, _bound
+from . import kernels as _kernels
+from .dispatch import DispatchTable, Key
+from .launcher import AttentionInputError
 
-# Measured cells (tuner export --check) decide their keys; other keys take the nearest tuned entry.
-TABLE = DispatchTable(_kernels.MANIFEST["entries"], _kernels.MANIFEST.get("checked", {}).get("cells", []))
+
+@lru_cache(maxsize=1)
+def table() -> DispatchTable:
+    """The package's dispatch table, built once from its manifest: measured cells (tuner export --check)
+    decide their keys; other keys take the nearest tuned entry."""
+    manifest = _kernels.manifest()
+    return DispatchTable(manifest["entries"], manifest.get("checked", {}).get("cells", []))
+
+
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 FALLBACKS = (None, "sdpa")
 
@@ -40,15 +48,10 @@ def refuse_grads(*tensors: Any) -> None:
 
 def choose_kernel(q: Any, key: Key) -> Any:
     """The loaded kernel the table chooses for `key` (an AttentionKernel), or None for a cell routed to SDPA."""
-    choice = TABLE.choose(key)
+    choice = table().choose(key)
     if choice is None:
-        raise AttentionInputError(TABLE.unsupported_reason(key))
-    device = q.get_device()
-    bound = _bound.get("device", device)
-    if bound != device:  # PyCUDA is bound to one device's context per process (see _launcher)
-        raise AttentionInputError(f"the kernels are loaded on cuda:{bound} (one GPU per process); "
-                                  f"got tensors on cuda:{device}")
+        raise AttentionInputError(table().unsupported_reason(key))
     if choice.route == "sdpa":
         return None
     # The fast path re-checks each call's layout (cached per layout) and alignment in the kernel's launch_if_fit.
-    return _kernels.load_kernel(choice.entry["kernel"], device)
+    return _kernels.load_kernel(choice.entry["kernel"], q.get_device())

@@ -1,6 +1,6 @@
 """attention(q, k_cache, v_cache, block_table=..., seq_lens=...): the paged form.
 
-Copied verbatim into every package written by `tuner export`. K and V live in pages of a cache
+Part of the runtime every export ships. K and V live in pages of a cache
 [pages, page_size, Hkv, D] (vLLM's layout); row b's key n is row n % page_size of page
 block_table[b, n // page_size], and row b uses its first seq_lens[b] keys. The decode kernels read
 the pages in place (the table and the lengths on the GPU: a captured graph replays with new ones);
@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 import torch
 
-from ._choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads
-from ._dispatch import Key
-from ._launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors, check_paged_inputs
-from ._seq_lens import check_seq_lens, sdpa_with_lens
+from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads
+from .dispatch import Key
+from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors, check_paged_inputs
+from .seq_lens import check_seq_lens, sdpa_with_lens
 
 # A call's layout (shapes, strides, dtypes, devices, causal) once validated -> (device, kernel or None: SDPA)
 _paged_cache: dict[tuple, tuple[int, Any]] = {}

@@ -1,6 +1,6 @@
 """Dispatch table of an exported kernel package: problem key -> tuned kernel (pure Python).
 
-Copied verbatim into every package written by `tuner export`; imports
+Part of the runtime every export ships (this folder, copied whole); imports
 nothing but the standard library. A problem is keyed on what the compiled
 kernel depends on (dtype, head dim, causal) plus what makes a different
 variant faster (GQA group, log2 buckets of Sq and Sk, and of batch x heads:

@@ -1,0 +1,226 @@
+"""Manifest, integrity check and kernel loading of an exported package.
+
+Part of the runtime every export ships (this folder, copied whole as the package's _runtime/). The
+package's import verifies every shipped file against the sha256 in manifest.json, so a tampered cubin is
+refused before it can be loaded. Kernels load lazily (first call on a device): from the shipped cubin when
+it runs there, else compiled from the shipped source by nvcc, where the CUDA toolkit is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from .launcher import AttentionKernel, GpuUnavailableError, LaunchShape
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the export's package folder (this file is in _runtime/)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class IntegrityError(ImportError):
+    """manifest.json is missing or malformed, or a shipped file does not match the sha256 it records."""
+
+
+@lru_cache(maxsize=1)
+def manifest() -> dict[str, Any]:
+    """manifest.json beside this folder, read once and checked for the fields the runtime relies on."""
+    where = f"{PACKAGE_DIR.name}: manifest.json"
+    try:
+        data = json.loads((PACKAGE_DIR / "manifest.json").read_text())
+    except OSError as exc:
+        raise IntegrityError(f"{where} cannot be read ({exc.strerror or exc}); reinstall or re-export") from None
+    except ValueError as exc:
+        raise IntegrityError(f"{where} is not valid JSON ({exc}); reinstall or re-export") from None
+    required = ("package", "version", "kernels", "entries", "nvcc_options")
+    if not isinstance(data, dict) or any(key not in data for key in required):
+        missing = [k for k in required if not isinstance(data, dict) or k not in data]
+        raise IntegrityError(f"{where} lacks {', '.join(missing)}; re-export")
+    problem = _malformed(data)
+    if problem:
+        raise IntegrityError(f"{where} is malformed: {problem}; re-export")
+    return data
+
+
+def _malformed(data: dict[str, Any]) -> Optional[str]:
+    """The first field the runtime relies on that is absent or of the wrong kind (None: all well)."""
+    if not isinstance(data["package"], str) or not isinstance(data["version"], str):
+        return "package and version must be strings"
+    if not isinstance(data["kernels"], dict) or not isinstance(data["entries"], list):
+        return "kernels must be an object and entries a list"
+    if not isinstance(data["nvcc_options"], list) or not all(isinstance(o, str) for o in data["nvcc_options"]):
+        return "nvcc_options must be a list of strings"
+    for name, meta in data["kernels"].items():
+        if not isinstance(meta, dict) or not isinstance(meta.get("cubins"), dict):
+            return f"kernel {name} has no cubins object"
+        for key in ("entry", "source"):
+            if not isinstance(meta.get(key), str):
+                return f"kernel {name}'s {key} is {meta.get(key)!r}, not a string"
+        cc = meta.get("min_compute_capability")
+        if not (isinstance(cc, list) and len(cc) == 2 and all(isinstance(x, int) for x in cc)):
+            return f"kernel {name}'s min_compute_capability is {cc!r}, not [major, minor]"
+        if not isinstance(meta.get("launch"), dict):
+            return f"kernel {name} has no launch object"
+        hashes = [("source_sha256", meta.get("source_sha256"))]
+        for arch, cubin in meta["cubins"].items():
+            if not isinstance(cubin, dict) or not isinstance(cubin.get("path"), str):
+                return f"kernel {name}'s {arch} cubin has no path"
+            hashes.append((f"{arch} cubin sha256", cubin.get("sha256")))
+        for what, digest in hashes:
+            if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+                return f"kernel {name}'s {what} is {digest!r}, not a sha256"
+    headers = data.get("headers", {})
+    if not isinstance(headers, dict):
+        return "headers must be an object"
+    for rel, digest in headers.items():
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            return f"header {rel}'s sha256 is {digest!r}, not a sha256"
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MANIFEST":  # read on first use, so that this folder imports in place (the tuner) too
+        return manifest()
+    raise AttributeError(name)
+
+
+_loaded: dict[tuple[str, int], AttentionKernel] = {}
+_loading = threading.Lock()  # two threads' first calls load a kernel once
+
+
+def package_path(rel: Any) -> Path:
+    """A file named by the manifest, which must lie inside the package (no absolute path, no '..')."""
+    path = (PACKAGE_DIR / str(rel)).resolve()
+    if not isinstance(rel, str) or PACKAGE_DIR not in path.parents:
+        raise IntegrityError(f"{manifest()['package']}: manifest.json names {rel!r}, outside the package; refusing it")
+    return path
+
+
+def verified_bytes(rel: str, expected: str) -> bytes:
+    """The bytes of a shipped file, read once and checked against its sha256 (what is checked is what is used)."""
+    path = package_path(rel)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise IntegrityError(f"{manifest()['package']}: {rel} is missing; reinstall or re-export the package") from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise IntegrityError(
+            f"{manifest()['package']}: {rel} fails its integrity check (sha256 {actual[:16]}... != {expected[:16]}... in "
+            f"manifest.json): the file was changed after export; refusing to load it. Reinstall or re-export.")
+    return data
+
+
+def shipped_files() -> list[tuple[str, str]]:
+    """(relative path, expected sha256) of every cubin, source and header in the manifest."""
+    files = []
+    for meta in manifest()["kernels"].values():
+        files.append((meta["source"], meta["source_sha256"]))
+        files.extend((c["path"], c["sha256"]) for c in meta["cubins"].values())
+    files.extend(manifest().get("headers", {}).items())  # what the sources include (a JIT compile reads them)
+    return files
+
+
+def verify_package() -> None:
+    """Raise IntegrityError naming the first file that is missing, altered or outside the package."""
+    try:
+        files = shipped_files()
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise IntegrityError(f"{manifest()['package']}: manifest.json is malformed ({exc!r}); re-export") from None
+    for rel, expected in files:
+        verified_bytes(rel, expected)
+
+
+def _arch_parts(arch: str) -> tuple[int, int, bool]:
+    m = re.fullmatch(r"sm_(\d+)(\d)(a?)", arch)
+    if not m:
+        raise ValueError(f"malformed arch {arch!r}")
+    return int(m.group(1)), int(m.group(2)), bool(m.group(3))
+
+
+def cubin_arch_for(cubins: dict[str, Any], cc: tuple[int, int]) -> Optional[str]:
+    """The shipped cubin arch that runs on compute capability `cc`, if any.
+
+    A cubin for sm_XY runs on X.Z with Z >= Y; an arch-specific one (sm_90a) only on X.Y itself.
+    """
+    fits = []
+    for arch in cubins:
+        major, minor, specific = _arch_parts(arch)
+        if major == cc[0] and (minor == cc[1] if specific else minor <= cc[1]):
+            fits.append((minor, specific, arch))
+    return max(fits)[2] if fits else None
+
+
+def code_source(kernel: str, cc: Optional[tuple[int, int]]) -> str:
+    """Where `kernel`'s machine code comes from on a device of capability `cc` (for explain())."""
+    if cc is None:
+        return "no CUDA device: nothing would be loaded"
+    arch = cubin_arch_for(manifest()["kernels"][kernel]["cubins"], cc)
+    if arch:
+        return f"shipped cubin {arch} (device compute capability {cc[0]}.{cc[1]})"
+    return f"JIT compile of the shipped source for sm_{cc[0]}{cc[1]} (no shipped cubin runs on {cc[0]}.{cc[1]})"
+
+
+def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
+    """The shipped source compiled by nvcc for compute capability `cc`, with the tuner's options (recorded at
+    export) and the shipped headers (checked again now). Needs the CUDA toolkit; the shipped cubins do not."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        raise GpuUnavailableError(f"no shipped cubin runs on compute capability {cc[0]}.{cc[1]}, and nvcc (the CUDA "
+                                  "toolkit) is not on PATH to compile the shipped source")
+    # sm_90+ kernels may use arch-specific instructions (wgmma, setmaxnreg): build for e.g. sm_90a.
+    arch = f"{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
+    for rel, expected in manifest().get("headers", {}).items():  # what nvcc will include
+        verified_bytes(rel, expected)
+    with tempfile.TemporaryDirectory(prefix="tuned-attention-jit-") as tmp:
+        src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
+        src.write_text(source)
+        command = [nvcc, "-cubin", *manifest()["nvcc_options"], "-gencode", f"arch=compute_{arch},code=sm_{arch}",
+                   "-I", str(PACKAGE_DIR / "kernels"), "-o", str(out), str(src)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc could not compile the shipped source for sm_{arch}: "
+                               f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        return out.read_bytes()
+
+
+def load_kernel(kernel: str, device: int) -> AttentionKernel:
+    """The kernel loaded for `device` (once per process and device; any thread may call)."""
+    loaded = _loaded.get((kernel, device))
+    if loaded is not None:
+        return loaded
+    with _loading:
+        if (kernel, device) not in _loaded:
+            _loaded[(kernel, device)] = _load(kernel, device)
+    return _loaded[(kernel, device)]
+
+
+def _load(kernel: str, device: int) -> AttentionKernel:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GpuUnavailableError("no CUDA GPU is visible to torch on this machine")
+    meta = manifest()["kernels"][kernel]
+    cc = torch.cuda.get_device_capability(device)
+    need = tuple(meta["min_compute_capability"])
+    if cc < need:
+        raise RuntimeError(f"{kernel} needs compute capability {need[0]}.{need[1]}+, cuda:{device} has {cc[0]}.{cc[1]}")
+    limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+    smem = meta["launch"]["smem_bytes"]
+    if limit and smem > limit:
+        raise RuntimeError(f"{kernel} needs {smem} B shared memory per block; cuda:{device} allows {limit} B")
+    arch = cubin_arch_for(meta["cubins"], cc)
+    if arch:  # checked again: the file may have changed since import
+        cubin = verified_bytes(meta["cubins"][arch]["path"], meta["cubins"][arch]["sha256"])
+    else:  # the source is checked like a cubin: it is what the JIT turns into machine code
+        cubin = _jit_cubin(verified_bytes(meta["source"], meta["source_sha256"]).decode(), cc)
+    return AttentionKernel(cubin, meta["entry"], LaunchShape(**meta["launch"]), device)
