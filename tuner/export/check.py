@@ -58,7 +58,7 @@ def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any,
     """A launch closure per candidate kernel that takes the shape and verifies; why the others do not."""
     from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
 
-    kernels = importlib.import_module(f"{pkg.__name__}._kernels")
+    kernels = importlib.import_module(f"{pkg.__name__}._runtime.kernels")
     runs: dict[str, Callable[[], Any]] = {}
     for entry in cell.candidates:
         name = entry["kernel"]
