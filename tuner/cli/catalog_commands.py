@@ -13,7 +13,7 @@ from tuner.cli.state import MAX_ID, console, output_format
 from tuner.cli.tables import profiles_table, space_table
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import Feasibility, default_template, space_report
-from tuner.kernels.render import render
+from tuner.kernels.render import render_standalone
 from tuner.kernels.variant import Variant, parse_variant_name
 from tuner.problem import problem_from_shape
 from tuner.profiles import list_profiles, load_profile, resolve_profile
@@ -77,5 +77,6 @@ def commonest_reasons(report: list[tuple[Variant, Feasibility]], k: int = 3) -> 
 def render_command(
     variant: Annotated[str, typer.Argument(help="Variant name, e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg.")],
 ) -> None:
-    """Print the CUDA source of one variant (the template plus its instantiation)."""
-    typer.echo(render(parse_variant_name(variant)), nl=False)
+    """Print the CUDA source of one variant as one file nvcc compiles alone (its headers inlined);
+    its first lines give the nvcc command."""
+    typer.echo(render_standalone(parse_variant_name(variant)), nl=False)
