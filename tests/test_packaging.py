@@ -145,6 +145,20 @@ def test_installed_wheel_compiles_from_its_own_headers(installed, tmp_path, monk
     assert mine.ok and got["cubin"] == mine.cubin_sha256
 
 
+def test_installed_render_is_the_checkouts_one_file(installed, tmp_path):
+    """`tuner render` from the install inlines the installed headers: the checkout's file, byte for byte (one
+    that needs no include path, tests/test_render.py), with no path of the install in it."""
+    from tuner.kernels.render import render_standalone
+    from tuner.kernels.variant import parse_variant_name
+
+    env = {**os.environ, "PYTHONPATH": str(installed), "TUNER_DB": f"sqlite:///{tmp_path / 'no-store.db'}"}
+    env.pop("TUNER_TEMPLATE_PATH", None)
+    name = "attn_decode_d64_fp16_m32n128_w2_sp8_s3"
+    out = _run([sys.executable, "-m", "tuner", "render", name], cwd=tmp_path, env=env).stdout
+    assert out == render_standalone(parse_variant_name(name))
+    assert str(installed) not in out and "// ---- begin kernel_templates/common/utils.h ----" in out
+
+
 def test_python_m_tuner_help():
     result = _run([sys.executable, "-m", "tuner", "--help"], cwd=ROOT, timeout=120)
     assert "Usage" in result.stdout

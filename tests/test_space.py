@@ -6,10 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tuner.cli.tables import short_variant
 from tuner.errors import TunerError
-from tuner.kernels.manifest import load_manifest
+from tuner.kernels.manifest import list_templates, load_manifest
 from tuner.kernels.render import render
-from tuner.kernels.variant import Variant, enumerate_space, parse_variant_name, validate_variant
+from tuner.kernels.variant import (
+    Variant,
+    enumerate_space,
+    full_name,
+    parse_variant_name,
+    short_name,
+    templates_of_short_name,
+    validate_variant,
+)
 from tuner.problem import Problem
 
 TEMPLATE = "attn_fwd_mma"
@@ -32,6 +41,39 @@ def variants(draw: st.DrawFn) -> Variant:
 @given(variants())
 def test_name_round_trips(variant: Variant) -> None:
     assert parse_variant_name(variant.name) == variant
+
+
+@st.composite
+def any_template_variants(draw: st.DrawFn, template: str | None = None) -> Variant:
+    """A variant of any shipped template (or of `template`)."""
+    manifest = load_manifest(template or draw(st.sampled_from(sorted(m.name for m in list_templates()))))
+    params = {name: draw(st.sampled_from(spec.values)) for name, spec in manifest.params.items()}
+    return Variant(manifest.name, draw(st.sampled_from(manifest.features.head_dims)),
+                   draw(st.sampled_from(manifest.features.dtypes)), draw(st.booleans()) and manifest.features.causal,
+                   params)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_template_variants())
+def test_every_templates_names_round_trip(variant: Variant) -> None:
+    assert parse_variant_name(variant.name) == variant
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_template_variants())
+def test_the_short_name_the_cli_prints_round_trips(variant: Variant) -> None:
+    short = short_name(variant.name)
+    assert short_variant(variant.name) == short  # what `tuner results` and the search summary print
+    assert not short.startswith(variant.template) and variant.template in templates_of_short_name(short)
+    assert parse_variant_name(full_name(short, variant.template, variant.head_dim, variant.dtype)) == variant
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_short_name_tells_the_tunables_of_a_template_apart(data: st.DataObject) -> None:
+    template = data.draw(st.sampled_from(sorted(m.name for m in list_templates())))
+    a, b = data.draw(any_template_variants(template)), data.draw(any_template_variants(template))
+    assert (short_name(a.name) == short_name(b.name)) == (a.params == b.params and a.causal == b.causal)
 
 
 @settings(max_examples=100, deadline=None)

@@ -9,6 +9,7 @@ enum-valued parameters reach the source by their C++ name.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tuner.kernels import compiler
 from tuner.kernels.compiler import cache_key, compile_source
 from tuner.kernels.manifest import (
     find_headers,
+    inline_headers,
     list_templates,
     load_manifest,
     load_manifest_file,
@@ -92,6 +94,23 @@ def test_headers_resolve_next_to_the_includer_then_from_the_root(template_path: 
     assert list(manifest.files) == ["tiny_tpl.cu", "common/utils.h", "tiny_tpl/inner.h", "tiny_tpl/more.h"]
     assert manifest.files["common/utils.h"] == asset_dir("kernel_templates") / "common" / "utils.h"
     assert manifest.include_dirs == template_folders()
+
+
+def test_inlining_pastes_each_header_once_where_it_is_first_included(template_path: Path) -> None:
+    _tiny_template(template_path)
+    source = template_path / "tiny_tpl.cu"
+    source.write_text(source.read_text() + '#include "tiny_tpl/more.h"\n#include "not/here.h"\n')
+    manifest = load_manifest("tiny_tpl")
+    text = inline_headers(manifest.source, manifest.include_dirs)
+    begins = re.findall(r"^// ---- begin (\S+) ----$", text, re.MULTILINE)
+    # Depth first, as the preprocessor reads them; each header's path in its templates folder.
+    assert begins == ["templates/tiny_tpl/inner.h", "templates/tiny_tpl/more.h", "kernel_templates/common/utils.h"]
+    assert text.index("constexpr int TINY = 1;") < text.index("// ---- end templates/tiny_tpl/inner.h ----")
+    assert text.count("constexpr int TINY = 1;") == 1
+    assert '// #include "tiny_tpl/more.h": templates/tiny_tpl/more.h, inlined above' in text
+    assert "#pragma once" not in text  # nvcc warns of one in the main file
+    assert "#include <stdint.h>\n" in text and '#include "not/here.h"\n' in text  # left to nvcc, as find_headers does
+    assert find_headers(text, manifest.include_dirs) == {}
 
 
 def test_editing_a_header_changes_the_source_hash(template_path: Path) -> None:

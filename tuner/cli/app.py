@@ -33,7 +33,7 @@ def build_app() -> typer.Typer:
     for name, command, needs_store in (
         ("profiles", catalog_commands.profiles_command, False),
         ("space", catalog_commands.space_command, False),
-        ("render", catalog_commands.render_command, False),
+        ("render", catalog_commands.render_command, True),
         ("results", store_commands.results_command, True),
         ("show", store_commands.show_command, True),
         ("search", search_commands.search_command, True),

@@ -1,4 +1,5 @@
-"""`tuner profiles`, `tuner space`, `tuner render`: what the tool knows, without a GPU or a store."""
+"""`tuner profiles`, `tuner space`, `tuner render`: what the tool knows, without a GPU (render reads the
+store for a trial id or a short variant name)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, console, output_format
+from tuner.cli.state import MAX_ID, DbOption, console, output_format, say, state, use_db
 from tuner.cli.tables import profiles_table, space_table
+from tuner.cli.variant_lookup import NameHints, resolve_render_target
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import Feasibility, default_template, space_report
-from tuner.kernels.render import render
-from tuner.kernels.variant import Variant, parse_variant_name
+from tuner.kernels.render import render_standalone
+from tuner.kernels.variant import Variant
 from tuner.problem import problem_from_shape
 from tuner.profiles import list_profiles, load_profile, resolve_profile
 
@@ -75,7 +77,22 @@ def commonest_reasons(report: list[tuple[Variant, Feasibility]], k: int = 3) -> 
 
 
 def render_command(
-    variant: Annotated[str, typer.Argument(help="Variant name, e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg.")],
+    variant: Annotated[str, typer.Argument(help=(
+        "A trial id, a variant name (e.g. attn_fwd_mma_d64_fp16_m128n64_w4_q_rows_xor_s2_qreg), or its "
+        "tunables part as `tuner results` and the search summary print it (m128n64_w4_q_rows_xor_s2_qreg)."))],
+    gpu: Annotated[Optional[str], typer.Option(help=(
+        "GPU profile whose arch the nvcc command names (default: the trial's card, else the template's "
+        "first arch); with a tunables part, only trials on it resolve the name."))] = None,
+    template: Annotated[Optional[str], typer.Option(help="With a tunables part: the kernel template.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="With a tunables part: the head dim.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="With a tunables part: fp16 or bf16.")] = None,
+    db: DbOption = None,
 ) -> None:
-    """Print the CUDA source of one variant (the template plus its instantiation)."""
-    typer.echo(render(parse_variant_name(variant)), nl=False)
+    """Print the CUDA source of one variant as one file nvcc compiles alone (its headers inlined);
+    its first lines give the nvcc command. A tunables part is completed from the options, else from
+    the stored trials that have it."""
+    use_db(db)
+    target = resolve_render_target(variant, NameHints(gpu, template, head_dim, dtype), state.db_url)
+    if target.warning:
+        say(f"warning: {target.warning}", stderr=True)
+    typer.echo(render_standalone(target.variant, target.arch), nl=False)

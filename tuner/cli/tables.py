@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.kernels.feasibility import Feasibility
-from tuner.kernels.variant import Variant
+from tuner.kernels.variant import Variant, short_name
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.search.summary import ProblemSummary
@@ -65,12 +65,10 @@ def space_table(template: str, profile: GpuProfile, problem: Problem, rows: list
     return table
 
 
-_VARIANT_PREFIX = re.compile(r"^[A-Za-z0-9_]+?_d\d+_(?:fp16|bf16)_")
-
-
 def short_variant(name: str) -> str:
-    """The tunables part of a variant name (template, head dim and dtype are in other columns)."""
-    return _VARIANT_PREFIX.sub("", name)
+    """The tunables part of a variant name (template, head dim and dtype are in other columns);
+    `tuner render` takes it back (tuner.kernels.variant.short_name)."""
+    return short_name(name)
 
 
 def results_table(rows: list[TrialRow], best: bool) -> Table:

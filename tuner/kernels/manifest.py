@@ -23,6 +23,9 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CXX_SPELLING = re.compile(r"^(?:(?:::)?[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*|-?[0-9]+)$")
 # A quoted #include; angle-bracket includes are the toolkit's, covered by its version.
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+# The same, to the end of its line (what inline_headers replaces), and a #pragma once line.
+_INCLUDE_LINE = re.compile(_INCLUDE.pattern + r"[^\n]*$", re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once\b[^\n]*\n?", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,27 @@ def template_folders() -> tuple[Path, ...]:
     return tuple(folders)
 
 
+def _resolve_include(folder: str, name: str, include_dirs: tuple[Path, ...]) -> tuple[str, Path] | None:
+    """Where `#include "name"` in a file of `folder` (relative to the overlaid
+    include dirs) resolves: next to the includer first, then from the root.
+    None where it is in none of them (left to nvcc)."""
+    for rel in dict.fromkeys((posixpath.normpath(posixpath.join(folder, name)), posixpath.normpath(name))):
+        if rel == ".." or rel.startswith(("../", "/")):
+            continue
+        for root in include_dirs:
+            candidate = Path(root) / rel
+            if candidate.is_file():
+                return rel, candidate
+    return None
+
+
+def _read_header(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TunerError(f"cannot read header {path} ({exc})") from None
+
+
 def find_headers(text: str, include_dirs: tuple[Path, ...]) -> dict[str, Path]:
     """Headers reachable from source `text` through quoted #include lines.
 
@@ -236,33 +260,46 @@ def find_headers(text: str, include_dirs: tuple[Path, ...]) -> dict[str, Path]:
     path. Includes found nowhere in the tree (the toolkit's own headers,
     say) are left to nvcc.
     """
-    def lookup(rel: str) -> Path | None:
-        if rel == ".." or rel.startswith(("../", "/")):
-            return None
-        for folder in include_dirs:
-            candidate = Path(folder) / rel
-            if candidate.is_file():
-                return candidate
-        return None
-
     found: dict[str, Path] = {}
     pending = [("", text)]
     while pending:
         folder, body = pending.pop()
         for name in _INCLUDE.findall(body):
-            for rel in dict.fromkeys((posixpath.normpath(posixpath.join(folder, name)), posixpath.normpath(name))):
-                path = lookup(rel)
-                if path is not None:
-                    break
-            else:
-                continue
-            if rel not in found:
+            resolved = _resolve_include(folder, name, include_dirs)
+            if resolved is not None and resolved[0] not in found:
+                rel, path = resolved
                 found[rel] = path
-                try:
-                    pending.append((posixpath.dirname(rel), path.read_text()))
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise TunerError(f"cannot read header {path} ({exc})") from None
+                pending.append((posixpath.dirname(rel), _read_header(path)))
     return dict(sorted(found.items()))
+
+
+def inline_headers(text: str, include_dirs: tuple[Path, ...]) -> str:
+    """Source `text` as one file: each header find_headers finds pasted in
+    place of its first #include line, depth first (the order the preprocessor
+    reads them), between `// ---- begin/end <folder>/<path> ----` lines; a
+    later #include of it becomes a comment and its `#pragma once` goes (nvcc
+    warns of one in the main file). Like find_headers, this assumes headers
+    are include-once and not included under #if. Includes found nowhere in
+    the tree (<cuda_fp16.h>, ...) stay as they are.
+    """
+    done: set[str] = set()
+
+    def expand(folder: str, body: str) -> str:
+        def paste(match: re.Match[str]) -> str:
+            resolved = _resolve_include(folder, match.group(1), include_dirs)
+            if resolved is None:
+                return match.group(0)
+            rel, path = resolved
+            label = f"{path.parents[rel.count('/')].name}/{rel}"  # the templates folder's name, then the path in it
+            if rel in done:
+                return f"// #include \"{match.group(1)}\": {label}, inlined above"
+            done.add(rel)
+            inner = expand(posixpath.dirname(rel), _PRAGMA_ONCE.sub("", _read_header(path)))
+            return f"// ---- begin {label} ----\n{inner.rstrip()}\n// ---- end {label} ----"
+
+        return _INCLUDE_LINE.sub(paste, body)
+
+    return expand("", text)
 
 
 def template_files(source_path: Path, include_dirs: tuple[Path, ...]) -> dict[str, Path]:

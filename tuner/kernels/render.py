@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
+
+from tuner.errors import TunerError
+from tuner.kernels.compiler import BASE_OPTIONS, arch_flags
 from tuner.kernels.feasibility import resources
-from tuner.kernels.manifest import ParamValue, load_manifest
+from tuner.kernels.manifest import ParamValue, inline_headers, load_manifest
 from tuner.kernels.variant import Variant, validate_variant
 
 _CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16"}
@@ -59,3 +63,31 @@ def render(variant: Variant) -> str:
         + f'\n{variant.name}(ATTN_FWD_PARAMS) {{\n'
         + "  ATTN_FWD_BODY(TunerCfg)\n}\n"
     )
+
+
+def nvcc_command(variant: Variant, arch: str) -> str:
+    """The nvcc line that builds the standalone source of `variant`, saved as <name>.cu, with the
+    tuner's own options (no -lineinfo: the cubin a search measures)."""
+    name = variant.name
+    return shlex.join(["nvcc", "-cubin", *BASE_OPTIONS, *arch_flags(arch), "-o", f"{name}.cubin", f"{name}.cu"])
+
+
+def render_standalone(variant: Variant, arch: str | None = None) -> str:
+    """render() as one file nvcc compiles with no include path: the template's headers inlined
+    (inline_headers), and first comment lines that give the nvcc command for `arch` (default: the
+    template's first). The tuner itself compiles render()'s source; this one builds the same cubin."""
+    manifest = load_manifest(variant.template)
+    arch = arch or manifest.archs[0]
+    if arch not in manifest.archs:
+        raise TunerError(f"{manifest.name} is built for {', '.join(manifest.archs)}, not {arch}")
+    others = [a[3:] for a in manifest.archs if a != arch]
+    lines = [
+        f"// {variant.name}",
+        f"// Rendered by `tuner render` from template {manifest.name} @ {manifest.source_hash[:12]}, its headers",
+        "// inlined: nvcc needs no include path. Saved as the .cu file this command names, it builds the",
+        f"// cubin the tuner builds for {arch} (the same nvcc gives the same bytes):",
+        f"//   {nvcc_command(variant, arch)}",
+    ]
+    if others:
+        lines.append(f"// For another card: -gencode arch=compute_N,code=sm_N with N = {', '.join(others)}.")
+    return "\n".join(lines) + "\n\n" + inline_headers(render(variant), manifest.include_dirs)

@@ -92,14 +92,20 @@ def validate_variant(variant: Variant, manifest: Manifest | None = None) -> None
 
 
 @lru_cache(maxsize=None)
-def _name_regex(template: str) -> re.Pattern[str]:
+def _tunables_pattern(template: str) -> str:
+    """Regex of the tunables part of the template's names (name_format, then an optional _causal)."""
     manifest = load_manifest(template)
     pattern = re.escape(manifest.name_format)
     for pname, spec in manifest.params.items():
         alternatives = "|".join(re.escape(lab) for lab in sorted(spec.labels, key=len, reverse=True))
         pattern = pattern.replace(re.escape("{" + pname + "}"), f"(?P<{pname}>{alternatives})")
+    return pattern + "(?P<causal>_causal)?"
+
+
+@lru_cache(maxsize=None)
+def _name_regex(template: str) -> re.Pattern[str]:
     dtypes = "|".join(DTYPES)
-    return re.compile(rf"^{re.escape(template)}_d(?P<head_dim>\d+)_(?P<dtype>{dtypes})_{pattern}(?P<causal>_causal)?$")
+    return re.compile(rf"^{re.escape(template)}_d(?P<head_dim>\d+)_(?P<dtype>{dtypes})_{_tunables_pattern(template)}$")
 
 
 def parse_variant_name(name: str) -> Variant:
@@ -116,6 +122,25 @@ def parse_variant_name(name: str) -> Variant:
         validate_variant(variant, manifest)
         return variant
     raise TunerError(f"not a variant name: {name!r}")
+
+
+_SHORT_PREFIX = re.compile(rf"^[A-Za-z0-9_]+?_d\d+_(?:{'|'.join(DTYPES)})_")
+
+
+def short_name(name: str) -> str:
+    """The tunables part of a variant name, as `tuner results` and the search summary print it:
+    the name without its `<template>_d<head dim>_<dtype>_` (a name without one is returned whole)."""
+    return _SHORT_PREFIX.sub("", name, count=1)
+
+
+def templates_of_short_name(short: str) -> list[str]:
+    """The templates (by name) one of whose variants has the tunables part `short`."""
+    return [m.name for m in list_templates() if re.fullmatch(_tunables_pattern(m.name), short)]
+
+
+def full_name(short: str, template: str, head_dim: int, dtype: str) -> str:
+    """Inverse of short_name for the variant of `template` with that head dim and dtype."""
+    return f"{template}_d{head_dim}_{dtype}_{short}"
 
 
 def variant_from_params(template: str, problem: Problem, params: Mapping[str, ParamValue]) -> Variant:

@@ -143,6 +143,19 @@ def best_select(filt: TrialFilter) -> Select:
     return stmt.limit(filt.limit) if filt.limit else stmt
 
 
+def variant_names_select(suffix: str, filt: TrialFilter) -> Select:
+    """(variant name, GPU profile) of the matching trials whose variant name ends with `suffix`, once each."""
+    stmt = (
+        select(VariantTable.name, RunTable.profile)
+        .select_from(TrialTable)
+        .join(ProblemTable, TrialTable.problem_id == ProblemTable.id)
+        .join(VariantTable, TrialTable.variant_id == VariantTable.id)
+        .join(RunTable, TrialTable.run_id == RunTable.id)
+        .where(VariantTable.name.endswith(suffix, autoescape=True))  # escaped: `_` is a LIKE wildcard
+    )
+    return apply_filter(stmt, filt).distinct().order_by(VariantTable.name, RunTable.profile)
+
+
 def find_select(problem: Problem, template: str, template_hash: str, params_key: str, gpu_name: str) -> Select:
     """A reusable measurement: same problem, variant and GPU; ok ones first, then newest.
 

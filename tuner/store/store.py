@@ -257,6 +257,11 @@ class Store:
         with self._read("cannot query trials") as session:
             return [q.to_trial_row(row) for row in session.execute(q.best_select(filt))]
 
+    def variant_names(self, suffix: str, filt: TrialFilter) -> list[tuple[str, str]]:
+        """(variant name, GPU profile) of the trials matching the filter whose variant name ends with `suffix`."""
+        with self._read("cannot query trials") as session:
+            return [(name, profile) for name, profile in session.execute(q.variant_names_select(suffix, filt))]
+
     def trial_detail(self, trial_id: int) -> TrialDetail:
         with self._read("cannot read the trial") as session:
             row = session.execute(q.trial_select(with_logs=True).where(TrialTable.id == trial_id)).first()
