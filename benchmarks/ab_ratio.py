@@ -1,19 +1,23 @@
-"""Interleaved A/B timing: variants and SDPA backends timed in alternation, several rounds.
+"""Interleaved A/B timing: variants (and, with --old-cubins, the same variants built from an earlier template
+revision, --cubins) against every baseline (SDPA backends, FlashAttention-4 where it imports), back to back.
 
-A single timing of a ~1 ms kernel moved by ±3-5% between runs on the H200;
-alternating rounds in one process and taking the median per-round ratio
-gives a ratio that is robust to that drift. Every variant is verified
-against the fp32 reference first.
+A single timing of a ~0.5 ms kernel drifts by up to 5% between calls and cards; each round times every
+implementation once (time_cuda: back to back, the card at its power limit, L2 flushed between
+repetitions), the first one rotating, and a ratio is the median of the per-round ratios. Every variant
+is verified against the fp32 reference first.
 
     python benchmarks/ab_ratio.py --shape 8,16,2048,128 --rounds 7 VARIANT [VARIANT ...]
+    python benchmarks/ab_ratio.py --shape 1,32,16384,128 --hkv 8 --cubins old=.ab/old VARIANT   # old vs new
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -21,74 +25,77 @@ from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
 from tuner.runtime.baselines import available_baselines
-from tuner.runtime.build import build
+from tuner.runtime.build import build, launch_shape
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.timing import time_cuda
+from tuner.runtime.shipped.launcher import AttentionKernel
+from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
-@dataclass
-class Row:
-    name: str
-    median_us: float
-    tflops: float
-    ratios: dict[str, tuple[float, float, float]]  # baseline -> (median, min, max) of per-round ratios
+def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Any, scale: float, dtype: str, label: str) -> Callable:
+    out = empty_output(q)
+    kern(q, k, v, out, None, scale)
+    torch.cuda.synchronize()
+    err = relative_error(out, ref)
+    assert err < TOLERANCE[dtype], (label, err)
+    print(f"  {label}: relative error {err:.2e}", flush=True)
+    return lambda: kern.launch_unchecked(q, k, v, out, None, scale)
 
 
-def interleaved(problem: Problem, variants: list[str], rounds: int) -> list[Row]:
-    """Baselines first, then each variant, `rounds` times over; median per-round ratios."""
+def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str, Path]) -> dict[str, Any]:
+    """Every implementation's median µs per round, and the per-round ratios of each kernel to each baseline."""
     profile = resolve_profile("auto")
     q, k, v = make_inputs(problem, seed=0)
     scale = 1.0 / math.sqrt(problem.head_dim)
     ref, _ = reference(q, k, v, problem.causal, scale)
-    calls = {}
+    calls: dict[str, Callable] = {}
     for name in variants:
         var = parse_variant_name(name)
-        kern = build(var, profile.nvcc_arch).load()
-        out = empty_output(q)
-        kern(q, k, v, out, None, scale)
-        torch.cuda.synchronize()
-        err = relative_error(out, ref)
-        assert err < TOLERANCE[problem.dtype], (name, err)
-        calls[name] = (lambda kern=kern, out=out: kern.launch_unchecked(q, k, v, out, None, scale))
+        calls[name] = _checked_call(build(var, profile.nvcc_arch).load(), q, k, v, ref, scale, problem.dtype, name)
+        for label, folder in cubins.items():  # the same variant built from other template revisions
+            other = AttentionKernel((folder / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
+            calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}")
     baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale) if b.name != "sdpa_efficient"}
-    times: dict[str, list[float]] = {n: [] for n in [*baselines, *calls]}
-    for _ in range(rounds):
-        for name, b in baselines.items():
-            times[name].append(b.time(l2_bytes=profile.l2_bytes, rep_ms=60).median_us)
-        for name, call in calls.items():
-            times[name].append(time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=60).median_us)
-    rows = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        ratios = {}
-        if name in calls:
-            for b in baselines:
-                per_round = [bt / t for bt, t in zip(times[b], ts)]
-                ratios[b] = (statistics.median(per_round), min(per_round), max(per_round))
-        rows.append(Row(name, med, problem.tflops(med), ratios))
-    return rows
+    timed: dict[str, Callable] = {}
+    for name, b in baselines.items():
+        b.time(l2_bytes=profile.l2_bytes, rep_ms=10)  # warm up (FA4 compiles on its first call)
+        timed[name] = (lambda b=b: b.time(l2_bytes=profile.l2_bytes, rep_ms=100))
+    for name, call in calls.items():
+        timed[name] = (lambda call=call: time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=100))
+    times = interleaved_rounds(timed, rounds)
+    return {"problem": problem.label, "gpu": torch.cuda.get_device_name(0), "rounds": rounds, "times_us": times,
+            "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in baselines} for n in calls},
+            "tflops": {n: problem.tflops(statistics.median(t)) for n, t in times.items()}}
 
 
-def print_rows(rows: list[Row]) -> None:
-    for row in rows:
-        line = f"  {row.name:62s} median {row.median_us:8.1f} us ({row.tflops:6.1f} TFLOP/s)"
-        for b, (med, lo, hi) in row.ratios.items():
-            line += f"  x{med:.3f} {b} ({lo:.3f}-{hi:.3f})"
+def print_result(res: dict[str, Any]) -> None:
+    print(f"{res['gpu']} {res['problem']}, {res['rounds']} interleaved rounds (back to back)")
+    for name, ts in res["times_us"].items():
+        line = f"  {name:66s} {statistics.median(ts):8.1f} us {res['tflops'][name]:6.1f} TFLOP/s"
+        for b, r in res["ratios"].get(name, {}).items():
+            line += f"  {r:.3f}x {b}"
         print(line, flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variants", nargs="+")
-    ap.add_argument("--shape", required=True)
+    ap.add_argument("--shape", required=True, help="B,H,S,D or B,H,Sq,Sk,D")
+    ap.add_argument("--hkv", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--cubins", action="append", default=[], metavar="LABEL=DIR",
+                    help="time <variant>.cubin of DIR (from build_cubins.py) too, as <variant>@LABEL; repeatable")
+    ap.add_argument("--json", type=Path, default=None, help="append the result as one JSON line")
     args = ap.parse_args()
     cuda_driver(0)
     first = parse_variant_name(args.variants[0])
-    problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal)
-    print(f"{torch.cuda.get_device_name(0)} {problem.label}, {args.rounds} interleaved rounds")
-    print_rows(interleaved(problem, args.variants, args.rounds))
+    problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal, heads_kv=args.hkv)
+    cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
+    res = measure(problem, args.variants, args.rounds, cubins)
+    print_result(res)
+    if args.json:
+        with args.json.open("a") as f:
+            f.write(json.dumps(res) + "\n")
 
 
 if __name__ == "__main__":

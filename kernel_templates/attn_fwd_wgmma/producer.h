@@ -14,25 +14,34 @@
 namespace fc {
 
 // `ring` counts the K/V tiles loaded so far (slot ring % STAGES, phase
-// (ring / STAGES) & 1); it comes back advanced by the item's tiles.
+// (ring / STAGES) & 1); it comes back advanced by the item's tiles. K_{j+1}
+// is loaded before V_j: a consumer frees V_j's slot only after its P V, late
+// in its next tile, and K_{j+1} must not wait behind that in this one thread.
 template <class C>
 __device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
                                         const SmemLayout<C>& sm, const Work& it, int& ring) {
   const int hk = it.h / a.h_per_kv;
-  for (int j = 0; j < it.n_tiles; ++j, ++ring) {
-    const int s = ring % C::STAGES;
-    const uint32_t phase = (ring / C::STAGES) & 1;
-    mbar_wait(sm.k_empty(s), phase ^ 1);  // a fresh barrier counts as released
-    mbar_expect_tx(sm.k_full(s), C::KV_BYTES);
+  auto load = [&](const TmaDesc& t, uint32_t dst, uint32_t empty, uint32_t full, int j) {
+    const uint32_t phase = ((ring + j) / C::STAGES) & 1;
+    mbar_wait(empty, phase ^ 1);  // a fresh barrier counts as released
+    mbar_expect_tx(full, C::KV_BYTES);
 #pragma unroll
-    for (int cb = 0; cb < C::CB; ++cb)
-      tma_load(sm.sK + s * C::KV_BYTES + cb * C::BN * C::SWB, &tk, sm.k_full(s), cb * C::E, j * C::BN, hk, it.b);
-    mbar_wait(sm.v_empty(s), phase ^ 1);
-    mbar_expect_tx(sm.v_full(s), C::KV_BYTES);
-#pragma unroll
-    for (int cb = 0; cb < C::CB; ++cb)
-      tma_load(sm.sV + s * C::KV_BYTES + cb * C::BN * C::SWB, &tv, sm.v_full(s), cb * C::E, j * C::BN, hk, it.b);
+    for (int cb = 0; cb < C::CB; ++cb) tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, j * C::BN, hk, it.b);
+  };
+  auto load_k = [&](int j) {
+    const int s = (ring + j) % C::STAGES;
+    load(tk, sm.sK + s * C::KV_BYTES, sm.k_empty(s), sm.k_full(s), j);
+  };
+  auto load_v = [&](int j) {
+    const int s = (ring + j) % C::STAGES;
+    load(tv, sm.sV + s * C::KV_BYTES, sm.v_empty(s), sm.v_full(s), j);
+  };
+  if (it.n_tiles > 0) load_k(0);
+  for (int j = 0; j < it.n_tiles; ++j) {
+    if (j + 1 < it.n_tiles) load_k(j + 1);
+    load_v(j);
   }
+  ring += it.n_tiles;
 }
 
 // Each consumer's Q rows of one work item; `round` counts the items loaded
