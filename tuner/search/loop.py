@@ -41,9 +41,6 @@ from tuner.search.job import (
     point,
 )
 from tuner.search.liveness import (
-    ATTR_HEARTBEAT,
-    ATTR_WORKER,
-    WORKER_ID,
     Heartbeat,
     abandoned,
     budget_taken,
@@ -173,9 +170,7 @@ class ProblemSearch:
 
     def _ask(self) -> Optional[Pending]:
         """Ask one point; settle it at once when it needs no GPU, else start its compile."""
-        trial = self.study.ask(self.distributions)
-        trial.set_user_attr(ATTR_WORKER, WORKER_ID)
-        trial.set_user_attr(ATTR_HEARTBEAT, time.time())
+        trial = self.study.ask(self.distributions)  # owned by this process from its first record (ownership.py)
         variant = variant_from_params(self.info.template, self.problem, trial.params)
         trial.set_user_attr(ATTR_VARIANT, variant.name)
         feasibility = check(variant, self.problem, self.ctx.profile)
