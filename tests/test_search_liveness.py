@@ -1,4 +1,4 @@
-"""Trials left RUNNING by a process that died: reclaimed at once, never waited for.
+"""Trials left RUNNING by a process that died: reclaimed at once, never waited for, and the budget holds.
 
 A trial names its owner from the record that creates it (tuner.search.ownership); a dead owner on
 this host is seen at once, one elsewhere by its heartbeat (tuner.search.liveness).
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import optuna
+from cli_helpers import run_tuner
 from optuna.distributions import FloatDistribution
 from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import FrozenTrial, TrialState
@@ -34,10 +35,16 @@ from tuner.search.liveness import (
 )
 from tuner.search.ownership import ATTR_HEARTBEAT, ATTR_PID_SPACE, ATTR_SESSION, ATTR_WORKER, WORKER_ID
 from tuner.search.study import (
+    ATTR_INFEASIBLE,
     ATTR_INTERRUPTED,
     counts_toward_budget,
+    finished_trials,
+    load_study,
+    opened_storage,
     storage_for,
 )
+from tuner.status import TrialStatus
+from tuner.store import TrialFilter, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 X = {"x": FloatDistribution(0.0, 1.0)}
@@ -149,3 +156,167 @@ def test_who_is_gone_at_once_and_who_only_by_heartbeat(sqlite_url):
     asked = study.get_trials()[number]
     assert ATTR_HEARTBEAT in asked.user_attrs and ATTR_PID_SPACE in asked.user_attrs
     assert not abandoned(asked, now + 10 * STALE_S)
+
+
+def test_a_dead_processes_stored_result_is_told_not_thrown_away(sqlite_url):
+    """Killed between storing a trial and telling it: the reaper tells the stored result (it counts);
+    a stored pruned point stays free; a trial with nothing stored is interrupted (free)."""
+    from store_factories import H100, trial
+
+    study = optuna.create_study(study_name="s", storage=storage_for(sqlite_url))
+    elsewhere = dict(worker="elsewhere:1", heartbeat=time.time() - STALE_S - 1)
+    measured, pruned, failed, nothing = (_running(study, **elsewhere) for _ in range(4))
+    with open_store(sqlite_url) as store:
+        run = store.start_run(H100)
+        rows = {t.number: store.add_trial(trial(run, study="s", trial_number=t.number, status=s, median_us=m,
+                                                params={"BLOCK_M": t.number}, error=e))
+                for t, s, m, e in ((measured, TrialStatus.OK, 42.0, None),
+                                   (pruned, TrialStatus.PRUNED, None, "smem over the limit"),
+                                   (failed, TrialStatus.COMPILE_ERROR, None, "nvcc failed"))}
+        assert sorted(reap(study, store)) == [measured.number, pruned.number, failed.number, nothing.number]
+    after = study.get_trials()
+    assert after[measured.number].state == TrialState.COMPLETE and after[measured.number].value == 42.0
+    assert after[measured.number].user_attrs["store_trial_id"] == rows[measured.number]
+    assert after[pruned.number].state == TrialState.PRUNED and after[pruned.number].user_attrs[ATTR_INFEASIBLE]
+    assert after[failed.number].state == TrialState.FAIL and after[failed.number].user_attrs["status"] == "compile_error"
+    assert after[nothing.number].state == TrialState.FAIL and after[nothing.number].user_attrs[ATTR_INTERRUPTED]
+    assert [counts_toward_budget(after[t.number]) for t in (measured, pruned, failed, nothing)] == \
+        [True, False, True, False]
+    assert finished_trials(study) == budget_taken(study) == 2
+
+
+# --- the budget of a study holds for a store copied mid-write ------------------------------------
+
+# `tuner search`, killed right after it stored its KILL_AT-th measured trial and before telling Optuna:
+# the state a copy of the store taken at that moment holds as well.
+KILLED_BETWEEN_STORE_AND_TELL = """
+    import os, signal, sys
+    from optuna.trial import TrialState
+    from tuner.search import loop
+
+    told, measured = loop.ProblemSearch._tell, []
+
+    def tell(self, trial, state, *args, **kwargs):
+        if state == TrialState.COMPLETE and args[1] == "measured":
+            measured.append(trial.number)
+            if len(measured) == int(os.environ["KILL_AT"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return told(self, trial, state, *args, **kwargs)
+
+    loop.ProblemSearch._tell = tell
+    from tuner.cli.app import main
+    sys.argv = ["tuner", *sys.argv[1:]]
+    main()
+"""
+
+
+def _search_args(rec, db_url: str, trials: int, *extra: str) -> list[str]:
+    p = rec.problem
+    args = ["--db", db_url, "search", "--gpu", rec.profile, "--shape",
+            f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}", "--dtype", p.dtype, "--backend", "replay",
+            "--from", rec.url, "--trials", str(trials), "--seed", "3", "--study", "s", *extra]
+    return args + (["--causal"] if p.causal else [])
+
+
+def _snapshot(source: Path, target: Path) -> None:
+    """A consistent copy of a live SQLite store (its WAL included), as a backup tool takes it."""
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+
+
+def test_a_store_copied_between_storing_and_telling_a_trial_keeps_its_budget(replay_recording, store_url, tmp_path):
+    budget = 12
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KILL_AT": "5"}
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_BETWEEN_STORE_AND_TELL),
+                             *_search_args(replay_recording, store_url, budget)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    url = store_url
+    if store_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'copy.db'}"
+        _snapshot(Path(store_url[len("sqlite:///"):]), tmp_path / "copy.db")
+    with open_store(url) as store, opened_storage(url) as storage:
+        running = load_study(storage, "s").get_trials(states=(TrialState.RUNNING,))  # the one killed, those asked ahead
+        [(number, row)] = [(t.number, found) for t in running
+                           if (found := store.query_trials(TrialFilter(study="s", trial_number=t.number)))]
+        assert len(row) == 1 and row[0].status is TrialStatus.OK  # stored, not told
+
+    resumed = run_tuner(*_search_args(replay_recording, url, budget, "--resume"))
+    assert resumed.exit_code == 0, resumed.stderr
+
+    with open_store(url) as store:
+        rows = store.query_trials(TrialFilter(study="s"))
+    with opened_storage(url) as storage:
+        study = load_study(storage, "s")
+        trials = {t.number: t for t in study.get_trials()}
+        assert finished_trials(study) == budget
+    assert trials[number].state == TrialState.COMPLETE and trials[number].value == row[0].median_us
+    # Every stored result belongs to a trial the study counts (or a free pruned point): none is orphaned
+    # by an interrupted trial, so the ok results never outnumber the budget.
+    for r in rows:
+        t = trials[r.trial_number]
+        assert counts_toward_budget(t) or (t.state == TrialState.PRUNED and t.user_attrs.get(ATTR_INFEASIBLE)), r
+    assert sum(r.status is TrialStatus.OK for r in rows) <= budget
+
+
+class NeighbourDiesMidSearch:
+    """The replay backend; at its third measurement another process on the study "dies" having stored a
+    trial it had not told yet (its pid is gone)."""
+
+    needs_compile = False
+
+    def __init__(self, recording, db_url: str) -> None:
+        from tuner.backends.replay import ReplayBackend
+        from tuner.profiles import load_profile
+
+        self.inner, self.url, self.calls = ReplayBackend(recording.url, load_profile(recording.profile)), db_url, 0
+        self.left_behind: tuple[int, float] | None = None  # its trial number and stored median
+
+    def measure(self, problem, variant, compiled, *, range_prefix=""):
+        self.calls += 1
+        if self.calls == 3:
+            self._die_holding_a_stored_trial()
+        return self.inner.measure(problem, variant, compiled)
+
+    def _die_holding_a_stored_trial(self) -> None:
+        from store_factories import H100, trial
+
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        owner = dict(worker=f"{ownership.HOST}:{int(gone.stdout)}", pid_space=ownership.PID_SPACE,
+                     worker_session="theirs", heartbeat=time.time())
+        with opened_storage(self.url) as storage, open_store(self.url) as store:
+            study = load_study(storage, "s")
+            left = _running(study, **owner)
+            store.add_trial(trial(store.start_run(H100), study="s", trial_number=left.number, median_us=55.5,
+                                  params={"BLOCK_M": 999}))
+        self.left_behind = (left.number, 55.5)
+
+    def __getattr__(self, name: str):  # device_facts, baselines, confirm, close: the replay backend's
+        if name == "submit_measure":  # measured through measure() above
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_a_trial_stored_by_a_process_that_died_mid_search_is_counted_before_the_budget_runs_out(
+        replay_recording, sqlite_url):
+    """Settled when the survivors next ask, not at the next start: otherwise it would be told its result
+    after the budget was spent elsewhere, one trial too many."""
+    from tuner.search.hooks import Hooks
+
+    budget = 10
+    backend = NeighbourDiesMidSearch(replay_recording, sqlite_url)
+    result = run_tuner(*_search_args(replay_recording, sqlite_url, budget),
+                       hooks=Hooks(make_backend=lambda *_a, **_k: backend))
+    assert result.exit_code == 0, result.stderr
+    assert backend.left_behind is not None
+    number, median = backend.left_behind
+    with opened_storage(sqlite_url) as storage, open_store(sqlite_url) as store:
+        study = load_study(storage, "s")
+        trials = {t.number: t for t in study.get_trials()}
+        rows = store.query_trials(TrialFilter(study="s"))
+        assert finished_trials(study) == budget
+    assert trials[number].state == TrialState.COMPLETE and trials[number].value == median
+    assert not [t for t in trials.values() if t.state == TrialState.RUNNING]
+    for r in rows:
+        t = trials[r.trial_number]
+        assert counts_toward_budget(t) or (t.state == TrialState.PRUNED and t.user_attrs.get(ATTR_INFEASIBLE)), r

@@ -7,8 +7,9 @@ is known to be gone (its pid is this host's and no process has it, or this very 
 another life); when its heartbeat is older than STALE_S (a process on another host, or in another
 container, can only be judged so); or when it has no owner after ASK_GRACE_S (a queued trial is
 stamped the moment after it is taken; older versions stamped trials late). Abandoned trials neither
-hold budget nor make others wait, and any worker reaps them: they are told FAIL, marked interrupted,
-and are free.
+hold budget nor make others wait, and any worker reaps them: a trial whose process stored its
+result before it could tell it (a kill, or a store copied in that moment) is told that result and
+counts like any other; the rest are told FAIL, marked interrupted, and are free.
 
 The budget of a study is shared: a worker asks a trial only while the
 finished trials that count plus the live running ones are below it, so
@@ -17,6 +18,7 @@ three processes on a 300-trial study run 300 trials, not 900.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -35,7 +37,18 @@ from tuner.search.ownership import (
     SESSION,
     WORKER_ID,
 )
-from tuner.search.study import ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REPEAT, counts_toward_budget
+from tuner.search.study import (
+    ATTR_INFEASIBLE,
+    ATTR_INTERRUPTED,
+    ATTR_REASON,
+    ATTR_REPEAT,
+    ATTR_SOURCE,
+    ATTR_STATUS,
+    ATTR_STORE_ID,
+    counts_toward_budget,
+)
+from tuner.status import TrialStatus
+from tuner.store import Store, TrialFilter, TrialRow
 
 HEARTBEAT_S = 15.0
 STALE_S = 120.0  # eight missed heartbeats: the process is gone
@@ -82,19 +95,41 @@ def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
     return beat is not None and now - float(beat) > STALE_S
 
 
-def reap(study: optuna.Study, now: Optional[float] = None) -> list[int]:
-    """Tell every abandoned running trial FAIL (marked interrupted); returns their numbers."""
+def reap(study: optuna.Study, store: Optional[Store] = None, now: Optional[float] = None) -> list[int]:
+    """Finish every abandoned running trial (see the module doc; `store` holds the results its process
+    may have stored); returns their numbers."""
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not abandoned(trial, now):
             continue
+        row = None
+        if store is not None:
+            found = store.query_trials(TrialFilter(study=study.study_name, trial_number=trial.number, limit=1))
+            row = found[0] if found else None
         try:
-            study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
-            study.tell(trial.number, state=TrialState.FAIL)
+            if row is not None:
+                tell_stored(study, trial, row)
+            else:
+                study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
+                study.tell(trial.number, state=TrialState.FAIL)
         except (RuntimeError, ValueError):  # finished meanwhile (its process was alive after all)
             continue
         reaped.append(trial.number)
     return reaped
+
+
+def tell_stored(study: optuna.Study, trial: FrozenTrial, row: TrialRow) -> None:
+    """Tell a trial what its own store row says, as its process would have: ok -> its median; pruned ->
+    pruned and free (infeasible, or the backend could not measure it); any other status -> FAIL."""
+    attrs: dict[str, Any] = {ATTR_STATUS: row.status.value, ATTR_SOURCE: "measured", ATTR_STORE_ID: row.id}
+    if row.status is TrialStatus.PRUNED:
+        attrs.update({ATTR_SOURCE: "pruned", ATTR_INFEASIBLE: True, ATTR_REASON: row.error or "pruned"})
+    for key, value in attrs.items():
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+    if row.status is TrialStatus.OK and row.median_us is not None and math.isfinite(row.median_us):
+        study.tell(trial.number, row.median_us)
+    else:
+        study.tell(trial.number, state=TrialState.PRUNED if row.status is TrialStatus.PRUNED else TrialState.FAIL)
 
 
 def _holds_a_slot(trial: FrozenTrial) -> bool:
