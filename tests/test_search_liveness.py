@@ -15,10 +15,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import optuna
+import pytest
 from cli_helpers import run_tuner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optuna.distributions import FloatDistribution
 from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import FrozenTrial, TrialState
@@ -104,6 +108,7 @@ def test_every_trial_is_created_with_its_owner_in_the_creating_record(sqlite_url
     [created] = [log for log in logs if log["op_code"] == JournalOperation.CREATE_TRIAL]
     assert created["user_attrs"][ATTR_WORKER] == WORKER_ID
     assert created["user_attrs"][ATTR_SESSION] == ownership.SESSION
+    assert created["user_attrs"][ATTR_PID_SPACE] == ownership.PID_SPACE and ATTR_HEARTBEAT in created["user_attrs"]
     assert trial.user_attrs[ATTR_WORKER] == WORKER_ID and not abandoned(study.get_trials()[0])
 
 
@@ -117,45 +122,14 @@ def test_a_queued_trial_is_owned_by_the_process_that_takes_it(store_url):
     assert not abandoned(frozen) and budget_taken(study) == 1
 
 
-def _running(study: optuna.Study, **attrs) -> FrozenTrial:
+def _running(study: optuna.Study, started_ago_s: float = 0.0, **attrs) -> FrozenTrial:
     """A running trial with exactly these user attributes (as another process or an older tuner wrote it)."""
-    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+    started = datetime.datetime.now() - datetime.timedelta(seconds=started_ago_s)
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=started,
                            datetime_complete=None, params={}, distributions={}, user_attrs=attrs, system_attrs={},
                            intermediate_values={}, trial_id=-1)
     trial_id = study._storage.create_new_trial(study._study_id, template)
     return study._storage.get_trial(trial_id)
-
-
-def test_who_is_gone_at_once_and_who_only_by_heartbeat(sqlite_url):
-    study = optuna.create_study(study_name="s", storage=storage_for(sqlite_url))
-    now, fresh, stale = time.time(), time.time(), time.time() - STALE_S - 1
-    here = dict(pid_space=ownership.PID_SPACE)
-    # This host:pid in an earlier life (a restarted container's tuner is pid 1 again): gone.
-    earlier = _running(study, worker=WORKER_ID, worker_session="before", heartbeat=fresh, **here)
-    assert abandoned(earlier, now)
-    # The same host name and pid in another pid space (another container): judged by its heartbeat only.
-    other_space = dict(worker=WORKER_ID, worker_session="other", pid_space="another-boot/pid:[1]")
-    assert not abandoned(_running(study, heartbeat=fresh, **other_space), now)
-    assert abandoned(_running(study, heartbeat=stale, **other_space), now)
-    # A pid of this host that no process has: gone, however fresh its heartbeat.
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    worker = f"{ownership.HOST}:{int(dead.stdout)}"
-    assert abandoned(_running(study, worker=worker, worker_session="x", heartbeat=fresh, **here), now)
-    # Alive here (this test's parent process): not abandoned while it beats.
-    parent = f"{ownership.HOST}:{os.getppid()}"
-    assert not abandoned(_running(study, worker=parent, worker_session="x", heartbeat=fresh, **here), now)
-    # Another host: only the heartbeat tells.
-    assert not abandoned(_running(study, worker="elsewhere:1", heartbeat=fresh), now)
-    assert abandoned(_running(study, worker="elsewhere:1", heartbeat=stale), now)
-    # No owner (an older tuner, or a queued trial in the instant it is taken): only briefly waited for.
-    unowned = _running(study)
-    assert not abandoned(unowned, unowned.datetime_start.timestamp() + ASK_GRACE_S / 2)
-    assert abandoned(unowned, unowned.datetime_start.timestamp() + ASK_GRACE_S + 0.1)
-    # This process now: never.
-    number = study.ask(X).number
-    asked = study.get_trials()[number]
-    assert ATTR_HEARTBEAT in asked.user_attrs and ATTR_PID_SPACE in asked.user_attrs
-    assert not abandoned(asked, now + 10 * STALE_S)
 
 
 def test_a_dead_processes_stored_result_is_told_not_thrown_away(sqlite_url):
@@ -183,6 +157,78 @@ def test_a_dead_processes_stored_result_is_told_not_thrown_away(sqlite_url):
     assert [counts_toward_budget(after[t.number]) for t in (measured, pruned, failed, nothing)] == \
         [True, False, True, False]
     assert finished_trials(study) == budget_taken(study) == 2
+
+
+def _dead_pid() -> int:
+    """The pid of a process of this host that has ended."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(gone.stdout)
+
+
+# Owners a running trial may have, and whether it is abandoned: at once where the process is known to be
+# gone, by heartbeat elsewhere, after ASK_GRACE_S without an owner.
+HERE = {"pid_space": ownership.PID_SPACE}
+OWNERS = {
+    "this process": (False, lambda: dict(worker=WORKER_ID, worker_session=ownership.SESSION, **HERE)),
+    "parent, alive here": (False, lambda: dict(worker=f"{ownership.HOST}:{os.getppid()}", **HERE)),
+    "dead here": (True, lambda: dict(worker=f"{ownership.HOST}:{_dead_pid()}", **HERE)),
+    "this pid, an earlier life": (True, lambda: dict(worker=WORKER_ID, worker_session="before", **HERE)),
+    "same name, another pid space": (False, lambda: dict(worker=WORKER_ID, pid_space="boot/pid:[7]")),
+    "another host": (False, lambda: dict(worker="elsewhere:7")),
+    "another host, silent": (True, lambda: dict(worker="elsewhere:7", heartbeat=time.time() - STALE_S - 1)),
+    "none, just taken": (False, lambda: {}),
+    "none, for a while": (True, lambda: {}),
+}
+STORED = {"ok": TrialStatus.OK, "pruned": TrialStatus.PRUNED, "compile_error": TrialStatus.COMPILE_ERROR}
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('liveness') / 'results.db'}"
+
+
+@settings(max_examples=30, deadline=None)
+@given(population=st.lists(st.tuples(st.sampled_from(sorted(OWNERS)), st.sampled_from([None, *sorted(STORED)])),
+                           min_size=1, max_size=8))
+def test_reaping_finishes_exactly_the_abandoned_trials_and_orphans_no_stored_result(shared_store, population):
+    """Whatever mix of owners and stored results: reaping finishes the abandoned trials and only them, each
+    as its stored row says (or interrupted and free when it has none), and afterwards every stored result
+    belongs to a trial that counts, a free pruned point, or a live running trial."""
+    from store_factories import H100, trial
+
+    study = optuna.create_study(study_name=f"s{uuid.uuid4().hex}", storage=storage_for(shared_store))
+    expected: dict[int, tuple[bool, str | None]] = {}
+    with open_store(shared_store) as store:
+        run = store.start_run(H100)
+        for i, (owner, stored) in enumerate(population):
+            gone, owned_by = OWNERS[owner]
+            attrs = {} if owner.startswith("none") else {"heartbeat": time.time(), "worker_session": "x", **owned_by()}
+            t = _running(study, started_ago_s=10 * ASK_GRACE_S if owner == "none, for a while" else 0, **attrs)
+            if stored is not None:
+                store.add_trial(trial(run, study=study.study_name, trial_number=t.number, status=STORED[stored],
+                                      median_us=10.0 + i if stored == "ok" else None, params={"BLOCK_M": i}))
+            expected[t.number] = (gone, stored)
+        reaped = reap(study, store)
+        rows = store.query_trials(TrialFilter(study=study.study_name))
+    after = {t.number: t for t in study.get_trials()}
+    assert sorted(reaped) == sorted(n for n, (gone, _) in expected.items() if gone)
+    for number, (gone, stored) in expected.items():
+        t = after[number]
+        if not gone:
+            assert t.state == TrialState.RUNNING
+        elif stored == "ok":
+            assert t.state == TrialState.COMPLETE and counts_toward_budget(t)
+        elif stored == "pruned":
+            assert t.state == TrialState.PRUNED and not counts_toward_budget(t)
+        elif stored == "compile_error":
+            assert t.state == TrialState.FAIL and counts_toward_budget(t)
+        else:
+            assert t.state == TrialState.FAIL and t.user_attrs[ATTR_INTERRUPTED] and not counts_toward_budget(t)
+    for r in rows:
+        t = after[r.trial_number]
+        assert t.state == TrialState.RUNNING or counts_toward_budget(t) or t.user_attrs.get(ATTR_INFEASIBLE)
+    owned_live = sum(1 for owner, _ in population if not OWNERS[owner][0] and not owner.startswith("none"))
+    assert budget_taken(study) == finished_trials(study) + owned_live  # an unowned trial holds no budget
 
 
 # --- the budget of a study holds for a store copied mid-write ------------------------------------
