@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from cli_helpers import run_tuner
-from sqlalchemy import text
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import inspect, text
 from store_factories import H100, trial
 
 from tuner.errors import TunerError
-from tuner.store import NcuMetric, TrialFilter, open_store, store_info, upgrade_store
+from tuner.problem import Problem
+from tuner.store import ConfirmRecord, NcuMetric, TrialFilter, open_store, store_info, upgrade_store
 from tuner.store.engine import create_store_engine, current_revision, head_revision, migrate
 
 
@@ -65,7 +72,7 @@ def test_a_store_with_results_goes_down_a_revision_and_up_again_keeping_them(sto
         store.add_trial(trial(run, Problem(2, 8, 1, 512, 64, lengths="uniform:16")))
     engine, _ = create_store_engine(store_url)
     try:
-        with pytest.raises(Exception, match="key-length distribution cannot go back"):
+        with pytest.raises(TunerError, match="cannot go back to revision 0005: .*key-length distribution"):
             migrate(engine, "0005", downgrade=True)
     finally:
         engine.dispose()
@@ -136,3 +143,112 @@ def test_upgrade_store_creates_a_new_one(store_url):
     before, after = upgrade_store(store_url)
     assert (before, after) == (None, head_revision())
     assert store_info(store_url).up_to_date
+
+
+# --- downgrades never delete data -----------------------------------------------------------------
+
+# Data a store can hold, and the revision that brought each in: going below it would delete the data.
+SINCE = {"trials": "0001", "ncu": "0002", "journal": "0003", "replayed": "0004", "confirmations": "0005",
+         "ragged": "0006"}
+NAMED = {"trials": "trials", "ncu": "ncu metrics", "journal": "Optuna journal records",
+         "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution"}
+
+
+def _fill(url: str, kinds: set[str]) -> None:
+    """A store at head holding the given kinds of data (some kinds bring trials along)."""
+    with open_store(url) as store:
+        if kinds & {"trials", "ncu", "confirmations"}:
+            run = store.start_run(H100)
+            t = store.add_trial(trial(run))
+            if "ncu" in kinds:
+                store.add_ncu_metrics(t, [NcuMetric("sm__throughput", 71.5, "%")])
+            if "confirmations" in kinds:
+                store.add_confirmation(ConfirmRecord(run_id=run, problem=trial(run).problem, rounds=2,
+                                                     timings={"v": (t, (1.0, 1.1)), "sdpa": (None, (1.2, 1.3))},
+                                                     winner_trial_id=t, winner_us=1.05, winner_ratio=1.1,
+                                                     baseline_impl="sdpa"))
+        if "replayed" in kinds:
+            store.start_run(replace(H100, replayed_from="sqlite:///recorded.db"))
+        if "ragged" in kinds:
+            store.add_trial(trial(store.start_run(H100), Problem(2, 8, 1, 512, 64, lengths="uniform:16")))
+        if "journal" in kinds:  # a SQLite store's Optuna studies
+            store.append_journal(['{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}'])
+
+
+def _contents(url: str) -> dict[str, list]:
+    """Every row of every table but alembic's (ordered), to compare a store before and after."""
+    engine, _ = create_store_engine(url)
+    try:
+        with engine.connect() as conn:
+            tables = sorted(set(inspect(conn).get_table_names()) - {"alembic_version"})
+            return {name: sorted(map(tuple, conn.execute(text(f"SELECT * FROM {name}"))), key=repr)
+                    for name in tables}
+    finally:
+        engine.dispose()
+
+
+def _migrate(url: str, target: str, downgrade: bool = False) -> None:
+    engine, _ = create_store_engine(url)
+    try:
+        migrate(engine, target, downgrade=downgrade)
+    finally:
+        engine.dispose()
+
+
+def test_going_back_to_0001_refuses_to_delete_the_journal_and_the_later_tables(store_url):
+    """The issue's case: down to 0001 and up again used to drop the journal, the confirm stage, the ncu
+    metrics and runs.replayed_from without a word. Refused in one line naming each; nothing changes."""
+    _fill(store_url, {"ncu", "journal", "replayed", "confirmations"})
+    before = _contents(store_url)
+    with pytest.raises(TunerError) as refused:
+        _migrate(store_url, "0001", downgrade=True)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("the results store cannot go back to revision 0001")
+    for kind in ("ncu", "journal", "replayed", "confirmations"):
+        assert NAMED[kind] in message
+    assert "Optuna journal records (1)" in message and "nothing was changed" in message
+    assert store_info(store_url).revision == head_revision()
+    assert _contents(store_url) == before
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.sets(st.sampled_from(sorted(SINCE))),
+       target=st.sampled_from(["base", "0001", "0002", "0003", "0004", "0005"]))
+def test_a_downgrade_goes_through_exactly_when_it_deletes_nothing(kinds: set[str], target: str) -> None:
+    """Refused, changing nothing, iff some data came in with a revision above the target; otherwise the
+    store goes down and back up with every row as it was."""
+    with tempfile.TemporaryDirectory() as folder:
+        url = f"sqlite:///{Path(folder) / 'results.db'}"
+        _fill(url, kinds)
+        before = _contents(url)
+        lost = {kind for kind in kinds if target == "base" or SINCE[kind] > target}
+        if lost:
+            with pytest.raises(TunerError) as refused:
+                _migrate(url, target, downgrade=True)
+            assert all(NAMED[kind] in str(refused.value) for kind in lost), str(refused.value)
+            assert store_info(url).revision == head_revision()
+        else:
+            _migrate(url, target, downgrade=True)
+            assert store_info(url).revision == (None if target == "base" else target)
+            _migrate(url, "head")
+        assert _contents(url) == before
+
+
+def test_each_migration_refuses_its_own_losses_when_run_without_migrate(sqlite_url):
+    """`alembic downgrade` (development, db/env.py) skips migrate()'s check: each downgrade() refuses itself."""
+    from alembic import command
+
+    from tuner.store.engine import alembic_config
+
+    _fill(sqlite_url, {"confirmations"})
+    before = _contents(sqlite_url)
+    engine, _ = create_store_engine(sqlite_url)
+    try:
+        with pytest.raises(TunerError, match=r"revision 0004: .*confirmations \(1\), confirm timings \(4\)"):
+            with engine.connect() as conn:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys = OFF")  # as migrate() does
+                with conn.begin():
+                    command.downgrade(alembic_config(conn), "0004")
+    finally:
+        engine.dispose()
+    assert store_info(sqlite_url).revision == head_revision() and _contents(sqlite_url) == before

@@ -10,6 +10,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
+from tuner.store.downgrade import refuse_losses
+
 revision: str = "0001"
 down_revision: Union[str, None] = None
 branch_labels: Union[str, Sequence[str], None] = None
@@ -122,7 +124,12 @@ def upgrade() -> None:
     op.create_index("ix_baselines_run_id_problem_id", "baselines", ["run_id", "problem_id"])
 
 
+# What downgrade() deletes: refused while any of it is there (tuner.store.downgrade).
+LOSES = {name: f"SELECT COUNT(*) FROM {name}" for name in ("runs", "problems", "variants", "trials", "baselines")}
+
+
 def downgrade() -> None:
+    refuse_losses(op.get_bind(), down_revision, LOSES)
     op.drop_index("ix_baselines_run_id_problem_id", table_name="baselines")
     op.drop_table("baselines")
     for name in ("status", "variant_id", "problem_id", "run_id"):

@@ -10,6 +10,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
+from tuner.store.downgrade import refuse_losses
+
 revision: str = "0002"
 down_revision: Union[str, None] = "0001"
 branch_labels: Union[str, Sequence[str], None] = None
@@ -30,5 +32,10 @@ def upgrade() -> None:
     )
 
 
+# What downgrade() deletes: refused while any of it is there (tuner.store.downgrade).
+LOSES = {"ncu metrics": "SELECT COUNT(*) FROM ncu_metrics"}
+
+
 def downgrade() -> None:
+    refuse_losses(op.get_bind(), down_revision, LOSES)
     op.drop_table("ncu_metrics")

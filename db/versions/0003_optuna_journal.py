@@ -10,6 +10,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
+from tuner.store.downgrade import refuse_losses
+
 revision: str = "0003"
 down_revision: Union[str, None] = "0002"
 branch_labels: Union[str, Sequence[str], None] = None
@@ -25,5 +27,11 @@ def upgrade() -> None:
     )
 
 
+# What downgrade() deletes: refused while any of it is there (tuner.store.downgrade). On a SQLite store
+# the journal holds every Optuna study: without it a resume finds trials of studies that do not exist.
+LOSES = {"Optuna journal records": "SELECT COUNT(*) FROM optuna_journal"}
+
+
 def downgrade() -> None:
+    refuse_losses(op.get_bind(), down_revision, LOSES)
     op.drop_table("optuna_journal")

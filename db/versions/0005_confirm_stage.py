@@ -10,6 +10,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
+from tuner.store.downgrade import refuse_losses
+
 revision: str = "0005"
 down_revision: Union[str, None] = "0004"
 branch_labels: Union[str, Sequence[str], None] = None
@@ -51,6 +53,11 @@ def upgrade() -> None:
     op.create_index("ix_confirm_timings_confirmation_id", "confirm_timings", ["confirmation_id"])
 
 
+# What downgrade() deletes: refused while any of it is there (tuner.store.downgrade).
+LOSES = {"confirmations": "SELECT COUNT(*) FROM confirmations", "confirm timings": "SELECT COUNT(*) FROM confirm_timings"}
+
+
 def downgrade() -> None:
+    refuse_losses(op.get_bind(), down_revision, LOSES)
     op.drop_table("confirm_timings")
     op.drop_table("confirmations")

@@ -11,6 +11,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
+from tuner.store.downgrade import refuse_losses
+
 revision: str = "0006"
 down_revision: Union[str, None] = "0005"
 branch_labels: Union[str, Sequence[str], None] = None
@@ -27,12 +29,14 @@ def upgrade() -> None:
         batch.create_unique_constraint("uq_problems_shape", SHAPE + ["lengths"])
 
 
+# What downgrade() deletes: refused while any of it is there (tuner.store.downgrade). Ragged problems have no
+# place in the old schema (merging them into full ones would be wrong); "full", every earlier problem, loses nothing.
+LOSES = {"problems with a key-length distribution (problems.lengths)":
+         "SELECT COUNT(*) FROM problems WHERE lengths != 'full'"}
+
+
 def downgrade() -> None:
-    # Ragged problems have no place in the old schema: refuse rather than merge them into full ones.
-    bind = op.get_bind()
-    ragged = bind.execute(sa.text("SELECT COUNT(*) FROM problems WHERE lengths != 'full'")).scalar()
-    if ragged:
-        raise RuntimeError(f"{ragged} problem(s) with a key-length distribution cannot go back to revision 0005")
+    refuse_losses(op.get_bind(), down_revision, LOSES)
     with op.batch_alter_table("problems") as batch:
         batch.drop_constraint("uq_problems_shape", type_="unique")
         batch.create_unique_constraint("uq_problems_shape", SHAPE)

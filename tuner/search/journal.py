@@ -23,6 +23,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
 from tuner.errors import TunerError
+from tuner.search.ownership import OwnedTrials
 from tuner.store import Store
 
 LEGACY_SUFFIX = ".optuna.journal"
@@ -52,8 +53,9 @@ class StoreJournalBackend(BaseJournalBackend):
         self._store.append_journal([json.dumps(log, separators=(",", ":")) for log in logs])
 
 
-class StoreJournalStorage(JournalStorage):
-    """Optuna's JournalStorage on a results store's journal; close() releases the store."""
+class StoreJournalStorage(OwnedTrials, JournalStorage):
+    """Optuna's JournalStorage on a results store's journal, creating owned trials (tuner.search.ownership);
+    close() releases the store."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(StoreJournalBackend(store))

@@ -1,12 +1,15 @@
 """Which running trials are alive, and the budget several processes on one study share.
 
-A worker stamps each trial it asked with its host:pid and a heartbeat (a
-user attribute refreshed every HEARTBEAT_S while the trial is in its hands).
-A running trial is abandoned when it was told interrupted, when its process
-on this host is gone, or when its heartbeat is older than STALE_S (a process
-killed on another host, or by SIGKILL). Any worker reaps abandoned trials:
-they are told FAIL, marked interrupted, and no longer count toward the
-budget or make others wait for them.
+Every trial names its owner from the record that creates it (tuner.search.ownership): host:pid,
+pid space, session, and a heartbeat the owner refreshes every HEARTBEAT_S while the trial is in its
+hands. A running trial is abandoned when it was told interrupted; at once when its owner's process
+is known to be gone (its pid is this host's and no process has it, or this very process has it in
+another life); when its heartbeat is older than STALE_S (a process on another host, or in another
+container, can only be judged so); or when it has no owner after ASK_GRACE_S (a queued trial is
+stamped the moment after it is taken; older versions stamped trials late). Abandoned trials neither
+hold budget nor make others wait, and any worker reaps them: a trial whose process stored its
+result before it could tell it (a kill, or a store copied in that moment) is told that result and
+counts like any other; the rest are told FAIL, marked interrupted, and are free.
 
 The budget of a study is shared: a worker asks a trial only while the
 finished trials that count plus the live running ones are below it, so
@@ -15,67 +18,118 @@ three processes on a 300-trial study run 300 trials, not 900.
 
 from __future__ import annotations
 
+import math
 import os
-import socket
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.search.study import ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REPEAT, counts_toward_budget
+from tuner.search.ownership import (
+    ATTR_HEARTBEAT,
+    ATTR_PID_SPACE,
+    ATTR_SESSION,
+    ATTR_WORKER,
+    HOST,
+    PID_SPACE,
+    SESSION,
+    WORKER_ID,
+)
+from tuner.search.study import (
+    ATTR_INFEASIBLE,
+    ATTR_INTERRUPTED,
+    ATTR_REASON,
+    ATTR_REPEAT,
+    ATTR_SOURCE,
+    ATTR_STATUS,
+    ATTR_STORE_ID,
+    counts_toward_budget,
+)
+from tuner.status import TrialStatus
+from tuner.store import Store, TrialFilter, TrialRow
 
-ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
-ATTR_HEARTBEAT = "heartbeat"  # unix time the asking process last vouched for the trial
 HEARTBEAT_S = 15.0
 STALE_S = 120.0  # eight missed heartbeats: the process is gone
+ASK_GRACE_S = 2.0  # an unowned running trial younger than this may be a queued trial being taken
 
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+def mine(trial: FrozenTrial) -> bool:
+    """Whether this process (in this life) owns the trial."""
+    return trial.user_attrs.get(ATTR_WORKER) == WORKER_ID and trial.user_attrs.get(ATTR_SESSION) == SESSION
 
 
-def _dead_here(worker: str) -> bool:
-    """The process named host:pid is on this host and gone."""
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+def _gone(attrs: Mapping[str, Any]) -> bool:
+    """The owner's process is known to be gone: its pid means something here (this host, the same pid
+    space where both know theirs) and no process has it, or this process has it in another life."""
+    host, _, pid = str(attrs.get(ATTR_WORKER, "")).rpartition(":")
+    space = attrs.get(ATTR_PID_SPACE)
+    if host != HOST or not pid.isdigit() or (space and PID_SPACE and space != PID_SPACE):
         return False
+    if int(pid) == os.getpid():
+        return attrs.get(ATTR_SESSION) != SESSION
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except PermissionError:  # alive, another user's
         return False
     return False
 
 
 def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
     """A running trial nobody will finish (see the module doc)."""
-    if trial.user_attrs.get(ATTR_INTERRUPTED):
+    attrs = trial.user_attrs
+    if attrs.get(ATTR_INTERRUPTED):
         return True
-    worker = str(trial.user_attrs.get(ATTR_WORKER, ""))
-    if worker == WORKER_ID:
+    now = time.time() if now is None else now
+    started = trial.datetime_start.timestamp() if trial.datetime_start is not None else None
+    if ATTR_WORKER not in attrs:
+        return started is None or now - started > ASK_GRACE_S
+    if mine(trial):
         return False
-    if _dead_here(worker):
+    if _gone(attrs):
         return True
-    beat = trial.user_attrs.get(ATTR_HEARTBEAT)
-    if beat is None and trial.datetime_start is not None:
-        beat = trial.datetime_start.timestamp()
-    return beat is not None and (time.time() if now is None else now) - float(beat) > STALE_S
+    beat = attrs.get(ATTR_HEARTBEAT, started)
+    return beat is not None and now - float(beat) > STALE_S
 
 
-def reap(study: optuna.Study, now: Optional[float] = None) -> list[int]:
-    """Tell every abandoned running trial FAIL (marked interrupted); returns their numbers."""
+def reap(study: optuna.Study, store: Optional[Store] = None, now: Optional[float] = None) -> list[int]:
+    """Finish every abandoned running trial (see the module doc; `store` holds the results its process
+    may have stored); returns their numbers."""
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not abandoned(trial, now):
             continue
+        row = None
+        if store is not None:
+            found = store.query_trials(TrialFilter(study=study.study_name, trial_number=trial.number, limit=1))
+            row = found[0] if found else None
         try:
-            study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
-            study.tell(trial.number, state=TrialState.FAIL)
+            if row is not None:
+                tell_stored(study, trial, row)
+            else:
+                study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
+                study.tell(trial.number, state=TrialState.FAIL)
         except (RuntimeError, ValueError):  # finished meanwhile (its process was alive after all)
             continue
         reaped.append(trial.number)
     return reaped
+
+
+def tell_stored(study: optuna.Study, trial: FrozenTrial, row: TrialRow) -> None:
+    """Tell a trial what its own store row says, as its process would have: ok -> its median; pruned ->
+    pruned and free (infeasible, or the backend could not measure it); any other status -> FAIL."""
+    attrs: dict[str, Any] = {ATTR_STATUS: row.status.value, ATTR_SOURCE: "measured", ATTR_STORE_ID: row.id}
+    if row.status is TrialStatus.PRUNED:
+        attrs.update({ATTR_SOURCE: "pruned", ATTR_INFEASIBLE: True, ATTR_REASON: row.error or "pruned"})
+    for key, value in attrs.items():
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+    if row.status is TrialStatus.OK and row.median_us is not None and math.isfinite(row.median_us):
+        study.tell(trial.number, row.median_us)
+    else:
+        study.tell(trial.number, state=TrialState.PRUNED if row.status is TrialStatus.PRUNED else TrialState.FAIL)
 
 
 def _holds_a_slot(trial: FrozenTrial) -> bool:
@@ -84,7 +138,7 @@ def _holds_a_slot(trial: FrozenTrial) -> bool:
         return False
     if trial.state != TrialState.RUNNING:
         return counts_toward_budget(trial)
-    # No worker yet: being asked right now, or its process died mid-ask; neither holds a budgeted trial.
+    # No owner yet: a queued trial in the instant it is taken, or one an older tuner left; neither holds budget.
     attrs = trial.user_attrs
     return (ATTR_WORKER in attrs and not attrs.get(ATTR_INFEASIBLE) and not attrs.get(ATTR_REPEAT)
             and not abandoned(trial))

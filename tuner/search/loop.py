@@ -41,9 +41,6 @@ from tuner.search.job import (
     point,
 )
 from tuner.search.liveness import (
-    ATTR_HEARTBEAT,
-    ATTR_WORKER,
-    WORKER_ID,
     Heartbeat,
     abandoned,
     budget_taken,
@@ -93,7 +90,7 @@ class ProblemSearch:
     # The loop ----------------------------------------------------------------------------------
 
     def run(self) -> None:
-        reap(self.study)  # trials of dead processes neither block nor count any more
+        reap(self.study, self.ctx.store)  # trials of dead processes neither block nor hold budget any more
         # The study's budget, shared by every process on it; a job given its own trial count
         # (`tuner worker --trials N`) may go that far past what is taken now.
         self.cap = self.info.budget
@@ -157,8 +154,11 @@ class ProblemSearch:
             return False
         if self.job.trials is not None and self.asked >= self.job.trials:
             return False
+        # The study's budget is shared with every other process working on it. Trials a dead one left
+        # behind are settled first: one told the result it stored counts, the others are free.
+        reap(self.study, self.ctx.store)
         if self.cap is not None and budget_taken(self.study) >= self.cap:
-            return False  # the study's budget is shared with every other process working on it
+            return False
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK or self.unmeasurable_streak >= MAX_UNMEASURABLE_STREAK:
             return False  # the sampler finds nothing feasible (or measurable: a replay's problem not recorded)
         if self.repeat_streak >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
@@ -173,9 +173,7 @@ class ProblemSearch:
 
     def _ask(self) -> Optional[Pending]:
         """Ask one point; settle it at once when it needs no GPU, else start its compile."""
-        trial = self.study.ask(self.distributions)
-        trial.set_user_attr(ATTR_WORKER, WORKER_ID)
-        trial.set_user_attr(ATTR_HEARTBEAT, time.time())
+        trial = self.study.ask(self.distributions)  # owned by this process from its first record (ownership.py)
         variant = variant_from_params(self.info.template, self.problem, trial.params)
         trial.set_user_attr(ATTR_VARIANT, variant.name)
         feasibility = check(variant, self.problem, self.ctx.profile)

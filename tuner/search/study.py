@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.search.journal import LEGACY_SUFFIX, StoreJournalStorage, import_legacy_journal
+from tuner.search.ownership import OwnedRDBStorage
 from tuner.store import open_store
 from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, scrub, sqlite_file
 from tuner.store.redact import redact_url
@@ -104,7 +105,7 @@ def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
             if not exists:
                 conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_PG_SCHEMA}"'))
         engine.dispose()
-        return optuna.storages.RDBStorage(
+        return OwnedRDBStorage(
             url,
             engine_kwargs={
                 "connect_args": {

@@ -241,8 +241,11 @@ def _lock_for_migration(conn: Connection) -> None:
 
 def migrate(engine: Engine, target: str = "head", *, downgrade: bool = False) -> None:
     """Run the migrations up (or, with downgrade, down) to `target` in one transaction (serialised
-    between processes)."""
+    between processes). A downgrade that would delete data is refused first, naming all of it."""
     from alembic import command
+    from alembic.script import ScriptDirectory
+
+    from tuner.store.downgrade import path_losses, refuse_losses
 
     with engine.connect() as conn:
         conn.execution_options(**{WRITE_OPTION: True})
@@ -256,6 +259,9 @@ def migrate(engine: Engine, target: str = "head", *, downgrade: bool = False) ->
         try:
             with conn.begin():
                 _lock_for_migration(conn)
+                if downgrade:
+                    scripts = ScriptDirectory.from_config(alembic_config())
+                    refuse_losses(conn, target, path_losses(scripts, current_revision(conn), target))
                 dangling = sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None
                 (command.downgrade if downgrade else command.upgrade)(alembic_config(conn), target)
                 if sqlite and not dangling and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:

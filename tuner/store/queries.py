@@ -99,6 +99,8 @@ def apply_filter(stmt: Select, filt: TrialFilter) -> Select:
         stmt = stmt.where(TrialTable.run_id == filt.run_id)
     if filt.study is not None:
         stmt = stmt.where(TrialTable.study == filt.study)
+    if filt.trial_number is not None:
+        stmt = stmt.where(TrialTable.trial_number == filt.trial_number)
     return stmt
 
 

@@ -124,6 +124,7 @@ class TrialFilter:
     status: Optional[TrialStatus] = None
     run_id: Optional[int] = None
     study: Optional[str] = None
+    trial_number: Optional[int] = None  # the Optuna trial number within `study`
     limit: Optional[int] = None
 
     def __post_init__(self) -> None:

@@ -1,0 +1,84 @@
+"""Who runs a trial, written by the very record that makes the trial RUNNING.
+
+Optuna creates a trial RUNNING and the sampler picks its point afterwards, which takes a while
+(TPE). Stamped after that, a trial whose process was killed meanwhile ran with no owner, and other
+processes could only wait for it (2 s per start, up to 120 s before a confirm stage). The storages
+of a search (study.storage_for) therefore create every trial with its owner in the creating record:
+the host:pid, the pid space it belongs to (a container's pids are its own), this process's
+session (a pid is reused: in a container the tuner is often pid 1 on every start) and a first
+heartbeat. A queued (warm-start) trial is taken by one record and stamped
+by the next; only that moment, and trials written by older versions, have no owner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import uuid
+from typing import Any, Optional, Sequence
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+ATTR_WORKER = "worker"  # host:pid of the process that asked a trial
+ATTR_PID_SPACE = "pid_space"  # the boot and pid namespace that pid belongs to
+ATTR_SESSION = "worker_session"  # which life of that host:pid (a pid is reused)
+ATTR_HEARTBEAT = "heartbeat"  # unix time the asking process last vouched for the trial
+
+
+def _pid_space() -> str:
+    """This process's kernel boot and pid namespace (Linux): a pid means one process only within them.
+    Empty where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+HOST = socket.gethostname()
+WORKER_ID = f"{HOST}:{os.getpid()}"
+PID_SPACE = _pid_space()
+SESSION = uuid.uuid4().hex[:12]
+
+
+def owner_attrs() -> dict[str, Any]:
+    """The user attributes that name this process as a trial's owner, with a fresh heartbeat."""
+    return {ATTR_WORKER: WORKER_ID, ATTR_PID_SPACE: PID_SPACE, ATTR_SESSION: SESSION, ATTR_HEARTBEAT: time.time()}
+
+
+def owned_trial() -> FrozenTrial:
+    """A template for a new RUNNING trial owned by this process (what Study.ask would create, plus the owner)."""
+    return FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+                       datetime_complete=None, params={}, distributions={}, user_attrs=owner_attrs(),
+                       system_attrs={}, intermediate_values={}, trial_id=-1)
+
+
+class OwnedTrials:
+    """Storage mixin: trials this process creates carry their owner from their first record; a queued
+    trial it takes is stamped right after."""
+
+    def create_new_trial(self, study_id: int, template_trial: Optional[FrozenTrial] = None) -> int:
+        return super().create_new_trial(study_id, template_trial or owned_trial())  # type: ignore[misc]
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Optional[Sequence[float]] = None) -> bool:
+        taken = super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
+        if taken and state == TrialState.RUNNING:  # a queued trial popped by Study.ask
+            try:
+                for key, value in owner_attrs().items():
+                    self.set_trial_user_attr(trial_id, key, value)  # type: ignore[attr-defined]
+            except UpdateFinishedTrialError:  # reaped in the moment it had no owner: take another
+                return False
+        return taken
+
+
+class OwnedRDBStorage(OwnedTrials, optuna.storages.RDBStorage):
+    """Optuna's RDBStorage (PostgreSQL) creating owned trials; Optuna's cache calls _create_new_trial."""
+
+    def _create_new_trial(self, study_id: int, template_trial: Optional[FrozenTrial] = None) -> FrozenTrial:
+        return super()._create_new_trial(study_id, template_trial or owned_trial())
