@@ -20,7 +20,7 @@ from tuner.cli.state import (
     state,
     use_db,
 )
-from tuner.cli.tables import export_lines, metrics_table
+from tuner.cli.tables import export_lines, metrics_table, replay_eval_table
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
@@ -28,7 +28,7 @@ from tuner.models import load_model, serving_shapes
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
 from tuner.reporting.replay_eval import evaluate_samplers
 from tuner.reporting.replay_eval_model import EvalOptions
-from tuner.reporting.replay_eval_output import rich_table, write_outputs
+from tuner.reporting.replay_eval_output import write_outputs
 from tuner.reporting.report import write_report
 from tuner.store import open_store
 
@@ -123,7 +123,7 @@ def replay_eval_command(
                           out_dir=out)
     result = evaluate_samplers(options, progress=lambda r: err_console.print(
         f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
-    console.print(rich_table(result))
+    console.print(replay_eval_table(result))
     say(result.best_line())
     if out:
         files = write_outputs(result, out)
