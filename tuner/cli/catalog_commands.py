@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, console, output_format
+from tuner.cli.state import MAX_ID, at_most, console, output_format
 from tuner.cli.tables import profiles_table, space_table
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import Feasibility, default_template, space_report
@@ -43,7 +43,7 @@ def space_command(
     shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA); default: same as heads.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, or paged16 ... paged256 (a paged K/V cache).")] = "bhsd",
     lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full, or uniform:LO (a ragged batch).")] = "full",
     template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,

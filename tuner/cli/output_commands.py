@@ -12,6 +12,7 @@ from tuner.cli.state import (
     MAX_ID,
     MAX_SEED,
     DbOption,
+    at_most,
     console,
     err_console,
     may_create_store,
@@ -34,9 +35,9 @@ from tuner.store import open_store
 
 
 def profile_command(
-    trial_id: Annotated[Optional[int], typer.Argument(min=1, max=MAX_ID, help="Trial id to profile (see `tuner results`).")] = None,
-    top: Annotated[Optional[int], typer.Option("--top", min=1, max=MAX_ID, help="Profile the K fastest ok trials instead (best per problem first).")] = None,
-    run: Annotated[Optional[int], typer.Option("--run", min=1, max=MAX_ID, help="With --top: only trials of this run.")] = None,
+    trial_id: Annotated[Optional[int], typer.Argument(min=1, callback=at_most(MAX_ID), help="Trial id to profile (see `tuner results`).")] = None,
+    top: Annotated[Optional[int], typer.Option("--top", min=1, callback=at_most(MAX_ID), help="Profile the K fastest ok trials instead (best per problem first).")] = None,
+    run: Annotated[Optional[int], typer.Option("--run", min=1, callback=at_most(MAX_ID), help="With --top: only trials of this run.")] = None,
     gpu: Annotated[Optional[str], typer.Option(help="With --top: GPU profile name, or part of the GPU name.")] = None,
     ncu: Annotated[str, typer.Option("--ncu", help="The ncu executable (Nsight Compute).")] = "ncu",
     launches: Annotated[int, typer.Option(min=1, max=10_000, help="Kernel launches profiled per trial (metrics are averaged).")] = 3,
@@ -100,7 +101,7 @@ def report_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, ...) or part of the GPU name.")],
     out: Annotated[str, typer.Option(help="Folder for report.md, report.json and the PNG figures.")],
     db: DbOption = None,
-    run: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Only trials of this run id.")] = None,
+    run: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="Only trials of this run id.")] = None,
 ) -> None:
     """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
     use_db(db)
@@ -111,8 +112,8 @@ def report_command(
 def replay_eval_command(
     replay_from: Annotated[str, typer.Option("--from", help="Recording: a results store holding every feasible variant of one problem (tuner search --sampler grid).")],
     samplers: Annotated[str, typer.Option(help="Comma-separated samplers to compare.")] = "tpe,gp,cmaes,random",
-    seeds: Annotated[int, typer.Option(min=1, max=MAX_SEED, help="Seeds per sampler (0 .. N-1).")] = 5,
-    trials: Annotated[int, typer.Option(min=1, max=MAX_ID, help="Trials per replayed search.")] = 100,
+    seeds: Annotated[int, typer.Option(min=1, callback=at_most(MAX_SEED), help="Seeds per sampler (0 .. N-1).")] = 5,
+    trials: Annotated[int, typer.Option(min=1, callback=at_most(MAX_ID), help="Trials per replayed search.")] = 100,
     shape: Annotated[Optional[str], typer.Option(help="Recorded problem B,H,S,D (default: the one with most variants).")] = None,
     jobs: Annotated[Optional[int], typer.Option(min=1, max=4096, help="Worker processes (default: CPU count).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
