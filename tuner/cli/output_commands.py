@@ -95,6 +95,12 @@ def export_command(
         typer.echo(checked_summary(report.checked))
     what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
     typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
+    replayed = [e for e in report.entries if e["run"].get("replayed_from")]
+    if replayed:
+        sources = ", ".join(sorted({e["run"]["replayed_from"] for e in replayed}))
+        say(f"warning: REPLAYED: {len(replayed)} of {len(report.entries)} entries were timed by `tuner search "
+            f"--backend replay` from a recording ({sources}), not measured on a GPU; re-run the search on the card "
+            "before relying on them", stderr=True)
 
 
 def report_command(

@@ -204,6 +204,7 @@ def export_lines(entries: list[dict[str, Any]]) -> list[str]:
         ratio = f"{e['ratio_to_best_baseline']:.2f}x" if e.get("ratio_to_best_baseline") else "-"
         note = "" if e["dispatch"] else f" (shadowed by trial {e['shadowed_by']})"
         note += " [rebuilt]" if e["rebuilt"] else ""
+        note += " [replayed]" if e["run"].get("replayed_from") else ""
         note += " [routed to SDPA: slower than it]" if e.get("route") == "sdpa" else ""
         lines.append(f"  trial {e['trial_id']:>6}  {e['problem_label']:<34} {e['median_us']:>10.1f} us  {ratio:>6}  "
                      f"{e['kernel']}{note}")
