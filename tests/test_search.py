@@ -320,6 +320,21 @@ def test_bad_options_are_one_line_errors(replay_recording, sqlite_url):
     assert no_from.exit_code == 2 and "--from" in no_from.stderr
 
 
+@pytest.mark.parametrize("devices", ["5", "1", "0,2"])
+def test_replay_devices_are_worker_slots_from_0_not_cards(replay_recording, tmp_path, devices):
+    """A replay measures on no card: --devices 5 is refused in one line (on any machine) before anything is
+    written, rather than run as if card 5 measured it; 0,1,... set the number of replay workers."""
+    rec = replay_recording
+    db = tmp_path / "r.db"
+    p = rec.problem
+    result = run_tuner("--db", f"sqlite:///{db}", "search", "--gpu", rec.profile, "--backend", "replay",
+                       "--from", rec.url, "--shape", f"{p.batch},{p.heads},{p.seq_q},{p.head_dim}", "--trials", "2",
+                       "--devices", devices)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: --devices {devices}: the replay backend uses no GPU")
+    assert not db.exists()
+
+
 def test_time_budget_stops_starting_trials(replay_recording, sqlite_url):
     rec = replay_recording
     ticks = iter(range(10_000))
