@@ -9,7 +9,7 @@ import types
 import pytest
 
 from tuner.problem import Problem
-from tuner.runtime.baselines import FA4, available_baselines, fa4_baseline
+from tuner.runtime.baselines import FA4, FA4_CACHE_DIR_ENV, FA4_CACHE_ENABLED_ENV, available_baselines, fa4_baseline
 
 
 @pytest.fixture
@@ -30,7 +30,15 @@ def fake_fa4(monkeypatch):
     package.cute = cute
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    _unset_fa4_cache_settings(monkeypatch)
     return calls, state
+
+
+def _unset_fa4_cache_settings(monkeypatch) -> None:
+    """Both of FA4's cache variables unset for the test, and absent again after it (fa4_baseline sets them)."""
+    for name in (FA4_CACHE_ENABLED_ENV, FA4_CACHE_DIR_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def _qkv():
@@ -75,3 +83,55 @@ def test_fa4_can_be_left_out(fake_fa4, monkeypatch) -> None:
     problem = Problem(2, 8, 5, 7, 64, heads_kv=2)
     assert [b.name for b in available_baselines(problem, q, k, v)] == [FA4]
     assert available_baselines(problem, q, k, v, fa4=False) == []
+
+
+# --- its compile cache and its warnings --------------------------------------------------------
+
+FAKE_CUTE = '''
+import os
+import warnings
+
+# As flash_attn/cute/cache_utils.py: the persistent compile cache is configured when the package is imported.
+CACHE = (os.getenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"), os.getenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"))
+warnings.warn("cutlass DSL import note " + "x" * 300, UserWarning)
+compiled = set()
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+    if tuple(q.shape) not in compiled:  # its JIT compiler speaks up on a new shape
+        warnings.warn("JIT compile note " + "y" * 300, UserWarning)
+        compiled.add(tuple(q.shape))
+    return q, None
+'''
+
+
+@pytest.fixture
+def fa4_package(tmp_path, monkeypatch):
+    """An importable flash_attn.cute that reads the cache settings at import and warns as FA4's compiler does;
+    the environment it sees is the test's (both variables unset unless a test sets them)."""
+    root = tmp_path / "site"
+    (root / "flash_attn" / "cute").mkdir(parents=True)
+    (root / "flash_attn" / "__init__.py").write_text("")
+    (root / "flash_attn" / "cute" / "__init__.py").write_text(FAKE_CUTE)
+    monkeypatch.syspath_prepend(str(root))
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    _unset_fa4_cache_settings(monkeypatch)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    yield tmp_path
+    for name in ("flash_attn.cute", "flash_attn"):
+        sys.modules.pop(name, None)
+
+
+def test_fa4_compiles_into_a_cache_of_ours_that_outlives_the_run(fa4_package) -> None:
+    q, k, v = _qkv()
+    assert fa4_baseline(q, k, v, False) is not None
+    assert sys.modules["flash_attn.cute"].CACHE == ("1", str(fa4_package / "cache" / "fa4"))
+
+
+def test_the_users_fa4_cache_settings_stand(fa4_package, monkeypatch) -> None:
+    monkeypatch.setenv(FA4_CACHE_ENABLED_ENV, "0")
+    monkeypatch.setenv(FA4_CACHE_DIR_ENV, "/elsewhere")
+    q, k, v = _qkv()
+    assert fa4_baseline(q, k, v, False) is not None
+    assert sys.modules["flash_attn.cute"].CACHE == ("0", "/elsewhere")
