@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import pytest
 
 from tuner.problem import Problem
+from tuner.runtime.baseline_log import log_path, take_counts
 from tuner.runtime.baselines import FA4, FA4_CACHE_DIR_ENV, FA4_CACHE_ENABLED_ENV, available_baselines, fa4_baseline
 
 
@@ -118,12 +120,13 @@ def fa4_package(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     _unset_fa4_cache_settings(monkeypatch)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TUNER_LOG_DIR", str(tmp_path / "log"))
     yield tmp_path
     for name in ("flash_attn.cute", "flash_attn"):
         sys.modules.pop(name, None)
 
 
-def test_fa4_compiles_into_a_cache_of_ours_that_outlives_the_run(fa4_package) -> None:
+def test_fa4_is_imported_with_its_compile_cache_on_in_ours(fa4_package) -> None:
     q, k, v = _qkv()
     assert fa4_baseline(q, k, v, False) is not None
     assert sys.modules["flash_attn.cute"].CACHE == ("1", str(fa4_package / "cache" / "fa4"))
@@ -135,3 +138,40 @@ def test_the_users_fa4_cache_settings_stand(fa4_package, monkeypatch) -> None:
     q, k, v = _qkv()
     assert fa4_baseline(q, k, v, False) is not None
     assert sys.modules["flash_attn.cute"].CACHE == ("0", "/elsewhere")
+
+
+def test_fa4_warnings_go_to_the_log_not_the_output(fa4_package, capfd) -> None:
+    q, k, v = _qkv()
+    take_counts()
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        baseline = fa4_baseline(q, k, v, True)
+    assert baseline is not None and escaped == []
+    assert capfd.readouterr().err == ""
+    log = log_path().read_text()
+    assert log_path() == fa4_package / "log" / "baselines.log"
+    assert "fa4 (import): UserWarning: cutlass DSL import note " + "x" * 300 in log
+    assert "fa4 (compile and first call): UserWarning: JIT compile note " + "y" * 300 in log
+    assert take_counts() == {FA4: 2}
+
+
+def test_the_gpu_worker_reports_how_many_warnings_each_baseline_logged(fa4_package, monkeypatch) -> None:
+    """CudaRunner.baselines on a CPU (inputs and timing stand-ins): FA4's two warnings are counted on its row."""
+    import tuner.runtime.baselines as baselines
+    from tuner.backends.gpu_child import CudaRunner, RunnerOptions
+    from tuner.runtime.timing import Timing
+
+    q, k, v = _qkv()
+    runner = CudaRunner(RunnerOptions())
+    monkeypatch.setattr(runner, "_problem_inputs", lambda problem: {"q": q, "k": k, "v": v, "scale": 0.125})
+    def no_sdpa(*_args, **_kwargs):
+        raise RuntimeError("no SDPA backend on a CPU test")
+
+    def time_once(fn, **_kwargs) -> Timing:
+        fn()
+        return Timing(9.0, 8.0, 10.0, 10)
+
+    monkeypatch.setattr(baselines, "sdpa_baseline", no_sdpa)
+    monkeypatch.setattr(baselines, "time_cuda", time_once)
+    rows = runner.baselines(Problem(2, 8, 5, 7, 64, heads_kv=2), "", lambda *a, **kw: None)
+    assert rows == [{"impl": FA4, "median_us": 9.0, "p20_us": 8.0, "p80_us": 10.0, "warnings": 2}]

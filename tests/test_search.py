@@ -220,6 +220,28 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
     assert [t.params for t in sorted(study.trials, key=lambda t: t.number)][:3] == top[:3]
 
 
+class WarningBaselines(CountingBackend):
+    """Baselines as the GPU worker returns them when FA4's compiler warned twice (written to the log)."""
+
+    def baselines(self, problem):
+        found = self.inner.baselines(problem)
+        return [replace(found[0], warnings=2)] + found[1:]
+
+
+def test_baseline_warnings_are_one_line_naming_the_log(replay_recording, sqlite_url, tmp_path, monkeypatch):
+    rec = replay_recording
+    monkeypatch.setenv("TUNER_LOG_DIR", str(tmp_path / "logs"))
+    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem), "--dtype",
+            rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "3", "--confirm", "0"]
+    result = run_tuner(*args, *(["--causal"] if rec.problem.causal else []), env=WIDE,
+                       hooks=with_backend(WarningBaselines(rec)))
+    assert result.exit_code == 0, result.stderr
+    impl = ReplayBackend(rec.url, load_profile(rec.profile)).baselines(rec.problem)[0].impl
+    notes = [line for line in result.stderr.splitlines() if "baseline warnings" in line]
+    assert notes == [f"{rec.problem.label}: baseline warnings ({impl} 2) written to "
+                     f"{tmp_path / 'logs' / 'baselines.log'}"]
+
+
 def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url):
     rec = replay_recording
     backend = CountingBackend(rec, interrupt_at=6)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Collection, Iterable, Optional
 
 from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
+from tuner.runtime.baseline_log import warnings_logged
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_cuda
 from tuner.runtime.verify import ragged_mask
 
@@ -50,7 +51,7 @@ class Baseline:
         return sdpa_kernel([self.backend])
 
     def time(self, **kwargs: Any) -> Timing:
-        with self.restrict():
+        with self.restrict(), warnings_logged(self.name, "timing"):
             return time_cuda(self.call, **kwargs)
 
 
@@ -82,7 +83,7 @@ def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float 
     baseline = Baseline(name, run, member)
     # torch explains a rejection with a UserWarning per backend and call before it raises: the
     # rejection is the answer here (the backend is not a baseline), not something to show the user.
-    with baseline.restrict(), warnings.catch_warnings():
+    with baseline.restrict(), warnings_logged(name, "first call"), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         run()  # fail early if the backend rejects the problem
     torch.cuda.synchronize()
@@ -105,26 +106,28 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
     It takes [B, S, H, D] tensors: contiguous copies are made here, outside the timed call (the layout
     change is not the kernel's work). Causal masking is bottom-right aligned, as the tuned kernels'. Its
     first call for a shape compiles (seconds; a load from its cache after the first run): made here,
-    before any timing.
+    before any timing. Its compiler's warnings go to the baselines' log.
     """
     use_fa4_cache()
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:  # not installed, or its compiler library does not load here
-        return None
+    with warnings_logged(FA4, "import"):
+        try:
+            from flash_attn.cute import flash_attn_func
+        except Exception:  # not installed, or its compiler library does not load here
+            return None
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
     def run() -> Any:
         return flash_attn_func(qb, kb, vb, softmax_scale=scale, causal=causal)
 
-    try:
-        run()
-        if qb.is_cuda:
-            import torch
+    with warnings_logged(FA4, "compile and first call"):
+        try:
+            run()
+            if qb.is_cuda:
+                import torch
 
-            torch.cuda.synchronize()
-    except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
-        return None
+                torch.cuda.synchronize()
+        except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
+            return None
     return Baseline(FA4, run, None)
 
 
