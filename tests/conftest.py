@@ -62,6 +62,12 @@ def _fresh_pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _baseline_log_in_a_temporary_folder(tmp_path_factory) -> None:
+    """Warnings of baselines (tuner.runtime.baseline_log) go to a test folder, never the user's log."""
+    os.environ.setdefault("TUNER_LOG_DIR", str(tmp_path_factory.mktemp("logs")))
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     """URL of an empty database on each backend (nothing created in it yet)."""

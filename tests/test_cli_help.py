@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.cli_helpers import run_tuner
@@ -25,6 +27,23 @@ def test_each_command_has_help(name: str) -> None:
     result = run_tuner(name, "--help")
     assert result.exit_code == 0, result.stderr
     assert "Usage" in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_shows_readable_bounds(name: str) -> None:
+    """Ids and counts are bounded by a 64-bit column, but the help says only what a user needs: x>=1."""
+    text = run_tuner(name, "--help", env={"COLUMNS": "200"}).stdout
+    assert str(2**63 - 1) not in text
+    # --seed's 0<=x<=4294967295 is a range a user may need; every other upper bound is a small one
+    upper = [int(hi) for lo, hi in re.findall(r"(\d+)<=x<=(\d+)", text) if (lo, int(hi)) != ("0", 2**32 - 1)]
+    assert all(hi <= 10_000 for hi in upper), text
+
+
+def test_a_bound_left_out_of_the_help_is_still_checked() -> None:
+    text = run_tuner("results", "--help", env={"COLUMNS": "200"}).stdout
+    assert "[default: 50; x>=1]" in text
+    huge = run_tuner("--db", "sqlite:///nowhere.db", "results", "--limit", str(2**63))
+    assert huge.exit_code == 2 and f"{2**63} is too large (at most {2**63 - 1})" in huge.stderr
 
 
 def test_unknown_command_is_one_short_error() -> None:

@@ -149,6 +149,7 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
     assert big["best_baseline_impl"] == "sdpa_flash"
     assert big["run"]["driver"] == "580.65.06" and big["run"]["cuda_version"] == "12.8"
     assert big["run"]["torch_version"] == "2.9.0" and big["run"]["tuner_version"] == "0.1.0"
+    assert m["replayed_from"] == [] and big["run"]["replayed_from"] is None  # measured on a GPU
     assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11,
                           "bh_bucket": 4}  # B2 x H8 = 16
     assert by_trial[ids["gqa"]]["key"]["group"] == 4 and by_trial[ids["gqa"]]["key"]["causal"] is True
@@ -819,13 +820,15 @@ def test_register_transformers_refuses_flash_names_and_says_what_is_missing(expo
         assert mod.register_transformers("tuned_test") == "tuned_test"
 
 
-def _one_trial_store(url: str, baselines: dict[str, float], median_us: float) -> None:
-    """A store holding one ok trial of BIG (the real cubin's sha256) and the given baselines (impl -> µs)."""
+def _one_trial_store(url: str, baselines: dict[str, float], median_us: float,
+                     replayed_from: str | None = None) -> None:
+    """A store holding one ok trial of BIG (the real cubin's sha256) and the given baselines (impl -> µs);
+    `replayed_from`: its run was a replay of that recording."""
     from tuner.kernels.manifest import load_manifest
 
     v = variant(BIG, PARAMS["big"])
     with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test"))
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test", replayed_from=replayed_from))
         for impl, us in baselines.items():
             store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl=impl, median_us=us))
         store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
@@ -874,3 +877,22 @@ def test_a_kernel_tuned_at_full_lengths_serves_a_key_before_one_tuned_on_a_ragge
                {"key": {"k": 1}, "problem": full.to_dict(), "trial_id": 2}]
     resolve_collisions(entries)
     assert [e["dispatch"] for e in entries] == [False, True] and entries[0]["shadowed_by"] == 2
+
+
+def test_an_export_of_a_replayed_run_says_so(tmp_path) -> None:
+    """A replayed run measured nothing: its export names the recording in manifest.json (each entry's run and
+    the package's list), marks the entries it prints, warns once, and says so in a header's first lines."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    recording = "sqlite:////data/recording.db"
+    _one_trial_store(url, {"sdpa_cudnn": 50.0}, median_us=40.0, replayed_from=recording)
+    name = _unique()
+    res = run_tuner("--db", url, "export", "--gpu", "h100", "--out", str(tmp_path / name))
+    assert res.exit_code == 0, res.stderr
+    assert "[replayed]" in res.stdout
+    assert res.stderr.startswith("warning: REPLAYED: 1 of 1 entries") and recording in res.stderr
+    assert res.stderr.count("\n") == 1
+    m = json.loads((tmp_path / name / name / "manifest.json").read_text())
+    assert m["replayed_from"] == [recording] and m["entries"][0]["run"]["replayed_from"] == recording
+    header = run_tuner("--db", url, "export", "--gpu", "h100", "--out", str(tmp_path / "h"), "--format", "header")
+    assert header.exit_code == 0, header.stderr
+    assert f"// REPLAYED: timings answered from a recording ({recording})" in (tmp_path / "h" / "h.h").read_text()

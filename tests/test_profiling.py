@@ -197,10 +197,15 @@ def test_profile_trial_stores_metrics_and_show_lists_them(stored, fake_ncu, sqli
     assert Problem.from_dict(json.loads(app[app.index("--problem") + 1])) == PROBLEM
     assert app[app.index("--expect-gpu") + 1] == "NVIDIA H200"
 
-    shown = run_tuner("--db", sqlite_url, "show", str(trial_id))
+    shown = run_tuner("--db", sqlite_url, "show", str(trial_id), env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.stderr
     assert "ncu metrics" in shown.stdout
     assert "gpu__time_duration" in shown.stdout and "182464" in shown.stdout
+    # In 80 columns the names (up to 70 characters) give way to what they count, never cut mid-word.
+    narrow = run_tuner("--db", sqlite_url, "show", str(trial_id), env={"COLUMNS": "80"}).stdout
+    assert "kernel duration under the profiler" in narrow and "182464" in narrow
+    table = narrow.split("ncu metrics\n", 1)[1].splitlines()
+    assert len(table) == 2 + len(METRICS) and all(len(line) <= 80 for line in table), narrow
     as_json = run_tuner("--db", sqlite_url, "show", str(trial_id), "--format", "json")
     listed = {m["name"]: m["value"] for m in json.loads(as_json.stdout)["ncu_metrics"]}
     assert listed["sm__warps_active.avg.pct_of_peak_sustained_active"] == pytest.approx(14.75)

@@ -220,6 +220,28 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
     assert [t.params for t in sorted(study.trials, key=lambda t: t.number)][:3] == top[:3]
 
 
+class WarningBaselines(CountingBackend):
+    """Baselines as the GPU worker returns them when FA4's compiler warned twice (written to the log)."""
+
+    def baselines(self, problem):
+        found = self.inner.baselines(problem)
+        return [replace(found[0], warnings=2)] + found[1:]
+
+
+def test_baseline_warnings_are_one_line_naming_the_log(replay_recording, sqlite_url, tmp_path, monkeypatch):
+    rec = replay_recording
+    monkeypatch.setenv("TUNER_LOG_DIR", str(tmp_path / "logs"))
+    args = ["--db", sqlite_url, "search", "--gpu", rec.profile, "--shape", shape_arg(rec.problem), "--dtype",
+            rec.problem.dtype, "--backend", "replay", "--from", rec.url, "--trials", "3", "--confirm", "0"]
+    result = run_tuner(*args, *(["--causal"] if rec.problem.causal else []), env=WIDE,
+                       hooks=with_backend(WarningBaselines(rec)))
+    assert result.exit_code == 0, result.stderr
+    impl = ReplayBackend(rec.url, load_profile(rec.profile)).baselines(rec.problem)[0].impl
+    notes = [line for line in result.stderr.splitlines() if "baseline warnings" in line]
+    assert notes == [f"{rec.problem.label}: baseline warnings ({impl} 2) written to "
+                     f"{tmp_path / 'logs' / 'baselines.log'}"]
+
+
 def test_ctrl_c_stores_everything_prints_the_summary_and_exits_130(replay_recording, sqlite_url):
     rec = replay_recording
     backend = CountingBackend(rec, interrupt_at=6)
@@ -318,6 +340,21 @@ def test_bad_options_are_one_line_errors(replay_recording, sqlite_url):
         assert result.exit_code == 2 and message in result.stderr, (extra, result.stderr)
     no_from = run_tuner("--db", sqlite_url, "search", "--gpu", "h100", "--backend", "replay")
     assert no_from.exit_code == 2 and "--from" in no_from.stderr
+
+
+@pytest.mark.parametrize("devices", ["5", "1", "0,2"])
+def test_replay_devices_are_worker_slots_from_0_not_cards(replay_recording, tmp_path, devices):
+    """A replay measures on no card: --devices 5 is refused in one line (on any machine) before anything is
+    written, rather than run as if card 5 measured it; 0,1,... set the number of replay workers."""
+    rec = replay_recording
+    db = tmp_path / "r.db"
+    p = rec.problem
+    result = run_tuner("--db", f"sqlite:///{db}", "search", "--gpu", rec.profile, "--backend", "replay",
+                       "--from", rec.url, "--shape", f"{p.batch},{p.heads},{p.seq_q},{p.head_dim}", "--trials", "2",
+                       "--devices", devices)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: --devices {devices}: the replay backend uses no GPU")
+    assert not db.exists()
 
 
 def test_time_budget_stops_starting_trials(replay_recording, sqlite_url):

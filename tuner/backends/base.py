@@ -35,6 +35,7 @@ class BaselineMeasurement:
     median_us: float
     p20_us: float
     p80_us: float
+    warnings: int = 0  # raised while it was built and timed, written to the baselines' log (runtime.baseline_log)
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,8 @@ class GpuBackend:
         except (_Timeout, _Fault) as exc:
             warnings.warn(f"baselines of {problem.label} failed: {exc}", RuntimeWarning, stacklevel=2)
             return []
-        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"]) for r in rows]
+        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"], r.get("warnings", 0))
+                for r in rows]
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: Optional[str] = None) -> Measurement:

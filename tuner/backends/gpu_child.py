@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from tuner.errors import NoGpuError
 from tuner.problem import Problem
+from tuner.runtime.baseline_log import take_counts
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
@@ -197,6 +198,7 @@ class CudaRunner:
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)
         data = self._problem_inputs(problem)
+        take_counts()  # count this request's warnings only
         found = available_baselines(problem, data["q"], data["k"], data["v"], data["scale"])
         results = []
         for baseline in found:
@@ -205,7 +207,8 @@ class CudaRunner:
                 timing = baseline.time(l2_bytes=self.options.l2_bytes)
             results.append({"impl": baseline.name, "median_us": timing.median_us, "p20_us": timing.p20_us,
                             "p80_us": timing.p80_us})
-        return results
+        logged = take_counts()  # written to the baselines' log: the search says where
+        return [{**r, "warnings": logged.get(r["impl"], 0)} for r in results]
 
     def close(self) -> None:
         self._inputs.clear()

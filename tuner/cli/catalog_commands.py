@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, DbOption, console, output_format, say, state, use_db
+from tuner.cli.state import MAX_ID, DbOption, at_most, console, output_format, say, state, use_db
 from tuner.cli.tables import profiles_table, space_table
 from tuner.cli.variant_lookup import NameHints, resolve_render_target
 from tuner.errors import TunerError
@@ -45,7 +45,7 @@ def space_command(
     shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA); default: same as heads.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, or paged16 ... paged256 (a paged K/V cache).")] = "bhsd",
     lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full, or uniform:LO (a ragged batch).")] = "full",
     template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
@@ -84,7 +84,7 @@ def render_command(
         "GPU profile whose arch the nvcc command names (default: the trial's card, else the template's "
         "first arch); with a tunables part, only trials on it resolve the name."))] = None,
     template: Annotated[Optional[str], typer.Option(help="With a tunables part: the kernel template.")] = None,
-    head_dim: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="With a tunables part: the head dim.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="With a tunables part: the head dim.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="With a tunables part: fp16 or bf16.")] = None,
     db: DbOption = None,
 ) -> None:

@@ -12,6 +12,7 @@ from tuner.cli.state import (
     MAX_ID,
     MAX_SEED,
     DbOption,
+    at_most,
     console,
     err_console,
     may_create_store,
@@ -20,7 +21,7 @@ from tuner.cli.state import (
     state,
     use_db,
 )
-from tuner.cli.tables import export_lines, metrics_table
+from tuner.cli.tables import export_lines, metrics_table, replay_eval_table
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
@@ -28,15 +29,15 @@ from tuner.models import load_model, serving_shapes
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
 from tuner.reporting.replay_eval import evaluate_samplers
 from tuner.reporting.replay_eval_model import EvalOptions
-from tuner.reporting.replay_eval_output import rich_table, write_outputs
+from tuner.reporting.replay_eval_output import write_outputs
 from tuner.reporting.report import write_report
 from tuner.store import open_store
 
 
 def profile_command(
-    trial_id: Annotated[Optional[int], typer.Argument(min=1, max=MAX_ID, help="Trial id to profile (see `tuner results`).")] = None,
-    top: Annotated[Optional[int], typer.Option("--top", min=1, max=MAX_ID, help="Profile the K fastest ok trials instead (best per problem first).")] = None,
-    run: Annotated[Optional[int], typer.Option("--run", min=1, max=MAX_ID, help="With --top: only trials of this run.")] = None,
+    trial_id: Annotated[Optional[int], typer.Argument(min=1, callback=at_most(MAX_ID), help="Trial id to profile (see `tuner results`).")] = None,
+    top: Annotated[Optional[int], typer.Option("--top", min=1, callback=at_most(MAX_ID), help="Profile the K fastest ok trials instead (best per problem first).")] = None,
+    run: Annotated[Optional[int], typer.Option("--run", min=1, callback=at_most(MAX_ID), help="With --top: only trials of this run.")] = None,
     gpu: Annotated[Optional[str], typer.Option(help="With --top: GPU profile name, or part of the GPU name.")] = None,
     ncu: Annotated[str, typer.Option("--ncu", help="The ncu executable (Nsight Compute).")] = "ncu",
     launches: Annotated[int, typer.Option(min=1, max=10_000, help="Kernel launches profiled per trial (metrics are averaged).")] = 3,
@@ -94,13 +95,19 @@ def export_command(
         typer.echo(checked_summary(report.checked))
     what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
     typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
+    replayed = [e for e in report.entries if e["run"].get("replayed_from")]
+    if replayed:
+        sources = ", ".join(sorted({e["run"]["replayed_from"] for e in replayed}))
+        say(f"warning: REPLAYED: {len(replayed)} of {len(report.entries)} entries were timed by `tuner search "
+            f"--backend replay` from a recording ({sources}), not measured on a GPU; re-run the search on the card "
+            "before relying on them", stderr=True)
 
 
 def report_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, ...) or part of the GPU name.")],
     out: Annotated[str, typer.Option(help="Folder for report.md, report.json and the PNG figures.")],
     db: DbOption = None,
-    run: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Only trials of this run id.")] = None,
+    run: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="Only trials of this run id.")] = None,
 ) -> None:
     """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
     use_db(db)
@@ -111,8 +118,8 @@ def report_command(
 def replay_eval_command(
     replay_from: Annotated[str, typer.Option("--from", help="Recording: a results store holding every feasible variant of one problem (tuner search --sampler grid).")],
     samplers: Annotated[str, typer.Option(help="Comma-separated samplers to compare.")] = "tpe,gp,cmaes,random",
-    seeds: Annotated[int, typer.Option(min=1, max=MAX_SEED, help="Seeds per sampler (0 .. N-1).")] = 5,
-    trials: Annotated[int, typer.Option(min=1, max=MAX_ID, help="Trials per replayed search.")] = 100,
+    seeds: Annotated[int, typer.Option(min=1, callback=at_most(MAX_SEED), help="Seeds per sampler (0 .. N-1).")] = 5,
+    trials: Annotated[int, typer.Option(min=1, callback=at_most(MAX_ID), help="Trials per replayed search.")] = 100,
     shape: Annotated[Optional[str], typer.Option(help="Recorded problem B,H,S,D (default: the one with most variants).")] = None,
     jobs: Annotated[Optional[int], typer.Option(min=1, max=4096, help="Worker processes (default: CPU count).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
@@ -123,7 +130,7 @@ def replay_eval_command(
                           out_dir=out)
     result = evaluate_samplers(options, progress=lambda r: err_console.print(
         f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
-    console.print(rich_table(result))
+    console.print(replay_eval_table(result))
     say(result.best_line())
     if out:
         files = write_outputs(result, out)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, console, err_console, say, state
+from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, at_most, console, err_console, say, state
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.models import decode_shapes, load_model, prefill_shapes
@@ -83,7 +83,7 @@ def print_search_report(report: SearchReport) -> None:
 def search_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
     shape: Annotated[Optional[list[str]], typer.Option(help="Problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: the profile's problems.")] = None,
-    hkv: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="K/V heads (GQA/MQA); default: same as H.")] = None,
+    hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA/MQA); default: same as H.")] = None,
     dtype: Annotated[str, typer.Option(help="fp16 or bf16.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), or paged16 ... paged256: K/V in a "
@@ -92,7 +92,7 @@ def search_command(
                                                "serving batch, each row's length drawn from LO..Sk, seeded; decode "
                                                "template).")] = "full",
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
-    trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
     sampler: Annotated[str, typer.Option(help="tpe, gp, cmaes, random or grid.")] = "tpe",
     seed: Annotated[Optional[int], typer.Option(min=0, max=MAX_SEED, help="Sampler seed.")] = None,
@@ -100,7 +100,7 @@ def search_command(
     resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study up to its trial budget.")] = False,
     devices: Annotated[str, typer.Option(help="GPU indices, one worker process each, e.g. 0,1.")] = "0",
     db: DbOption = None,
-    top: Annotated[int, typer.Option("--profile-top", min=0, max=MAX_ID, help="Profile the K best trials with ncu afterwards.")] = 0,
+    top: Annotated[int, typer.Option("--profile-top", min=0, callback=at_most(MAX_ID), help="Profile the K best trials with ncu afterwards.")] = 0,
     backend: Annotated[str, typer.Option(help="gpu (measure) or replay (answer from a recorded store, see --from).")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
@@ -150,7 +150,7 @@ def worker_command(
     db: Annotated[Optional[str], typer.Option("--db", help="Results store URL (default: the storage's database when PostgreSQL).")] = None,
     backend: Annotated[str, typer.Option(help="gpu or replay.")] = "gpu",
     replay_from: Annotated[Optional[str], typer.Option("--from", help="Results store URL to replay (--backend replay).")] = None,
-    trials: Annotated[Optional[int], typer.Option(min=1, max=MAX_ID, help="Trials to run per study (default: what is left of its budget).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="Trials to run per study (default: what is left of its budget).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long.")] = None,
     device: Annotated[int, typer.Option(min=0, max=1024, help="GPU index.")] = 0,
     seed: Annotated[Optional[int], typer.Option(min=0, max=MAX_SEED, help="Sampler seed.")] = None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -20,6 +20,18 @@ OUTPUT_FORMATS = ("table", "json", "csv")
 # overflow deep in SQLite or NumPy): ids and counts fit a 64-bit column, seeds NumPy's 32 bits.
 MAX_ID = 2**63 - 1
 MAX_SEED = 2**32 - 1
+
+
+def at_most(limit: int) -> Callable[[Optional[int]], Optional[int]]:
+    """An option's callback refusing values above `limit`. Given as the option's `max`, the bound would
+    read `[1<=x<=9223372036854775807]` in its help; checked here, the help says `[x>=1]`."""
+
+    def check(value: Optional[int]) -> Optional[int]:
+        if value is not None and value > limit:
+            raise typer.BadParameter(f"{value} is too large (at most {limit})")
+        return value
+
+    return check
 
 
 @dataclass

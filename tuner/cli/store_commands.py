@@ -14,6 +14,7 @@ from tuner.cli.state import (
     MAX_ID,
     OUTPUT_FORMATS,
     DbOption,
+    at_most,
     console,
     may_create_store,
     output_format,
@@ -37,7 +38,7 @@ def results_command(
         Optional[str], typer.Option(help="ok, pruned, compile_error, launch_error, timeout or incorrect.")
     ] = None,
     best: Annotated[bool, typer.Option("--best", help="Only the fastest ok trial per problem and GPU profile.")] = False,
-    limit: Annotated[int, typer.Option(min=1, max=MAX_ID, help="At most this many rows.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, callback=at_most(MAX_ID), help="At most this many rows.")] = 50,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
     db: DbOption = None,
 ) -> None:
@@ -63,7 +64,7 @@ def results_command(
 
 
 def show_command(
-    trial_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="Trial id (see `tuner results`).")],
+    trial_id: Annotated[int, typer.Argument(min=1, callback=at_most(MAX_ID), help="Trial id (see `tuner results`).")],
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     db: DbOption = None,
 ) -> None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional
 
-from rich import box
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 
+from tuner.cli.fit import Col, FitTable
 from tuner.kernels.feasibility import Feasibility
 from tuner.kernels.variant import Variant, short_name
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
+from tuner.reporting.profiling import METRICS
+from tuner.reporting.replay_eval_model import EvalResult
+from tuner.reporting.replay_eval_output import table_rows
 from tuner.search.summary import ProblemSummary
 from tuner.store import ConfirmedRow, NcuMetric, TrialDetail, TrialRow
 
@@ -30,23 +32,13 @@ def fmt(value: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-# Tables that must fit 80 columns: no outer edge, one space between columns.
-_COMPACT: dict[str, Any] = dict(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False)
-
-
-def _table(title: str, columns: Sequence[tuple[str, str]], whole: str = "", **kwargs: Any) -> Table:
-    """A table whose cells fold to fit; the column `whole` keeps each value on one line (what a user copies)."""
-    table = Table(title=title, **kwargs)
-    for column, justify in columns:
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == whole)  # type: ignore[arg-type]
-    return table
-
-
-def profiles_table(profiles: Iterable[GpuProfile]) -> Table:
-    table = _table("GPU profiles", (
-        ("name", "left"), ("card", "left"), ("arch", "left"), ("SMs", "right"), ("smem/block", "right"),
-        ("L2", "right"), ("peak fp16", "right"), ("bandwidth", "right"), ("problems", "right"),
-    ))  # fmt: skip
+def profiles_table(profiles: Iterable[GpuProfile]) -> FitTable:
+    table = FitTable("GPU profiles", [
+        Col("name", whole=True), Col("card"), Col("arch", whole=True), Col("SMs", "right", whole=True),
+        Col("smem/block", "right", whole=True, short="smem"), Col("L2", "right", whole=True),
+        Col("peak fp16", "right", whole=True), Col("bandwidth", "right", whole=True),
+        Col("problems", "right", whole=True, drop=1),
+    ])
     for p in profiles:
         table.add_row(p.name, p.display_name, p.nvcc_arch, str(p.sm_count), f"{p.smem_per_block_optin // 1024} KiB",
                       f"{p.l2_bytes / 2**20:g} MiB", f"{p.peak_fp16_tflops:g} TFLOP/s", f"{p.mem_bandwidth_gbs:g} GB/s",
@@ -55,10 +47,12 @@ def profiles_table(profiles: Iterable[GpuProfile]) -> Table:
 
 
 def space_table(template: str, profile: GpuProfile, problem: Problem, rows: list[tuple[Variant, Feasibility]],
-                show_all: bool) -> Table:
+                show_all: bool) -> FitTable:
     feasible = sum(f.ok for _, f in rows)
-    columns = [("variant", "left"), ("smem", "left"), ("threads", "left")] + ([("reason", "left")] if show_all else [])
-    table = _table(f"{template} on {profile.name}, {problem.label}: {feasible} feasible", columns)
+    # The full variant name is what `tuner render` takes: the threads, then the smem, give way to it.
+    columns = [Col("variant", whole=True), Col("smem", whole=True, drop=1), Col("threads", whole=True, drop=2)] + (
+        [Col("reason")] if show_all else [])
+    table = FitTable(f"{template} on {profile.name}, {problem.label}: {feasible} feasible", columns)
     for v, f in rows:
         cells = [v.name, f"{f.smem_bytes // 1024} KiB" if f.smem_bytes else "-", str(f.threads or "-")]
         table.add_row(*cells, *((f.reason or "feasible",) if show_all else ()))
@@ -71,17 +65,17 @@ def short_variant(name: str) -> str:
     return short_name(name)
 
 
-def results_table(rows: list[TrialRow], best: bool) -> Table:
+def results_table(rows: list[TrialRow], best: bool) -> FitTable:
     """One or two lines per trial in 80 columns: the variant by its tunables (`tuner show ID` has
     everything), the card in the title when all rows share one."""
     gpus = {printable(r.profile or r.gpu_name) for r in rows}
     title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
-    columns = [("id", "right")] + ([("gpu", "left")] if len(gpus) > 1 else []) + [
-        ("problem", "left"), ("variant", "left"), ("status", "left"), ("µs", "right"), ("TFLOP/s", "right"),
-        ("x best", "right")]
+    columns = [Col("id", "right", whole=True)] + ([Col("gpu")] if len(gpus) > 1 else []) + [
+        Col("problem"), Col("variant", whole=True), Col("status", whole=True), Col("µs", "right", whole=True),
+        Col("TFLOP/s", "right", whole=True, drop=1), Col("x best", "right", whole=True)]
     # The variant keeps its width; the problem label wraps first.
-    table = _table(title, columns, whole="variant", **_COMPACT,
-                   caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
+    table = FitTable(title, columns,
+                     caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
     for row in rows:
         cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
             row.problem.label, printable(short_variant(row.variant_name)), row.status.value, fmt(row.headline_us),
@@ -91,17 +85,35 @@ def results_table(rows: list[TrialRow], best: bool) -> Table:
     return table
 
 
-def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> Table:
-    """Per problem the best variant against the best baseline of its run, in 80 columns."""
-    columns = (("problem", "left"), ("trials", "right"), ("best", "left"), ("µs", "right"), ("TFLOP/s", "right"),
-               ("baseline", "left"), ("µs ", "right"), ("x", "right"))
-    table = _table(title, columns, whole="best", **_COMPACT,
-                   caption="best: the variant's tunables; c: confirmed, the median per-round ratio of "
-                           "interleaved re-timing")
+def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> FitTable:
+    """Per problem the best variant against the best baseline of its run; in 80 columns without the
+    TFLOP/s, then the trials, then the baseline's µs (µs / x) when the names are long."""
+    columns = (Col("problem"), Col("trials", "right", whole=True, drop=2), Col("best", whole=True),
+               Col("µs", "right", whole=True), Col("TFLOP/s", "right", whole=True, drop=3),
+               Col("baseline", whole=True), Col("µs ", "right", whole=True, drop=1), Col("x", "right", whole=True))
+    table = FitTable(title, columns, caption="best: the variant's tunables; c: confirmed, the median per-round "
+                                             "ratio of interleaved re-timing")
     for row in rows:
         table.add_row(row.problem.label, str(row.trials), short_variant(row.best_variant) if row.best_variant else
                       "no ok trial", fmt(row.best_us, ".2f"), fmt(row.best_tflops), row.baseline_impl or "-",
                       fmt(row.baseline_us, ".2f"), fmt(row.ratio, ".2f", "x") + (" c" if row.confirmed else ""))
+    return table
+
+
+# replay-eval's headers (tuner.reporting.replay_eval_output.table_rows) where they leave no room.
+_REPLAY_EVAL_SHORT = {"regret, in-search best": "search regret", "regret, confirmed": "conf. regret"}
+
+
+def replay_eval_table(result: EvalResult) -> FitTable:
+    """The per-sampler summary; in 80 columns without the seconds per search, then the trial ranges."""
+    rec = result.recording
+    header, rows = table_rows(result)
+    columns = [Col(header[0], whole=True)] + [
+        Col(name, "right", whole=True, short=_REPLAY_EVAL_SHORT.get(name),
+            drop=2 if name == "s/search" else 1 if name.startswith("range") else 0) for name in header[1:]]
+    table = FitTable(f"replay evaluation: {rec.problem.label} on {rec.caption}", columns)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -141,8 +153,8 @@ def trial_lines(d: TrialDetail) -> list[Text]:
     return lines
 
 
-def baselines_table(d: TrialDetail) -> Table:
-    table = _table("baselines (same run)", [("impl", "left")] + [(c, "right") for c in (
+def baselines_table(d: TrialDetail) -> FitTable:
+    table = FitTable("baselines (same run)", [Col("impl", whole=True)] + [Col(c, "right", whole=True) for c in (
         "median µs", "p20 µs", "p80 µs", "TFLOP/s", "trial speed-up")], title_justify="left")
     for b in d.baselines:
         speedup = b.median_us / d.median_us if d.median_us else None
@@ -152,12 +164,15 @@ def baselines_table(d: TrialDetail) -> Table:
 
 
 def metrics_table(title: str, metrics: Iterable[NcuMetric], meanings: Optional[dict[str, str]] = None,
-                  spec: str = ",.6g") -> Table:
-    """ncu metrics of one trial; with `meanings`, a column that says what each counts."""
-    columns = [("metric", "left"), ("value", "right"), ("unit", "left")] + ([("meaning", "left")] if meanings else [])
-    table = _table(title, columns, title_justify="left")
+                  spec: str = ",.6g") -> FitTable:
+    """ncu metrics of one trial; with `meanings`, a column that says what each counts (where the metric
+    names leave no room for it, it stands in for them: `--format json` has the names)."""
+    columns = [Col("metric", whole=True, drop=1 if meanings else 0), Col("value", "right", whole=True),
+               Col("unit", whole=True)] + ([Col("meaning")] if meanings else [])
+    table = FitTable(title, columns, title_justify="left")
     for m in metrics:
-        table.add_row(printable(m.name), format(m.value, spec), printable(m.unit or ""), *((meanings.get(m.name, ""),) if meanings else ()))
+        table.add_row(printable(m.name), format(m.value, spec), printable(m.unit or ""),
+                      *((meanings.get(m.name) or printable(m.name),) if meanings else ()))
     return table
 
 
@@ -173,7 +188,7 @@ def trial_detail(d: TrialDetail, confirmed: Optional[ConfirmedRow] = None) -> li
     if d.baselines:
         out.append(baselines_table(d))
     if d.ncu_metrics:
-        out.append(metrics_table("ncu metrics", d.ncu_metrics, spec="g"))
+        out.append(metrics_table("ncu metrics", d.ncu_metrics, METRICS, spec="g"))
     if d.error:
         out.append(_line("error", d.error))
     if d.compile_log:
@@ -187,6 +202,7 @@ def export_lines(entries: list[dict[str, Any]]) -> list[str]:
         ratio = f"{e['ratio_to_best_baseline']:.2f}x" if e.get("ratio_to_best_baseline") else "-"
         note = "" if e["dispatch"] else f" (shadowed by trial {e['shadowed_by']})"
         note += " [rebuilt]" if e["rebuilt"] else ""
+        note += " [replayed]" if e["run"].get("replayed_from") else ""
         note += " [routed to SDPA: slower than it]" if e.get("route") == "sdpa" else ""
         lines.append(f"  trial {e['trial_id']:>6}  {e['problem_label']:<34} {e['median_us']:>10.1f} us  {ratio:>6}  "
                      f"{e['kernel']}{note}")

@@ -96,6 +96,8 @@ def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template
     return [
         f"{_first_line(name)} {manifest['tuner_version']}",
         f"// for {profile.display_name} ({profile.nvcc_arch}), exported {manifest['exported_at']}.",
+        *([f"// REPLAYED: timings answered from a recording ({', '.join(manifest['replayed_from'])}), "
+           "not measured by the runs exported here."] if manifest.get("replayed_from") else []),
         "// Generated file: re-export instead of editing.",
         "//",
         f'// Use: #include "{template_file}" ({config}, ATTN_FWD_PARAMS, ATTN_FWD_BODY), then this header:',

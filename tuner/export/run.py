@@ -74,6 +74,8 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
                 "compute_capability": list(profile.compute_capability),
                 "gpu_names": sorted({r.gpu_name for r in rows})},
         "templates": {t: {"source_hash": load_manifest(t).source_hash} for t in sorted({r.template for r in rows})},
+        # The recordings replayed runs answered from (empty: every timing was measured on a GPU).
+        "replayed_from": sorted({e["run"]["replayed_from"] for e in entries if e["run"]["replayed_from"]}),
         "kernels": {},
         "entries": entries,
     }

@@ -139,7 +139,9 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
         "run": {"run_id": row.run_id, "gpu_name": row.gpu_name, "profile": row.profile,
                 "driver": getattr(run, "driver", None), "cuda_version": getattr(run, "cuda_version", None),
                 "torch_version": getattr(run, "torch_version", None),
-                "tuner_version": getattr(run, "tuner_version", None)},
+                "tuner_version": getattr(run, "tuner_version", None),
+                # A replayed run (`--backend replay`) measured nothing: its timings are the recording's.
+                "replayed_from": getattr(run, "replayed_from", None)},
         "dispatch": True,
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
         # slower, so calls of this cell run SDPA (explain() says so).

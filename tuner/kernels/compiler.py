@@ -84,8 +84,13 @@ def arch_flags(arch: str) -> list[str]:
     return ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
 
 
+def cache_root() -> Path:
+    """The tuner's cache folder (TUNER_CACHE_DIR, else the user's cache dir): cubins/, fa4/."""
+    return Path(os.environ.get("TUNER_CACHE_DIR") or platformdirs.user_cache_dir("flashcore-tuner"))
+
+
 def cache_dir() -> Path:
-    path = Path(os.environ.get("TUNER_CACHE_DIR") or platformdirs.user_cache_dir("flashcore-tuner")) / "cubins"
+    path = cache_root() / "cubins"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

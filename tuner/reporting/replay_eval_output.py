@@ -1,4 +1,4 @@
-"""What a replay evaluation writes: the per-sampler table (rich and markdown), a CSV and a figure."""
+"""What a replay evaluation writes: the per-sampler table (its rows; markdown), a CSV and a figure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Optional
-
-from rich.table import Table
 
 from tuner.errors import TunerError
 from tuner.reporting.files import ensure_out_dir, os_error_text
@@ -43,17 +41,6 @@ def table_rows(result: EvalResult) -> tuple[list[str], list[list[str]]]:
                 f"{s.seconds:.1f}"]
         rows.append(row)
     return header, rows
-
-
-def rich_table(result: EvalResult) -> Table:
-    rec = result.recording
-    table = Table(title=f"replay evaluation: {rec.problem.label} on {rec.caption}")
-    header, rows = table_rows(result)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:

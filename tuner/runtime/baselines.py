@@ -5,11 +5,14 @@ imports and takes the problem."""
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Optional
 
+from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
+from tuner.runtime.baseline_log import warnings_logged
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_cuda
 from tuner.runtime.verify import ragged_mask
 
@@ -20,6 +23,10 @@ SDPA_BACKENDS = {
     "sdpa_efficient": "EFFICIENT_ATTENTION",
 }
 FA4 = "fa4"  # FlashAttention-4's forward (flash_attn.cute.flash_attn_func)
+# FlashAttention-4's persistent compile cache (flash_attn/cute/cache_utils.py reads both when imported). It
+# is off by default: every process compiled each of its kernels again, seconds per problem and run.
+FA4_CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+FA4_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
 
 def confirm_stage_pruner(variants: Collection[str], timed: Iterable[str]) -> Pruner:
@@ -44,7 +51,7 @@ class Baseline:
         return sdpa_kernel([self.backend])
 
     def time(self, **kwargs: Any) -> Timing:
-        with self.restrict():
+        with self.restrict(), warnings_logged(self.name, "timing"):
             return time_cuda(self.call, **kwargs)
 
 
@@ -76,11 +83,21 @@ def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float 
     baseline = Baseline(name, run, member)
     # torch explains a rejection with a UserWarning per backend and call before it raises: the
     # rejection is the answer here (the backend is not a baseline), not something to show the user.
-    with baseline.restrict(), warnings.catch_warnings():
+    with baseline.restrict(), warnings_logged(name, "first call"), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         run()  # fail early if the backend rejects the problem
     torch.cuda.synchronize()
     return baseline
+
+
+def use_fa4_cache() -> dict[str, str]:
+    """Turn on FlashAttention-4's persistent compile cache, in the tuner's cache folder (<cache>/fa4),
+    for an import of flash_attn.cute to come; a setting of the user's (either variable) stands. Returns
+    what was set."""
+    wanted = {FA4_CACHE_ENABLED_ENV: "1", FA4_CACHE_DIR_ENV: str(cache_root() / "fa4")}
+    chosen = {name: value for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(chosen)
+    return chosen
 
 
 def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> Optional[Baseline]:
@@ -88,25 +105,29 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
 
     It takes [B, S, H, D] tensors: contiguous copies are made here, outside the timed call (the layout
     change is not the kernel's work). Causal masking is bottom-right aligned, as the tuned kernels'. Its
-    first call for a shape compiles (seconds): made here, before any timing.
+    first call for a shape compiles (seconds; a load from its cache after the first run): made here,
+    before any timing. Its compiler's warnings go to the baselines' log.
     """
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:  # not installed, or its compiler library does not load here
-        return None
+    use_fa4_cache()
+    with warnings_logged(FA4, "import"):
+        try:
+            from flash_attn.cute import flash_attn_func
+        except Exception:  # not installed, or its compiler library does not load here
+            return None
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
     def run() -> Any:
         return flash_attn_func(qb, kb, vb, softmax_scale=scale, causal=causal)
 
-    try:
-        run()
-        if qb.is_cuda:
-            import torch
+    with warnings_logged(FA4, "compile and first call"):
+        try:
+            run()
+            if qb.is_cuda:
+                import torch
 
-            torch.cuda.synchronize()
-    except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
-        return None
+                torch.cuda.synchronize()
+        except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
+            return None
     return Baseline(FA4, run, None)
 
 

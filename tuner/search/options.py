@@ -57,4 +57,9 @@ def validate_options(options: SearchOptions) -> None:
         raise TunerError("--time-budget must be positive")
     if not options.devices or len(set(options.devices)) != len(options.devices):
         raise TunerError("--devices must list distinct device indices, e.g. 0,1")
+    if options.backend == "replay" and options.devices != tuple(range(len(options.devices))):
+        # A replay measures on no card: --devices 5 would run as if card 5 were there, whether or not it is.
+        devices = ",".join(map(str, options.devices))
+        raise TunerError(f"--devices {devices}: the replay backend uses no GPU; --devices only sets how many replay "
+                         f"workers run, numbered from 0 (e.g. --devices 0,1 for two)")
     check_replay_source(options.backend, options.replay_from)

@@ -22,9 +22,11 @@ from typing import Any, Callable, Optional, Self
 
 from optuna.trial import TrialState
 
+from tuner.backends.base import BaselineMeasurement
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
+from tuner.runtime.baseline_log import log_path
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem, help_confirm
 from tuner.search.confirm_ledger import StudyAttributes
 from tuner.search.hooks import Hooks
@@ -169,10 +171,13 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     study = load_study(storage, job.study, make_sampler(info.sampler, worker_seed(seed, spec.worker, existing), manifest))
     started = time.perf_counter()
     try:
-        for b in ctx.backend.baselines(info.problem):
+        measured = ctx.backend.baselines(info.problem)
+        for b in measured:
             ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
                                                   median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us))
             ctx.events(("baseline", job.index, b.median_us, b.impl))
+        if any(b.warnings for b in measured):
+            ctx.events(("note", job.index, baseline_warnings_note(measured)))
     except KeyboardInterrupt:
         ctx.interrupt()
         return
@@ -190,6 +195,12 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         except KeyboardInterrupt:
             ctx.interrupt()
         ctx.result.spent("confirm stage", time.perf_counter() - started)
+
+
+def baseline_warnings_note(measured: list[BaselineMeasurement]) -> str:
+    """One line for the warnings the baselines raised (kept out of the output, in their log)."""
+    counts = ", ".join(f"{b.impl} {b.warnings}" for b in measured if b.warnings)
+    return f"baseline warnings ({counts}) written to {log_path()}"
 
 
 def _await_last_trials(ctx: Context, study: Any) -> float:
