@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from cli_helpers import run_tuner
 from sqlalchemy import text
@@ -136,3 +138,42 @@ def test_upgrade_store_creates_a_new_one(store_url):
     before, after = upgrade_store(store_url)
     assert (before, after) == (None, head_revision())
     assert store_info(store_url).up_to_date
+
+
+def test_energy_columns_go_down_and_up_keeping_every_other_figure(store_url):
+    """0007_energy adds the energy figures, isolated timings and objectives; going down drops those
+    columns only (median_us means the back-to-back time in both schemas), going up again finds none."""
+    from sqlalchemy import inspect
+
+    from store_factories import baseline
+    from tuner.runtime.energy import Energy
+    from tuner.store import ConfirmRecord
+
+    energy = Energy(0.35, 700.0, 1500.0)
+    with open_store(store_url) as store:
+        run = store.start_run(H100)
+        trial_id = store.add_trial(trial(run, energy=energy, isolated_us=80.0))
+        store.add_baseline(dataclasses.replace(baseline(run), energy=energy))
+        store.add_confirmation(ConfirmRecord(run_id=run, problem=trial(run).problem, rounds=1, objective="energy",
+                                             timings={"v": (trial_id, (100.0,))}, energy={"v": (energy,)},
+                                             winner_trial_id=trial_id, winner_us=100.0, winner_ratio=1.2,
+                                             baseline_impl=None, winner_joules_per_call=0.35))
+    engine, _ = create_store_engine(store_url)
+    try:
+        migrate(engine, "0006", downgrade=True)
+        columns = {t: {c["name"] for c in inspect(engine).get_columns(t)}
+                   for t in ("trials", "baselines", "confirm_timings", "confirmations", "runs")}
+        assert not any({"joules_per_call", "power_w", "sm_mhz", "isolated_us", "objective"} & c for c in columns.values())
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT median_us FROM trials")).scalars().all() == [100.0]
+            assert conn.execute(text("SELECT median_us FROM baselines")).scalars().all() == [120.0]
+            assert conn.execute(text("SELECT winner_ratio FROM confirmations")).scalars().all() == [1.2]
+        migrate(engine, "head")
+    finally:
+        engine.dispose()
+    with open_store(store_url) as store:
+        [row] = store.query_trials(TrialFilter())
+        assert (row.median_us, row.energy, row.isolated_us) == (100.0, None, None)
+        assert row.best_baseline_us == 120.0 and row.best_baseline_energy is None
+        confirmed = store.confirmed(row.problem)
+        assert confirmed is not None and (confirmed.objective, confirmed.joules_per_call) == ("time", None)
