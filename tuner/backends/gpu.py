@@ -94,7 +94,8 @@ class GpuBackend:
 
     def __init__(self, profile: GpuProfile, device: int = 0, watchdog_s: float = 10.0, seed: Optional[int] = None,
                  *, runner: Optional[Callable[[RunnerOptions], Runner]] = None, timing_budget_s: float = 60.0,
-                 start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "") -> None:
+                 start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "",
+                 objective: str = "time") -> None:
         if runner is None:
             check_gpu_environment()
         if watchdog_s <= 0 or timing_budget_s < 0:
@@ -107,7 +108,7 @@ class GpuBackend:
         self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
-        self._options = runner_options(profile, device, seed, refresh_every)
+        self._options = runner_options(profile, device, seed, refresh_every, objective)  # objective: see gpu_child
         self._worker: Optional[_Worker] = None
         self._facts: Optional[DeviceFacts] = None
         self._pending: Optional[_GpuMeasurement] = None  # submitted, reply not collected yet
@@ -189,7 +190,8 @@ class GpuBackend:
         except (_Timeout, _Fault) as exc:
             warnings.warn(f"baselines of {problem.label} failed: {exc}", RuntimeWarning, stacklevel=2)
             return []
-        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"]) for r in rows]
+        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"], r.get("energy"),
+                                    r.get("isolated_us")) for r in rows]
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: Optional[str] = None) -> Measurement:
@@ -230,7 +232,7 @@ class GpuBackend:
             return Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc))
         status = TrialStatus(reply["status"])
         return Measurement(status, reply.get("median_us"), reply.get("p20_us"), reply.get("p80_us"),
-                           reply.get("rel_error"), reply.get("error"))
+                           reply.get("rel_error"), reply.get("error"), reply.get("energy"), reply.get("isolated_us"))
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
@@ -241,7 +243,7 @@ class GpuBackend:
                                               "first_round": first_round})
         except (_Timeout, _Fault) as exc:
             raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
-        return ConfirmTimings({name: tuple(times) for name, times in reply.items()})
+        return ConfirmTimings.of(reply)
 
     def close(self) -> None:
         if self._worker is not None:

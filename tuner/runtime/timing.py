@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
@@ -16,6 +17,7 @@ class Timing:
     p80_us: float
     reps: int
     energy: Optional[Energy] = None  # of the timed repetitions, when an EnergyMeter was given and read
+    isolated_us: Optional[float] = None  # the median of the same call timed isolated (time_call), when asked
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -88,6 +90,16 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     median = statistics.median(times)
     energy = meter.stop(reps, median) if meter is not None and not isolated else None
     return Timing(median, _quantile(times, 0.2), _quantile(times, 0.8), reps, energy)
+
+
+def time_call(fn: Callable[[], Any], *, meter: Optional[EnergyMeter] = None, isolated_too: bool = False,
+              **kwargs: Any) -> Timing:
+    """time_cuda back to back, its energy read by `meter`; with `isolated_too`, the median of isolated
+    calls too (a second time_cuda, isolated=True), for --objective isolated."""
+    timing = time_cuda(fn, meter=meter, **kwargs)
+    if not isolated_too:
+        return timing
+    return dataclasses.replace(timing, isolated_us=time_cuda(fn, isolated=True, **kwargs).median_us)
 
 
 Pruner = Callable[[int, Mapping[str, Sequence[float]]], Collection[str]]
