@@ -147,8 +147,7 @@ class ReplayBackend:
                         b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us, b.energy, b.isolated_us))
         self.source_url = source.url
         if objective != TIME and not any(r.status is TrialStatus.OK for rows in self._trials.values() for r in rows):
-            raise TunerError(f"--objective {objective}: the recording at {source.url} holds no trial with "
-                             f"{COLUMN[objective]} (it was recorded without it); replay it with --objective time")
+            raise TunerError(_lacking(objective, source.url))
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0) if delay_s is None else delay_s
 
     def _pick_gpu(self, where: str, rows: list[TrialRow], profile: Optional[GpuProfile],
@@ -230,6 +229,23 @@ class ReplayBackend:
 
     def close(self) -> None:
         pass
+
+
+def _lacking(objective: str, where: str) -> str:
+    return (f"--objective {objective}: the recording at {where} holds no trial with {COLUMN[objective]} "
+            f"(it was recorded without it); replay it with --objective time")
+
+
+def check_recording_objective(url: str, objective: str) -> None:
+    """A one-line TunerError when the recording holds no ok trial with the objective's figure (checked
+    before a search prepares its studies; the backend checks again on its own rows)."""
+    if objective == TIME:
+        return
+    with open_store(url, create=False) as source:
+        rows = source.query_trials(TrialFilter(status=TrialStatus.OK))
+        where = source.url
+    if not any(figure(objective, r) is not None for r in rows):
+        raise TunerError(_lacking(objective, where))
 
 
 def recording_profile(url: str) -> GpuProfile:

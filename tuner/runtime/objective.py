@@ -33,6 +33,12 @@ def check_objective(name: Optional[str]) -> str:
     return key
 
 
+def required_column(objective: str) -> Optional[str]:
+    """The trials column a stored ok trial needs to answer a search with this objective (None: time,
+    whose figure every ok trial has)."""
+    return None if objective == TIME else COLUMN[objective]
+
+
 def figure(objective: str, timed: Any) -> Optional[float]:
     """The figure `objective` minimizes of a timing (a Measurement, BaselineMeasurement, TrialRow or
     BaselineRow: anything with median_us, energy and isolated_us), or None where it was not measured."""
