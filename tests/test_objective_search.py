@@ -126,3 +126,28 @@ def test_the_energy_objective_on_a_recording_without_energy_is_refused_in_one_li
     unknown = run_tuner("--db", sqlite_url, "search", "--gpu", "h100", "--shape", SHAPE, "--backend", "replay",
                         "--from", recordings["none"], "--objective", "watts")
     assert unknown.exit_code != 0 and "unknown objective 'watts'" in unknown.stderr
+
+
+def test_a_worker_joining_a_study_minimizes_its_objective(recordings, sqlite_url):
+    import io
+
+    from rich.console import Console
+
+    from tuner.search.run import run_join
+
+    quiet = Console(file=io.StringIO())
+    energy = run_search(options(recordings["energy"], sqlite_url, trials=5, confirm=0, objective="energy"),
+                        console=quiet)
+    plain = run_search(options(recordings["energy"], sqlite_url, trials=5, confirm=0), console=quiet)
+    joined = run_join(energy.studies, sqlite_url, backend="replay", replay_from=recordings["energy"], trials=5,
+                      console=quiet)
+    assert joined.measured + joined.reused > 0
+    study = optuna.load_study(study_name=energy.studies[0], storage=storage_for(sqlite_url))
+    with open_store(sqlite_url) as store:
+        mine = store.query_trials(TrialFilter(run_id=joined.run_ids[0]))
+        assert mine and store.trial_detail(mine[0].id).run.objective == "energy"  # the joining worker's run says so
+        assert all(t.value == store.trial_detail(t.user_attrs[ATTR_STORE_ID]).energy.joules_per_call
+                   for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+    with pytest.raises(TunerError, match="a worker minimizes one objective"):
+        run_join(energy.studies + plain.studies, sqlite_url, backend="replay", replay_from=recordings["energy"],
+                 trials=1, console=quiet)

@@ -48,3 +48,10 @@ def figure(objective: str, timed: Any) -> Optional[float]:
     if objective == ISOLATED:
         return getattr(timed, "isolated_us", None)
     return timed.median_us
+
+
+def shown(objective: str, value: float) -> str:
+    """A figure of `objective` for people: 12.34 µs, 7.05 mJ (a kernel's call costs millijoules), 9.87 µs isolated."""
+    if objective == ENERGY:
+        return f"{value * 1e3:.3g} mJ"
+    return f"{value:.2f} µs" + (" isolated" if objective == ISOLATED else "")

@@ -142,7 +142,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
                  for w, device in enumerate(options.devices)]
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
-                progress.add_problem(i, problem, budgets[i], done[i])
+                progress.add_problem(i, problem, budgets[i], done[i], options.objective)
             if len(specs) == 1:
                 results = [run_here(specs[0], progress.handle, say, hooks)]
             else:
@@ -209,7 +209,7 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
     with started_early(device, backend == "gpu" and not hooks.replaced), \
             SearchProgress(console) as progress:
         for job, info in zip(jobs, infos):
-            progress.add_problem(job.index, info.problem, job.trials)
+            progress.add_problem(job.index, info.problem, job.trials, objective=info.objective)
         result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
     with open_store(db_url) as store:
         return _report(storage, store, [(i.name, i.problem) for i in infos], [result])

@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
+from tuner.runtime.objective import figure
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem, help_confirm
 from tuner.search.confirm_ledger import StudyAttributes
 from tuner.search.hooks import Hooks
@@ -178,7 +179,8 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
             ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
                                                   median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us,
                                                   energy=b.energy, isolated_us=b.isolated_us))
-            ctx.events(("baseline", job.index, b.median_us, b.impl))
+            if figure(ctx.objective, b) is not None:  # the progress shows the objective's figures
+                ctx.events(("baseline", job.index, figure(ctx.objective, b), b.impl))
     except KeyboardInterrupt:
         ctx.interrupt()
         return
