@@ -124,7 +124,7 @@ def test_torch_devices_map_to_nvml_handles_by_uuid(monkeypatch, clock):
     install(monkeypatch, nvml)
     fake_torch(monkeypatch, lambda i: types.SimpleNamespace(uuid="abc-123"))
     assert EnergyMeter(device=1).available
-    assert nvml.by_uuid == ["GPU-abc-123"] and nvml.by_index == []
+    assert nvml.by_uuid == [b"GPU-abc-123"] and nvml.by_index == []
 
 
 def test_without_a_uuid_the_torch_index_is_used(monkeypatch, clock):
@@ -169,3 +169,19 @@ def test_stored_columns_make_an_energy_only_when_there_is_one():
     assert energy_of(0.1, 700.0, None) == Energy(0.1, 700.0, None)
     assert Energy(0.1, 700.0, 1500.0).tflops_per_watt(350.0) == pytest.approx(0.5)
     assert Energy(0.1, 700.0, 1500.0).tflops_per_watt(None) is None
+
+
+def test_the_window_closes_at_end_not_when_the_energy_is_computed(monkeypatch, clock):
+    """time_cuda ends the window right after its synchronize, then reads its events: that host work is
+    not in the window."""
+    nvml = FakeNvml(clock, watts=700.0)
+    install(monkeypatch, nvml)
+    meter = EnergyMeter(sample_s=0.0005)
+    meter.start()
+    assert nvml.sampled.wait(5.0)
+    clock.now += 0.1
+    meter.end()
+    clock.now += 5.0  # the card idles while the host reads the events (the counter goes on at 700 W here)
+    got = meter.stop(100, 300.0)
+    assert got is not None and got.window_ms == pytest.approx(100.0) and got.power_w == pytest.approx(700.0)
+    assert meter.stop(100, 300.0) is None  # one window, one Energy

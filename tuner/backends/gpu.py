@@ -11,7 +11,14 @@ method; the child binds PyCUDA to torch's primary context
     ("baselines", {problem, range_prefix})  ("result", data)        success, or a wrong result
     ("measure", {problem, built,            ("error", message)      a bad request; the child lives on
       range_prefix})                        ("fault", message)      the context is gone: the child exits
+    ("confirm", {problem, builts, rounds,
+      baselines, first_round})
     ("stop", {})
+
+Each timing in a result carries its `energy` (a tuner.runtime.energy.Energy, or None where NVML is
+missing) and, for --objective isolated, its `isolated_us`; a confirm result is each implementation's
+runtime.timing.Timing per round. At start-up the child answers ("ready", None), or ("refused", message)
+for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
 
 Every message holds plain picklable data (Problem and BuiltKernel are frozen
 dataclasses; a BuiltKernel travels without its source, the child reads the

@@ -8,7 +8,8 @@ beside its time:
     meter = EnergyMeter(device=0)         # NVML opened on first use; never raises
     torch.cuda.synchronize(); meter.start()
     ...timed repetitions...
-    torch.cuda.synchronize(); energy = meter.stop(calls=reps, median_us=timing.median_us)
+    torch.cuda.synchronize(); meter.end()  # the window closes here
+    energy = meter.stop(calls=reps, median_us=median)
 
 `energy` is None where NVML is missing or fails (the reason is logged once, and kept in
 `meter.why_not`): a measurement without energy is still a measurement.
@@ -60,7 +61,8 @@ def _handle_of(nvml: Any, device: int) -> Any:
         import torch
 
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+        uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+        return nvml.nvmlDeviceGetHandleByUUID(uuid.encode())  # bytes: every nvidia-ml-py takes them
     except Exception:  # noqa: BLE001 - no uuid in this torch, or NVML does not know it
         return nvml.nvmlDeviceGetHandleByIndex(device)
 
@@ -83,6 +85,7 @@ class EnergyMeter:
         self._clocks: list[float] = []
         self._powers: list[float] = []
         self._start: Optional[tuple[float, float]] = None  # (counter mJ, host seconds)
+        self._window: Optional[tuple[Optional[float], float]] = None  # (joules, seconds) of the closed window
 
     @property
     def available(self) -> bool:
@@ -122,7 +125,7 @@ class EnergyMeter:
 
     def start(self) -> None:
         """Read the energy counter and the host clock, start sampling (call after a device synchronize)."""
-        self._start = None
+        self._start, self._window = None, None
         if not self.available:
             return
         try:
@@ -135,19 +138,16 @@ class EnergyMeter:
         self._start = (counter, time.perf_counter())
         self._thread.start()
 
-    def stop(self, calls: int, median_us: float) -> Optional[Energy]:
-        """The block's Energy (call after a device synchronize); None when nothing was read.
-
-        power = energy-counter delta / wall window, and J per call = power x median call time. Not the
-        counter delta / calls: the window also holds the L2-flush reads between repetitions (and the
-        launch gaps), which that would charge to the kernel. Back to back at the power limit the board
-        power is set by the limit whatever runs, so power x time is the kernel's share."""
+    def end(self) -> None:
+        """Close the window now (call right after the device synchronize that ends the timed block): read the
+        counter and the host clock, stop sampling. stop() computes the Energy later (it calls end() itself
+        when the window is still open), so the host's work in between (reading the events) is not in it."""
         begun, self._start = self._start, None
         if begun is None:
-            return None
+            return
         seconds = time.perf_counter() - begun[1]
         try:
-            counter = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+            counter: Optional[float] = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
         except Exception:  # noqa: BLE001
             counter = None
         self._halt.set()
@@ -156,7 +156,20 @@ class EnergyMeter:
             self._thread = None
         if not self._clocks:  # a window shorter than one sampling period
             self._read()
-        joules = None if counter is None else (counter - begun[0]) / 1000.0
+        self._window = (None if counter is None else (counter - begun[0]) / 1000.0, seconds)
+
+    def stop(self, calls: int, median_us: float) -> Optional[Energy]:
+        """The block's Energy (after a device synchronize); None when nothing was read.
+
+        power = energy-counter delta / wall window, and J per call = power x median call time. Not the
+        counter delta / calls: the window also holds the L2-flush reads between repetitions (and the
+        launch gaps), which that would charge to the kernel. Back to back at the power limit the board
+        power is set by the limit whatever runs, so power x time is the kernel's share."""
+        self.end()
+        window, self._window = self._window, None
+        if window is None or calls <= 0:
+            return None
+        joules, seconds = window
         if joules is not None and joules > 0 and seconds > 0:
             power = joules / seconds
         elif self._powers:  # the counter did not move in a short window: the sampled power instead
@@ -164,7 +177,7 @@ class EnergyMeter:
         else:
             return None
         clock = statistics.fmean(self._clocks) if self._clocks else None
-        return Energy(power * median_us * 1e-6, power, clock, seconds * 1000.0) if calls > 0 else None
+        return Energy(power * median_us * 1e-6, power, clock, seconds * 1000.0)
 
     def close(self) -> None:
         if self._thread is not None:

@@ -51,7 +51,7 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     (a read of twice the L2 size, see _l2_flush) is not counted. Back to back (the default) the
     repetitions follow each other with no host wait, the card at its power limit, as in a model's
     forward pass; `meter` then brackets them (the device synchronized before its start and before its
-    stop) and the Timing carries their Energy. `isolated`: each repetition is flush, host synchronize,
+    end) and the Timing carries their Energy. `isolated`: each repetition is flush, host synchronize,
     then the timed call and a synchronize, so the card idles between calls (and keeps its boost clock):
     the latency of a call made now and then.
     """
@@ -86,6 +86,8 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
         if isolated:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
+    if meter is not None and not isolated:
+        meter.end()  # before the host reads the events: the window holds the repetitions alone
     times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
     median = statistics.median(times)
     energy = meter.stop(reps, median) if meter is not None and not isolated else None
