@@ -134,9 +134,12 @@ def replay_recording(tmp_path_factory) -> Recording:
     if REPLAY_RECORDING.exists():
         import shutil
 
+        from tuner.store import upgrade_store
+
         copy = tmp_path_factory.mktemp("recording") / REPLAY_RECORDING.name  # never write to the committed file
         shutil.copy(REPLAY_RECORDING, copy)
         url, synthetic = f"sqlite:///{copy}", False
+        upgrade_store(url)  # the committed file stays at the revision it was recorded with
     else:
         from tuner.backends.synthetic import write_synthetic_recording
 

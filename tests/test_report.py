@@ -272,3 +272,37 @@ def test_the_report_shows_the_confirm_stage_in_search_vs_confirmed(replay_record
     assert any(n.endswith("-confirm.png") for n in os.listdir(out))
     [problem] = json.loads((out / "report.json").read_text())["problems"]
     assert len(problem["confirm"]["variants"]) == 3 and problem["confirm"]["rounds"] == 2
+
+
+def test_the_report_shows_energy_beside_time_for_the_tuned_kernel_and_each_baseline(tmp_path):
+    """A replayed energy search of a synthetic recording with energy: the report's J per call, power and
+    TFLOP/s per W are the store's, for the tuned kernel and each baseline of its run."""
+    from tuner.backends.synthetic import write_synthetic_recording
+    from tuner.problem import Problem
+    from tuner.reporting.report import write_report
+    from tuner.search.options import SearchOptions
+    from tuner.search.run import run_search
+
+    from rich.console import Console
+
+    recording, url = f"sqlite:///{tmp_path / 'rec.db'}", f"sqlite:///{tmp_path / 'results.db'}"
+    write_synthetic_recording(recording, [Problem(1, 8, 512, 512, 64)])
+    run_search(SearchOptions(gpu="h100", shapes=("1,8,512,64",), template="attn_fwd_mma", trials=15, seed=1,
+                             db_url=url, backend="replay", replay_from=recording, objective="energy", confirm=3,
+                             confirm_rounds=2), console=Console(file=io.StringIO()))
+    files = write_report(url, "h100", str(tmp_path / "out"))
+    data, md = json.loads(open(files.json).read()), open(files.markdown).read()
+    with open_store(url) as store:
+        best = store.best_trials(TrialFilter(gpu="h100"))[0]
+        baselines = store.baselines_for(best.run_id, best.problem_id)
+    (entry,) = data["problems"]
+    timings = {t["impl"]: t for t in entry["timings"]}
+    assert timings["tuned"]["joules_per_call"] == best.energy.joules_per_call
+    assert timings["tuned"]["tflops_per_watt"] == pytest.approx(best.tflops / best.energy.power_w)
+    for b in baselines:
+        assert (timings[b.impl]["joules_per_call"], timings[b.impl]["power_w"]) == (b.energy.joules_per_call,
+                                                                                    b.energy.power_w)
+        assert f"| {b.impl} | {b.median_us:.3f} | {b.tflops:.1f} | {b.energy.joules_per_call:.4g} | " \
+               f"{b.energy.power_w:.0f} | {b.tflops_per_watt:.3f} |" in md
+    assert "| implementation | µs | TFLOP/s | J/call | W | TFLOP/s per W | speed-up of tuned |" in md
+    assert entry["confirm"]["objective"] == "energy" and "median per-round ratio of J per call" in md

@@ -167,6 +167,44 @@ def test_find_trial_for_reuse(store):
     assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H200.gpu_name) is None
 
 
+def test_reuse_for_an_objective_needs_its_figure(store):
+    """A search minimizing J per call (or isolated µs) reuses an ok trial only when it has that figure;
+    a failure is reused whatever the objective."""
+    from tuner.runtime.energy import Energy
+
+    run = store.start_run(H100)
+    params = {"BLOCK_M": 64}
+    store.add_trial(trial(run, params=params, median_us=50.0))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name).median_us == 50.0
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, "joules_per_call") is None
+    measured = store.add_trial(trial(run, params=params, median_us=51.0, energy=Energy(0.03, 600.0, 1600.0)))
+    found = store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, "joules_per_call")
+    assert found.id == measured and found.energy == Energy(0.03, 600.0, 1600.0)
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, "isolated_us") is None
+    wrong = store.add_trial(trial(run, params={"BLOCK_M": 32}, status="incorrect", median_us=None))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", {"BLOCK_M": 32}, H100.gpu_name, "isolated_us").id == wrong
+
+
+def test_a_confirm_stage_keeps_each_rounds_energy_and_its_winners_median(store):
+    from tuner.runtime.energy import Energy
+    from tuner.store import ConfirmRecord
+
+    run = store.start_run(H100)
+    winner = store.add_trial(trial(run, median_us=100.0, energy=Energy(0.07, 700.0, 1500.0)))
+    e1, e2 = Energy(0.069, 690.0, 1510.0), Energy(0.071, 710.0, 1490.0)
+    confirmation = store.add_confirmation(ConfirmRecord(
+        run_id=run, problem=BIG, rounds=2, objective="energy", winner_trial_id=winner, winner_us=100.0,
+        winner_ratio=1.3, baseline_impl="sdpa_flash", winner_joules_per_call=0.07,
+        timings={"v": (winner, (99.0, 101.0)), "sdpa_flash": (None, (130.0, 131.0))},
+        energy={"v": (e1, e2), "sdpa_flash": (None, e1)}, isolated_us={"v": (80.0, 81.0)}))
+    assert store.confirm_timings(confirmation) == {"sdpa_flash": [130.0, 131.0], "v": [99.0, 101.0]}
+    assert store.confirm_energy(confirmation) == {"sdpa_flash": [None, e1], "v": [e1, e2]}
+    assert store.confirm_isolated(confirmation) == {"sdpa_flash": [None, None], "v": [80.0, 81.0]}
+    [best] = store.prefer_confirmed(store.best_trials(TrialFilter()))
+    assert (best.confirmed_objective, best.confirmed_joules_per_call, best.headline_joules) == ("energy", 0.07, 0.07)
+    assert best.tflops_per_watt == pytest.approx(BIG.flops * 1e-12 / 0.07)
+
+
 def test_ncu_metrics_upsert(store):
     run = store.start_run(H100)
     t = store.add_trial(trial(run))

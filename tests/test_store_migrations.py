@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -149,9 +150,9 @@ def test_upgrade_store_creates_a_new_one(store_url):
 
 # Data a store can hold, and the revision that brought each in: going below it would delete the data.
 SINCE = {"trials": "0001", "ncu": "0002", "journal": "0003", "replayed": "0004", "confirmations": "0005",
-         "ragged": "0006"}
+         "ragged": "0006", "energy": "0007"}
 NAMED = {"trials": "trials", "ncu": "ncu metrics", "journal": "Optuna journal records",
-         "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution"}
+         "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution", "energy": "energy or isolated figures of trials"}
 
 
 def _fill(url: str, kinds: set[str]) -> None:
@@ -169,6 +170,10 @@ def _fill(url: str, kinds: set[str]) -> None:
                                                      baseline_impl="sdpa"))
         if "replayed" in kinds:
             store.start_run(replace(H100, replayed_from="sqlite:///recorded.db"))
+        if "energy" in kinds:
+            from tuner.runtime.energy import Energy
+
+            store.add_trial(trial(store.start_run(H100), energy=Energy(0.35, 700.0, 1500.0)))
         if "ragged" in kinds:
             store.add_trial(trial(store.start_run(H100), Problem(2, 8, 1, 512, 64, lengths="uniform:16")))
         if "journal" in kinds:  # a SQLite store's Optuna studies
@@ -213,7 +218,7 @@ def test_going_back_to_0001_refuses_to_delete_the_journal_and_the_later_tables(s
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kinds=st.sets(st.sampled_from(sorted(SINCE))),
-       target=st.sampled_from(["base", "0001", "0002", "0003", "0004", "0005"]))
+       target=st.sampled_from(["base", "0001", "0002", "0003", "0004", "0005", "0006"]))
 def test_a_downgrade_goes_through_exactly_when_it_deletes_nothing(kinds: set[str], target: str) -> None:
     """Refused, changing nothing, iff some data came in with a revision above the target; otherwise the
     store goes down and back up with every row as it was."""
@@ -252,3 +257,45 @@ def test_each_migration_refuses_its_own_losses_when_run_without_migrate(sqlite_u
     finally:
         engine.dispose()
     assert store_info(sqlite_url).revision == head_revision() and _contents(sqlite_url) == before
+def test_energy_figures_refuse_a_downgrade_and_a_store_without_them_goes_down_and_up(store_url):
+    """0007 adds the energy figures, isolated timings and objectives. A store holding any of them refuses
+    to go below 0007, naming them; one without them goes down (median_us means the back-to-back time in
+    both schemas) and up again with every other figure as it was."""
+    from store_factories import baseline
+    from tuner.runtime.energy import Energy
+
+    energy = Energy(0.35, 700.0, 1500.0)
+    with open_store(store_url) as store:
+        run = store.start_run(H100)
+        plain = store.add_trial(trial(run))
+        store.add_baseline(baseline(run))
+    _migrate(store_url, "0006", downgrade=True)
+    engine, _ = create_store_engine(store_url)
+    try:
+        columns = {t: {c["name"] for c in inspect(engine).get_columns(t)}
+                   for t in ("trials", "baselines", "confirm_timings", "confirmations", "runs")}
+        assert not any({"joules_per_call", "power_w", "sm_mhz", "isolated_us", "objective"} & c for c in columns.values())
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT median_us FROM trials")).scalars().all() == [100.0]
+            assert conn.execute(text("SELECT median_us FROM baselines")).scalars().all() == [120.0]
+    finally:
+        engine.dispose()
+    _migrate(store_url, "head")
+    with open_store(store_url) as store:
+        [row] = store.query_trials(TrialFilter())
+        assert (row.id, row.median_us, row.energy, row.isolated_us) == (plain, 100.0, None, None)
+        run = store.start_run(H100)
+        trial_id = store.add_trial(trial(run, energy=energy, isolated_us=80.0))
+        store.add_baseline(dataclasses.replace(baseline(run), energy=energy))
+        store.add_confirmation(ConfirmRecord(run_id=run, problem=trial(run).problem, rounds=1, objective="energy",
+                                             timings={"v": (trial_id, (100.0,))}, energy={"v": (energy,)},
+                                             winner_trial_id=trial_id, winner_us=100.0, winner_ratio=1.2,
+                                             baseline_impl=None, winner_joules_per_call=0.35))
+    before = _contents(store_url)
+    with pytest.raises(TunerError) as refused:
+        _migrate(store_url, "0006", downgrade=True)
+    message = str(refused.value)
+    for what in ("energy or isolated figures of trials (1)", "energy or isolated figures of baselines (1)",
+                 "energy or isolated figures of confirm_timings (1)", "confirm stages of another objective"):
+        assert what in message, message
+    assert store_info(store_url).revision == head_revision() and _contents(store_url) == before

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from store_factories import H100
 
 from tuner.problem import Problem
+from tuner.runtime.energy import Energy
 from tuner.status import TrialStatus
-from tuner.store import TrialRecord, canonical_json
+from tuner.store import BaselineRecord, TrialRecord, canonical_json
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -33,6 +34,9 @@ json_values = st.recursive(
     max_leaves=12,
 )
 params_dicts = st.dictionaries(texts, json_values, max_size=6)
+finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False, width=64)
+# What a store keeps of an Energy: everything but the window (a diagnostic of the timed block).
+energies = st.none() | st.builds(Energy, joules_per_call=finite, power_w=finite, sm_mhz=st.none() | finite)
 
 
 @st.composite
@@ -78,6 +82,8 @@ def trial_records(draw, run_id: int) -> TrialRecord:
         error=draw(st.none() | texts),
         compile_log=draw(st.none() | st.text(max_size=300).map(lambda s: s.replace("\x00", ""))),
         source_path=draw(st.none() | texts),
+        energy=draw(energies),
+        isolated_us=draw(maybe_float),
     )
 
 
@@ -96,7 +102,8 @@ def test_trial_round_trip(store):
             sent, got = getattr(rec, f.name), getattr(detail, f.name, None)
             if f.name in ("run_id", "problem", "template", "template_hash", "status", "study",
                           "trial_number", "median_us", "p20_us", "p80_us", "rel_error", "compile_s", "registers",
-                          "smem_bytes", "spill_bytes", "cubin_sha256", "error", "compile_log", "source_path"):  # fmt: skip
+                          "smem_bytes", "spill_bytes", "cubin_sha256", "error", "compile_log", "source_path",
+                          "energy", "isolated_us"):  # fmt: skip
                 assert got == sent, f.name
         assert detail.params == rec.params
         if rec.tflops is not None:
@@ -105,6 +112,22 @@ def test_trial_round_trip(store):
             assert math.isclose(detail.tflops, rec.problem.tflops(rec.median_us))
         else:
             assert detail.tflops is None
+
+    check()
+
+
+def test_baseline_round_trip_keeps_energy_and_isolated_time(store):
+    run = store.start_run(H100)
+
+    @SETTINGS
+    # µs from 1 ns up: a denormal median's TFLOP/s divides by zero (the store computes it; not this test's rule)
+    @given(problem=problems(), impl=texts.filter(bool), median_us=st.floats(1e-3, 1e6), energy=energies,
+           isolated_us=maybe_float)
+    def check(problem: Problem, impl: str, median_us: float, energy, isolated_us) -> None:
+        baseline_id = store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl=impl, median_us=median_us,
+                                                        energy=energy, isolated_us=isolated_us))
+        [row] = [b for b in store.baselines_for(run, store.problem_id(problem)) if b.id == baseline_id]
+        assert (row.median_us, row.energy, row.isolated_us) == (median_us, energy, isolated_us)
 
     check()
 

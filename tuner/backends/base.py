@@ -8,12 +8,14 @@ on a real card, the replay backend (tuner.backends.replay) answers from a record
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Collection, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Collection, Mapping, Optional, Protocol, Sequence
 
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.runtime.build import BuiltKernel
+from tuner.runtime.energy import Energy
+from tuner.runtime.timing import Timing
 from tuner.status import TrialStatus
 
 
@@ -27,6 +29,8 @@ class Measurement:
     p80_us: Optional[float] = None
     rel_error: Optional[float] = None
     error: Optional[str] = None
+    energy: Optional[Energy] = None  # of the back-to-back timing (None: NVML missing, or not ok)
+    isolated_us: Optional[float] = None  # median of isolated calls (timed for --objective isolated only)
 
 
 @dataclass(frozen=True)
@@ -35,15 +39,29 @@ class BaselineMeasurement:
     median_us: float
     p20_us: float
     p80_us: float
+    energy: Optional[Energy] = None
+    isolated_us: Optional[float] = None
     warnings: int = 0  # raised while it was built and timed, written to the baselines' log (runtime.baseline_log)
 
 
 @dataclass(frozen=True)
 class ConfirmTimings:
     """The confirm stage's figures: median µs of each implementation (variant names, baseline impls)
-    in each interleaved round, all timed in one process on one card."""
+    in each interleaved round, all timed in one process on one card; beside them, aligned round by
+    round, the Energy of each (None where not read) and, for --objective isolated, the µs of isolated
+    calls (empty: not timed)."""
 
     rounds: dict[str, tuple[float, ...]]
+    energy: dict[str, tuple[Optional[Energy], ...]] = field(default_factory=dict)
+    isolated_us: dict[str, tuple[Optional[float], ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, timed: Mapping[str, Sequence[Timing]]) -> "ConfirmTimings":
+        """From each implementation's Timing per round (runtime.timing.interleaved_timings)."""
+        isolated = {name: tuple(t.isolated_us for t in ts) for name, ts in timed.items()}
+        return cls({name: tuple(t.median_us for t in ts) for name, ts in timed.items()},
+                   {name: tuple(t.energy for t in ts) for name, ts in timed.items()},
+                   isolated if any(i is not None for ts in isolated.values() for i in ts) else {})
 
 
 @dataclass(frozen=True)

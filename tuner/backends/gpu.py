@@ -11,7 +11,14 @@ method; the child binds PyCUDA to torch's primary context
     ("baselines", {problem, range_prefix})  ("result", data)        success, or a wrong result
     ("measure", {problem, built,            ("error", message)      a bad request; the child lives on
       range_prefix})                        ("fault", message)      the context is gone: the child exits
+    ("confirm", {problem, builts, rounds,
+      baselines, first_round})
     ("stop", {})
+
+Each timing in a result carries its `energy` (a tuner.runtime.energy.Energy, or None where NVML is
+missing) and, for --objective isolated, its `isolated_us`; a confirm result is each implementation's
+runtime.timing.Timing per round. At start-up the child answers ("ready", None), or ("refused", message)
+for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
 
 Every message holds plain picklable data (Problem and BuiltKernel are frozen
 dataclasses; a BuiltKernel travels without its source, the child reads the
@@ -94,7 +101,8 @@ class GpuBackend:
 
     def __init__(self, profile: GpuProfile, device: int = 0, watchdog_s: float = 10.0, seed: Optional[int] = None,
                  *, runner: Optional[Callable[[RunnerOptions], Runner]] = None, timing_budget_s: float = 60.0,
-                 start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "") -> None:
+                 start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "",
+                 objective: str = "time") -> None:
         if runner is None:
             check_gpu_environment()
         if watchdog_s <= 0 or timing_budget_s < 0:
@@ -107,7 +115,7 @@ class GpuBackend:
         self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
-        self._options = runner_options(profile, device, seed, refresh_every)
+        self._options = runner_options(profile, device, seed, refresh_every, objective)  # objective: see gpu_child
         self._worker: Optional[_Worker] = None
         self._facts: Optional[DeviceFacts] = None
         self._pending: Optional[_GpuMeasurement] = None  # submitted, reply not collected yet
@@ -189,8 +197,8 @@ class GpuBackend:
         except (_Timeout, _Fault) as exc:
             warnings.warn(f"baselines of {problem.label} failed: {exc}", RuntimeWarning, stacklevel=2)
             return []
-        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"], r.get("warnings", 0))
-                for r in rows]
+        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"], energy=r.get("energy"),
+                                    isolated_us=r.get("isolated_us"), warnings=r.get("warnings", 0)) for r in rows]
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: Optional[str] = None) -> Measurement:
@@ -231,7 +239,7 @@ class GpuBackend:
             return Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc))
         status = TrialStatus(reply["status"])
         return Measurement(status, reply.get("median_us"), reply.get("p20_us"), reply.get("p80_us"),
-                           reply.get("rel_error"), reply.get("error"))
+                           reply.get("rel_error"), reply.get("error"), reply.get("energy"), reply.get("isolated_us"))
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
@@ -242,7 +250,7 @@ class GpuBackend:
                                               "first_round": first_round})
         except (_Timeout, _Fault) as exc:
             raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
-        return ConfirmTimings({name: tuple(times) for name, times in reply.items()})
+        return ConfirmTimings.of(reply)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -19,14 +19,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from tuner.errors import NoGpuError
+from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import take_counts
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
+from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.timing import interleaved_rounds, time_cuda
+from tuner.runtime.objective import ENERGY, ISOLATED, TIME
+from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import (
     TOLERANCE,
     empty_output,
@@ -70,6 +72,7 @@ class RunnerOptions:
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
     refresh_every: int = 20  # fresh inputs and reference for a problem after this many measurements
+    objective: str = TIME  # isolated: calls are also timed isolated; energy: refused at setup without NVML
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,9 +92,19 @@ class CudaRunner:
         self.options = options
         self._rng = random.Random(options.seed)
         self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
+        self._meter = EnergyMeter(options.device)
 
     def setup(self) -> None:
         cuda_driver(self.options.device)
+        # NVML opens now, in the process that times: a missing one is logged before the first timing.
+        if not self._meter.available and self.options.objective == ENERGY:
+            raise TunerError(f"--objective energy needs NVML's energy counter on GPU {self.options.device}, "
+                             f"which this machine does not give ({self._meter.why_not})")
+
+    def _time(self, fn: Callable[[], Any]) -> Timing:
+        """Back to back with its energy; for --objective isolated, isolated calls too."""
+        return time_call(fn, meter=self._meter, isolated_too=self.options.objective == ISOLATED,
+                         l2_bytes=self.options.l2_bytes)
 
     def facts(self) -> dict[str, Optional[str]]:
         import torch
@@ -163,11 +176,12 @@ class CudaRunner:
         with annotate(range_name(prefix, name, "time")):
             # Inputs were validated by the verify launch: time the launch alone, without
             # ~10 us of Python checks per call that small kernels would otherwise pay.
-            timing = time_cuda(kernel_call(kernel, data, out, checked=False), l2_bytes=self.options.l2_bytes)
+            timing = self._time(kernel_call(kernel, data, out, checked=False))
         return {**base, "status": "ok", "median_us": timing.median_us, "p20_us": timing.p20_us,
-                "p80_us": timing.p80_us, "reps": timing.reps}
+                "p80_us": timing.p80_us, "reps": timing.reps, "energy": timing.energy,
+                "isolated_us": timing.isolated_us}
 
-    def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[float]]:
+    def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[Timing]]:
         """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
         rounds (the start rotates from round `first_round` on)."""
         import torch
@@ -183,17 +197,20 @@ class CudaRunner:
             kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
             if relative_error(out, data["ref"]) < TOLERANCE[problem.dtype]:
-                calls[built.entry] = (lambda call=kernel_call(kernel, data, out, checked=False): time_cuda(
-                    call, l2_bytes=self.options.l2_bytes))
+                calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call)
         for baseline in available_baselines(problem, q, k, v, scale):
             if wanted is not None and baseline.name not in wanted:
                 continue
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
-            calls[baseline.name] = lambda baseline=baseline: baseline.time(l2_bytes=self.options.l2_bytes)
-        return interleaved_rounds(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
-                                  first_round=int(request.get("first_round", 0)))
+            calls[baseline.name] = lambda baseline=baseline: self._time_baseline(baseline)
+        return interleaved_timings(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
+                                   first_round=int(request.get("first_round", 0)))
+
+    def _time_baseline(self, baseline: Any) -> Timing:
+        return baseline.time(meter=self._meter, isolated_too=self.options.objective == ISOLATED,
+                             l2_bytes=self.options.l2_bytes)
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)
@@ -204,14 +221,15 @@ class CudaRunner:
         for baseline in found:
             progress(f"{baseline.name}/time", True)
             with annotate(range_name(range_prefix, baseline.name, "time")):
-                timing = baseline.time(l2_bytes=self.options.l2_bytes)
+                timing = self._time_baseline(baseline)
             results.append({"impl": baseline.name, "median_us": timing.median_us, "p20_us": timing.p20_us,
-                            "p80_us": timing.p80_us})
+                            "p80_us": timing.p80_us, "energy": timing.energy, "isolated_us": timing.isolated_us})
         logged = take_counts()  # written to the baselines' log: the search says where
         return [{**r, "warnings": logged.get(r["impl"], 0)} for r in results]
 
     def close(self) -> None:
         self._inputs.clear()
+        self._meter.close()
 
 
 def _driver_version() -> Optional[str]:
@@ -269,6 +287,10 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         runner.setup()
     except NoGpuError as exc:
         conn.send(("nogpu", str(exc)))
+        conn.close()
+        os._exit(1)
+    except TunerError as exc:  # a refusal the user reads as is (e.g. --objective energy without NVML)
+        conn.send(("refused", str(exc)))
         conn.close()
         os._exit(1)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises

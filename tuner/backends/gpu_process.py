@@ -75,6 +75,9 @@ class _Worker:
         if kind == "nogpu":
             self.kill()
             raise NoGpuError(message)
+        if kind == "refused":
+            self.kill()
+            raise TunerError(message)
         if kind != "ready":
             self.kill()
             raise TunerError(f"the GPU worker could not start: {message}")
@@ -141,9 +144,10 @@ class _Worker:
 
 
 def runner_options(profile: GpuProfile, device: int, seed: Optional[int] = None,
-                   refresh_every: int = 20) -> RunnerOptions:
+                   refresh_every: int = 20, objective: str = "time") -> RunnerOptions:
     """What a GPU worker child of `device` is started with (and a prestarted child is matched by)."""
-    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every)
+    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every,
+                         objective=objective)
 
 
 # Children started ahead of their backend (prestart), by (device, runner factory), without their

@@ -27,7 +27,9 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
 from tuner.runtime.build import BuiltKernel
-from tuner.runtime.timing import Timing, interleaved_rounds
+from tuner.runtime.energy import Energy
+from tuner.runtime.objective import COLUMN, TIME, figure
+from tuner.runtime.timing import Timing, interleaved_timings
 from tuner.status import TrialStatus
 from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store
 
@@ -47,6 +49,31 @@ class _Recorded:
     p80_us: Optional[float]
     rel_error: Optional[float]
     error: Optional[str]
+    energy: Optional[Energy] = None
+    isolated_us: Optional[float] = None
+
+    @classmethod
+    def of(cls, r: TrialRow) -> "_Recorded":
+        return cls(r.status, r.median_us, r.p20_us, r.p80_us, r.rel_error, r.error, r.energy, r.isolated_us)
+
+    def measurement(self) -> Measurement:
+        return Measurement(self.status, self.median_us, self.p20_us, self.p80_us, self.rel_error, self.error,
+                           self.energy, self.isolated_us)
+
+
+def _median_energy(samples: list[Optional[Energy]]) -> Optional[Energy]:
+    """The median of each figure over the samples that have energy (None when none has)."""
+    found = [e for e in samples if e is not None]
+    if not found:
+        return None
+    mhz = [e.sm_mhz for e in found if e.sm_mhz is not None]
+    return Energy(statistics.median(e.joules_per_call for e in found), statistics.median(e.power_w for e in found),
+                  statistics.median(mhz) if mhz else None)
+
+
+def _median_of(values: list[Optional[float]]) -> Optional[float]:
+    found = [v for v in values if v is not None]
+    return statistics.median(found) if found else None
 
 
 @dataclass
@@ -86,12 +113,15 @@ class ReplayBackend:
 
     A variant (or baseline) recorded several times answers each measurement, and each confirm
     round, with one of its recorded timings drawn at random (seeded); one recorded once always
-    answers the same."""
+    answers the same.
+
+    With an `objective` other than time, only recorded ok timings that have its figure (energy, the
+    isolated µs) answer: the others were not measured for it. A recording with none is refused."""
 
     needs_compile = False
 
     def __init__(self, url: str, profile: Optional[GpuProfile] = None, *, force: bool = False,
-                 delay_s: Optional[float] = None, seed: Optional[int] = None) -> None:
+                 delay_s: Optional[float] = None, seed: Optional[int] = None, objective: str = TIME) -> None:
         self._problem_of: dict[int, Problem] = {}
         self._rng = random.Random(seed)
         with open_store(url, create=False) as source:
@@ -102,8 +132,9 @@ class ReplayBackend:
             mine = [row for row in rows if row.run_id in self._run_ids]
             baseline_keys = {(row.run_id, row.problem_id) for row in mine}
             for key, found in recorded_measurements(mine).items():
-                self._trials[key] = [_Recorded(r.status, r.median_us, r.p20_us, r.p80_us, r.rel_error, r.error)
-                                     for r in found]
+                kept = [_Recorded.of(r) for r in found if r.status is not TrialStatus.OK or figure(objective, r) is not None]
+                if kept:
+                    self._trials[key] = kept
             for row in mine:
                 if row.status in REPLAYED_STATUSES:
                     self._problem_of[row.problem_id] = row.problem
@@ -112,9 +143,11 @@ class ReplayBackend:
                 if problem is None:
                     continue
                 for b in source.baselines_for(run_id, problem_id):
-                    self._baselines.setdefault(problem, {}).setdefault(b.impl, []).append(
-                        BaselineMeasurement(b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us))
+                    self._baselines.setdefault(problem, {}).setdefault(b.impl, []).append(BaselineMeasurement(
+                        b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us, b.energy, b.isolated_us))
         self.source_url = source.url
+        if objective != TIME and not any(r.status is TrialStatus.OK for rows in self._trials.values() for r in rows):
+            raise TunerError(_lacking(objective, source.url))
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0) if delay_s is None else delay_s
 
     def _pick_gpu(self, where: str, rows: list[TrialRow], profile: Optional[GpuProfile],
@@ -148,7 +181,8 @@ class ReplayBackend:
         """Each baseline's median over its recorded timings (one per recorded run)."""
         out = [samples[0] if len(samples) == 1 else BaselineMeasurement(
                    impl, statistics.median(b.median_us for b in samples), statistics.median(b.p20_us for b in samples),
-                   statistics.median(b.p80_us for b in samples))
+                   statistics.median(b.p80_us for b in samples), _median_energy([b.energy for b in samples]),
+                   _median_of([b.isolated_us for b in samples]))
                for impl, samples in self._baselines.get(problem, {}).items()]
         return sorted(out, key=lambda b: b.median_us)
 
@@ -167,36 +201,51 @@ class ReplayBackend:
         samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
         if not samples:
             return Measurement(status=TrialStatus.PRUNED, error=NOT_RECORDED)
-        found = self._rng.choice(samples)
-        return Measurement(status=found.status, median_us=found.median_us, p20_us=found.p20_us, p80_us=found.p80_us,
-                           rel_error=found.rel_error, error=found.error)
+        return self._rng.choice(samples).measurement()
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
         """The GPU worker's interleaved rounds, each timing one draw from the recorded timings of the
         variant or baseline (with one recorded timing, always that); each draw takes the delay."""
-        samples: dict[str, list[float]] = {}
+        samples: dict[str, list[Timing]] = {}
         for variant in variants:
             rows = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
-            ok = [r.median_us for r in rows if r.status is TrialStatus.OK and r.median_us is not None]
+            ok = [Timing(r.median_us, r.median_us, r.median_us, 1, r.energy, r.isolated_us) for r in rows
+                  if r.status is TrialStatus.OK and r.median_us is not None]
             if ok:
                 samples[variant.name] = ok
         for impl, measured in self._baselines.get(problem, {}).items():
             if baselines is None or impl in baselines:
-                samples[impl] = [m.median_us for m in measured]
+                samples[impl] = [Timing(m.median_us, m.median_us, m.median_us, 1, m.energy, m.isolated_us)
+                                 for m in measured]
 
         def draw(impl: str) -> Timing:
             if self._delay:
                 time.sleep(self._delay)
-            us = self._rng.choice(samples[impl])
-            return Timing(us, us, us, 1)
+            return self._rng.choice(samples[impl])
 
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        times = interleaved_rounds(calls, rounds, first_round=first_round)
-        return ConfirmTimings({impl: tuple(us) for impl, us in times.items()})
+        return ConfirmTimings.of(interleaved_timings(calls, rounds, first_round=first_round))
 
     def close(self) -> None:
         pass
+
+
+def _lacking(objective: str, where: str) -> str:
+    return (f"--objective {objective}: the recording at {where} holds no trial with {COLUMN[objective]} "
+            f"(it was recorded without it); replay it with --objective time")
+
+
+def check_recording_objective(url: str, objective: str) -> None:
+    """A one-line TunerError when the recording holds no ok trial with the objective's figure (checked
+    before a search prepares its studies; the backend checks again on its own rows)."""
+    if objective == TIME:
+        return
+    with open_store(url, create=False) as source:
+        rows = source.query_trials(TrialFilter(status=TrialStatus.OK))
+        where = source.url
+    if not any(figure(objective, r) is not None for r in rows):
+        raise TunerError(_lacking(objective, where))
 
 
 def recording_profile(url: str) -> GpuProfile:

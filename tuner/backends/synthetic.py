@@ -16,6 +16,7 @@ from tuner.kernels.feasibility import feasible_space
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.energy import Energy
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, TrialRecord, open_store
 
@@ -32,6 +33,7 @@ _FACTORS: dict[str, dict[object, float]] = {
 _BEST_EFFICIENCY = 0.6  # of the dense peak, for the best variant
 _BASELINES = {"sdpa_cudnn": 0.55, "sdpa_flash": 0.45, "sdpa_efficient": 0.3}
 _LAUNCH_US = 6.0
+_POWER_LIMIT_W = 700.0  # back to back a card sits at its limit; variants draw 80-100% of it (made up)
 
 
 def _unit(text: str) -> float:
@@ -54,10 +56,21 @@ def synthetic_time_us(problem: Problem, params: dict, peak_tflops: float, key: s
     return (problem.flops / (peak_tflops * 1e12 * eff) * 1e6 + _LAUNCH_US) * noise
 
 
+def synthetic_figures(key: str, us: float, energy: bool, isolated: bool) -> dict:
+    """Made-up energy (board power 80-100% of the limit, by a hash of `key`; J per call = power x µs)
+    and isolated µs (5-15% below the back-to-back µs: the boost clock) of a synthetic timing."""
+    power = _POWER_LIMIT_W * (0.8 + 0.2 * _unit("power:" + key))
+    return {"energy": Energy(power * us * 1e-6, power, 1980.0 - 600.0 * power / _POWER_LIMIT_W) if energy else None,
+            "isolated_us": us * (0.85 + 0.1 * _unit("isolated:" + key)) if isolated else None}
+
+
 def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile: str = "h100",
-                              template: str = "attn_fwd_mma", gpu_name: str = "NVIDIA H100 80GB HBM3") -> int:
+                              template: str = "attn_fwd_mma", gpu_name: str = "NVIDIA H100 80GB HBM3",
+                              energy: bool = True, isolated: bool = False) -> int:
     """Record every feasible variant of each problem (ok, with a few incorrect/launch_error/timeout) and
-    the SDPA baselines into the store at `url`; returns the number of trials written."""
+    the SDPA baselines into the store at `url`; returns the number of trials written. `energy`: with
+    made-up energy figures (False: a recording made before energy was measured); `isolated`: with
+    made-up isolated µs (what a search with --objective isolated records)."""
     prof = load_profile(profile)
     manifest = load_manifest(template)
     written = 0
@@ -68,15 +81,18 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
             for impl, eff in _BASELINES.items():
                 us = problem.flops / (peak * 1e12 * eff) * 1e6 + _LAUNCH_US
                 store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=impl, median_us=us,
-                                                  p20_us=us * 0.99, p80_us=us * 1.01))
+                                                  p20_us=us * 0.99, p80_us=us * 1.01,
+                                                  **synthetic_figures(impl + problem.label, us, energy, isolated)))
             for variant in feasible_space(template, problem, prof):
                 name = variant.name
                 us = synthetic_time_us(problem, dict(variant.params), peak, name + problem.label)
                 fate = _unit("fate:" + name + problem.label)
-                fields: dict = dict(median_us=us, p20_us=us * 0.98, p80_us=us * 1.02, rel_error=4e-4)
+                fields: dict = dict(median_us=us, p20_us=us * 0.98, p80_us=us * 1.02, rel_error=4e-4,
+                                    **synthetic_figures(name + problem.label, us, energy, isolated))
                 status = TrialStatus.OK
                 if fate < 0.03:
-                    status, fields = TrialStatus.INCORRECT, dict(fields, rel_error=0.05, error="rel error 5.0e-02 > 2.0e-03 (synthetic)")
+                    status, fields = TrialStatus.INCORRECT, dict(fields, rel_error=0.05, error="rel error 5.0e-02 > 2.0e-03 (synthetic)",
+                                                           energy=None, isolated_us=None)
                 elif fate < 0.05:
                     status, fields = TrialStatus.LAUNCH_ERROR, dict(error="an illegal memory access was encountered (synthetic)")
                 elif fate < 0.06:

@@ -14,6 +14,7 @@ from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.models import decode_shapes, load_model, prefill_shapes
 from tuner.reporting.profiling import profile_top
+from tuner.runtime.objective import check_objective
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.confirm_run import ConfirmOptions, run_confirm
 from tuner.search.job import MAX_REPEAT_STREAK
@@ -107,6 +108,7 @@ def search_command(
     confirm: Annotated[int, typer.Option("--confirm", min=0, max=100, help="Re-time the K best variants interleaved with the baselines after each problem; the winner is the best median per-round ratio (0: off).")] = DEFAULT_CONFIRM,
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
     model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model: a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
+    objective: Annotated[str, typer.Option(help="What to minimize: time (µs of back-to-back calls, the card at its power limit), energy (J per call of those calls; needs NVML) or isolated (µs of calls with the card idle in between).")] = "time",
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
     phases: list[list[str]] = [list(shape or ())]
@@ -134,7 +136,7 @@ def search_command(
             lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
-            confirm_rounds=confirm_rounds,
+            confirm_rounds=confirm_rounds, objective=check_objective(objective),
         )
         report = run_search(options, console=err_console, hooks=state.hooks)
         if top and report.run_ids and not report.interrupted:
@@ -175,13 +177,16 @@ def confirm_command(
     device: Annotated[int, typer.Option(min=0, max=1024, help="GPU index.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
     db: DbOption = None,
+    objective: Annotated[str, typer.Option(help="What to rank by: time, energy (J per call) or isolated (see `tuner search --objective`).")] = "time",
 ) -> None:
     """Re-time the best stored variants of each problem interleaved with the baselines; store the confirmed winner."""
     confirmed = run_confirm(ConfirmOptions(
         gpu=gpu, shapes=tuple(shape or ()), confirm=confirm, rounds=rounds, db_url=db or state.db_url,
         backend=backend.strip().lower(), replay_from=replay_from, device=device, force=force,
+        objective=check_objective(objective),
     ), say=lambda text: say(text, stderr=True), hooks=state.hooks)
     for c in confirmed:
         versus = f"{c.ratio:.3f}x {c.baseline_impl}" if c.ratio is not None else "no baseline"
+        versus += "" if c.objective == "time" else f" in {c.objective}"
         say(f"{c.problem.label}: {c.variant_name} (trial {c.trial_id}) {c.median_us:.2f} µs, {versus}, "
             f"median of {c.rounds} rounds")

@@ -65,21 +65,36 @@ def short_variant(name: str) -> str:
     return short_name(name)
 
 
+def mj(joules: Optional[float]) -> str:
+    """J per call shown in millijoules (a kernel's call costs a fraction of a joule): 0.123, 45.6, 1650."""
+    if joules is None:
+        return "-"
+    return f"{joules * 1e3:.0f}" if joules >= 0.1 else f"{joules * 1e3:.3g}"
+
+
+ENERGY_CAPTION = "mJ: energy per call back to back; TF/W: TFLOP/s per watt"
+
+
 def results_table(rows: list[TrialRow], best: bool) -> FitTable:
     """One or two lines per trial in 80 columns: the variant by its tunables (`tuner show ID` has
-    everything), the card in the title when all rows share one."""
+    everything), the card in the title when all rows share one; energy columns where a row has energy."""
     gpus = {printable(r.profile or r.gpu_name) for r in rows}
+    energy = any(r.headline_joules is not None for r in rows)
     title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
     columns = [Col("id", "right", whole=True)] + ([Col("gpu")] if len(gpus) > 1 else []) + [
         Col("problem"), Col("variant", whole=True), Col("status", whole=True), Col("µs", "right", whole=True),
-        Col("TFLOP/s", "right", whole=True, drop=1), Col("x best", "right", whole=True)]
+        Col("TFLOP/s", "right", whole=True, drop=1)] + (
+        [Col("mJ", "right", whole=True), Col("TF/W", "right", whole=True, drop=2)] if energy else []) + [
+        Col("x best", "right", whole=True)]
     # The variant keeps its width; the problem label wraps first.
     table = FitTable(title, columns,
-                     caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing")
+                     caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing"
+                             + (f"; {ENERGY_CAPTION}" if energy else ""))
     for row in rows:
         cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
             row.problem.label, printable(short_variant(row.variant_name)), row.status.value, fmt(row.headline_us),
-            fmt(row.problem.tflops(row.headline_us) if row.headline_us else None),
+            fmt(row.problem.tflops(row.headline_us) if row.headline_us else None)] + (
+            [mj(row.headline_joules), fmt(row.tflops_per_watt, ".2f")] if energy else []) + [
             fmt(row.headline_ratio, ".2f", "x") + (" c" if row.confirmed_us is not None else "")]
         table.add_row(*cells)
     return table
@@ -92,7 +107,9 @@ def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> 
                Col("µs", "right", whole=True), Col("TFLOP/s", "right", whole=True, drop=3),
                Col("baseline", whole=True), Col("µs ", "right", whole=True, drop=1), Col("x", "right", whole=True))
     table = FitTable(title, columns, caption="best: the variant's tunables; c: confirmed, the median per-round "
-                                             "ratio of interleaved re-timing")
+                                             "ratio of interleaved re-timing" + (
+                         "" if all(r.objective == "time" for r in rows) else
+                         " (of J per call in an energy search, of isolated µs in an isolated one)"))
     for row in rows:
         table.add_row(row.problem.label, str(row.trials), short_variant(row.best_variant) if row.best_variant else
                       "no ok trial", fmt(row.best_us, ".2f"), fmt(row.best_tflops), row.baseline_impl or "-",
@@ -141,6 +158,7 @@ def trial_lines(d: TrialDetail) -> list[Text]:
         _line("params", ", ".join(f"{k}={v}" for k, v in sorted(d.params.items())) or "-"),
         _line("median / p20 / p80", f"{fmt(d.median_us, '.2f')} / {fmt(d.p20_us, '.2f')} / {fmt(d.p80_us, '.2f')} µs"),
         _line("TFLOP/s", fmt(d.tflops, ".1f")),
+        *energy_lines(d),
         _line("ratio to best baseline", fmt(d.ratio_to_best_baseline, ".3f", "x") + best),
         _line("relative error", fmt(d.rel_error, ".2e")),
         _line("registers / smem / spill",
@@ -153,13 +171,29 @@ def trial_lines(d: TrialDetail) -> list[Text]:
     return lines
 
 
+def energy_lines(d: TrialDetail) -> list[Text]:
+    """The trial's energy and isolated time, where measured."""
+    lines = []
+    if d.energy is not None:
+        e = d.energy
+        lines.append(_line("energy (back to back)", f"{e.joules_per_call:.3g} J/call at {e.power_w:.0f} W, SM "
+                                                    f"{fmt(e.sm_mhz, '.0f')} MHz; {fmt(d.tflops_per_watt, '.3f')} "
+                                                    f"TFLOP/s per W"))
+    if d.isolated_us is not None:
+        lines.append(_line("isolated calls", f"{d.isolated_us:.2f} µs median (the card idle between calls)"))
+    return lines
+
+
 def baselines_table(d: TrialDetail) -> FitTable:
+    energy = any(b.energy is not None for b in d.baselines)
     table = FitTable("baselines (same run)", [Col("impl", whole=True)] + [Col(c, "right", whole=True) for c in (
-        "median µs", "p20 µs", "p80 µs", "TFLOP/s", "trial speed-up")], title_justify="left")
+        "median µs", "p20 µs", "p80 µs", "TFLOP/s", *(("J/call", "TF/W") if energy else ()), "trial speed-up")],
+        title_justify="left")
     for b in d.baselines:
         speedup = b.median_us / d.median_us if d.median_us else None
         table.add_row(printable(b.impl), fmt(b.median_us, ".2f"), fmt(b.p20_us, ".2f"), fmt(b.p80_us, ".2f"), fmt(b.tflops),
-                      fmt(speedup, ".3f", "x"))
+                      *((fmt(b.energy.joules_per_call if b.energy else None, ".3g"), fmt(b.tflops_per_watt, ".3f"))
+                        if energy else ()), fmt(speedup, ".3f", "x"))
     return table
 
 
@@ -180,10 +214,12 @@ def trial_detail(d: TrialDetail, confirmed: Optional[ConfirmedRow] = None) -> li
     """Everything `tuner show` prints about one trial, in order (`confirmed`: it won a confirm stage)."""
     out: list[RenderableType] = list(trial_lines(d))
     if confirmed is not None:
-        versus = f", {fmt(confirmed.ratio, '.3f', 'x')} {confirmed.baseline_impl} (median per-round ratio)" \
+        of = "" if confirmed.objective == "time" else f" of {confirmed.objective}"
+        versus = f", {fmt(confirmed.ratio, '.3f', 'x')} {confirmed.baseline_impl} (median per-round ratio{of})" \
             if confirmed.baseline_impl else ""
+        joules = f", {confirmed.joules_per_call:.3g} J/call" if confirmed.joules_per_call is not None else ""
         out.append(_line("confirmed", f"winner of the confirm stage of run {confirmed.run_id}: "
-                                      f"{fmt(confirmed.median_us, '.2f')} µs, median of {confirmed.rounds} "
+                                      f"{fmt(confirmed.median_us, '.2f')} µs{joules}, median of {confirmed.rounds} "
                                       f"interleaved rounds{versus}"))
     if d.baselines:
         out.append(baselines_table(d))

@@ -133,6 +133,7 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
         "best_baseline_us": row.best_baseline_us,
         "ratio_to_best_baseline": row.headline_ratio,
         "ratio_to_sdpa": ratio_to_sdpa,
+        **energy_fields(row),
         "rebuilt": kernel.rebuilt,
         # A template for short queries (decode) computes any Sq, slowly: dispatch never sends longer ones to it.
         "max_seq_q": load_manifest(row.template).features.max_seq_q,
@@ -146,6 +147,21 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
         # slower, so calls of this cell run SDPA (explain() says so).
         "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW else None,
+    }
+
+
+def energy_fields(row: TrialRow) -> dict[str, Optional[float]]:
+    """The kernel's and its best baseline's energy figures (None where not measured): J per call back to
+    back (the confirm stage's median for a confirmed winner that measured it), board power, SM clock, and
+    TFLOP/s per watt."""
+    e, b = row.energy, row.best_baseline_energy
+    base_tflops = row.problem.tflops(row.best_baseline_us) if row.best_baseline_us else None
+    return {
+        "joules_per_call": row.headline_joules, "power_w": e.power_w if e else None,
+        "sm_mhz": e.sm_mhz if e else None, "tflops_per_watt": row.tflops_per_watt,
+        "best_baseline_joules_per_call": b.joules_per_call if b else None,
+        "best_baseline_power_w": b.power_w if b else None, "best_baseline_sm_mhz": b.sm_mhz if b else None,
+        "best_baseline_tflops_per_watt": b.tflops_per_watt(base_tflops) if b else None,
     }
 
 

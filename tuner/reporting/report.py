@@ -39,6 +39,7 @@ from tuner.reporting.report_model import (
     RunLabel,
     StudyCurve,
 )  # fmt: skip
+from tuner.runtime.energy import Energy
 from tuner.runtime.timing import per_round_ratio
 from tuner.search.study import storage_for
 from tuner.status import TrialStatus
@@ -137,8 +138,9 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
     label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at), synthetic=is_synthetic_run(detail.run),
                      replayed_from=detail.run.replayed_from if detail.run is not None else None)
     baselines = {b.impl: b for b in detail.baselines}
-    timings = [ImplTiming(TUNED, float(best.median_us), best.tflops)] + [
-        ImplTiming(i, baselines[i].median_us, baselines[i].tflops) for i in _ordered(list(baselines))
+    timings = [ImplTiming(TUNED, float(best.median_us), best.tflops, *_energy(best.energy))] + [
+        ImplTiming(i, baselines[i].median_us, baselines[i].tflops, *_energy(baselines[i].energy))
+        for i in _ordered(list(baselines))
     ]
     rows = [r for r in store.query_trials(TrialFilter(gpu=gpu, problem=best.problem, run_id=run_id))
             if r.profile == best.profile]
@@ -158,6 +160,7 @@ def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Opti
     if confirmed is None:
         return None
     timings = store.confirm_timings(confirmed.confirmation_id)
+    energy = store.confirm_energy(confirmed.confirmation_id)
     in_search: dict[str, float] = {}  # each variant's fastest ok in-search time
     for r in rows:
         if r.status is TrialStatus.OK and r.median_us is not None:
@@ -165,10 +168,20 @@ def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Opti
     base = timings.get(confirmed.baseline_impl or "")
     variants = tuple(ConfirmedVariant(
         name, in_search.get(name), statistics.median(times), per_round_ratio(base, times) if base else None,
-        len(times),
+        len(times), _median_joules(energy.get(name, [])),
     ) for name, times in timings.items() if name.startswith(best.template + "_"))
     return ConfirmSection(confirmed.run_id, confirmed.rounds, confirmed.baseline_impl, confirmed.variant_name,
-                          tuple(sorted(variants, key=lambda v: -(v.ratio or 0))))
+                          tuple(sorted(variants, key=lambda v: -(v.ratio or 0))), confirmed.objective)
+
+
+def _median_joules(energy: list[Optional[Energy]]) -> Optional[float]:
+    joules = [e.joules_per_call for e in energy if e is not None]
+    return statistics.median(joules) if joules else None
+
+
+def _energy(energy: Optional[Energy]) -> tuple[Optional[float], Optional[float]]:
+    """(J per call, power) of an ImplTiming."""
+    return (energy.joules_per_call, energy.power_w) if energy is not None else (None, None)
 
 
 def _run_facts(store: Store, trial_id: int) -> RunFacts:

@@ -37,11 +37,18 @@ def render_markdown(report: BenchmarkReport, figures: Optional[dict[str, str]] =
     rows = []
     for p in report.problems:
         # baseline, its µs and the speed-up all from the store's one choice (a second pick could differ on ties)
+        tuned = p.timings[0]
+        base = next((t for t in p.timings if t.impl == p.best.best_baseline_impl), None)
         rows.append([p.problem.label, p.label.gpu_name, str(p.best.run_id), p.label.date, p.best.variant_name,
-                     _f(p.best.median_us, ".3f"), _f(p.best.tflops, ".1f"), p.best.best_baseline_impl or "-",
-                     _f(p.best.best_baseline_us, ".3f"), _f(p.best.ratio_to_best_baseline, ".3f", "x")])
-    lines += _table(["problem", "card", "run", "date", "best variant", "µs", "TFLOP/s", "best baseline",
-                     "baseline µs", "speed-up"], rows, right_from=5)
+                     _f(p.best.median_us, ".3f"), _f(p.best.tflops, ".1f"), _j(tuned.joules_per_call),
+                     _f(tuned.tflops_per_watt, ".3f"), p.best.best_baseline_impl or "-",
+                     _f(p.best.best_baseline_us, ".3f"), _f(p.best.ratio_to_best_baseline, ".3f", "x"),
+                     _j(base.joules_per_call if base else None), _f(base.tflops_per_watt if base else None, ".3f")])
+    lines += _table(["problem", "card", "run", "date", "best variant", "µs", "TFLOP/s", "J/call", "TFLOP/s per W",
+                     "best baseline", "baseline µs", "speed-up", "baseline J/call", "baseline TFLOP/s per W"], rows,
+                    right_from=5)
+    lines += ["J/call: energy per call back to back (the card at its power limit, board power x median time); "
+              "TFLOP/s per W = TFLOP per joule; - where the run measured no energy (NVML missing).", ""]
     impls = report.baseline_impls
     lines += ["## Speed-up over each baseline", ""]
     rows = [[p.problem.label, p.label.caption] + [_f(p.ratios.get(i), ".3f", "x") for i in impls]
@@ -65,9 +72,10 @@ def _problem_section(p: ProblemReport, figures: dict[str, str], number: list[int
     _figure(lines, figures, f"{p.key}/compare", number,
             f"{p.problem.label}: tuned kernel and baselines of the same run — {cap}.")
     rows = [[f"tuned `{p.best.variant_name}`" if t.impl == TUNED else t.impl, _f(t.median_us, ".3f"),
-             _f(t.tflops, ".1f"), "1.000x" if t.impl == TUNED else _f(p.ratios.get(t.impl), ".3f", "x")]
+             _f(t.tflops, ".1f"), _j(t.joules_per_call), _f(t.power_w, ".0f"), _f(t.tflops_per_watt, ".3f"),
+             "1.000x" if t.impl == TUNED else _f(p.ratios.get(t.impl), ".3f", "x")]
             for t in p.timings]
-    lines += _table(["implementation", "µs", "TFLOP/s", "speed-up of tuned"], rows)
+    lines += _table(["implementation", "µs", "TFLOP/s", "J/call", "W", "TFLOP/s per W", "speed-up of tuned"], rows)
     if len(p.timings) == 1:
         lines += [f"No baselines were recorded in run {p.best.run_id}.", ""]
     lines += _confirm_lines(p, figures, number)
@@ -108,16 +116,23 @@ def _confirm_lines(p: ProblemReport, figures: dict[str, str], number: list[int])
     c = p.confirm
     if c is None:
         return ["No confirm stage for this problem (`tuner confirm` re-times the best variants).", ""]
+    of = "" if c.objective == "time" else (" of J per call" if c.objective == "energy" else " of isolated µs")
     lines = ["### Confirm stage", "",
              f"Run {c.run_id} re-timed {len(c.variants)} variants in {c.rounds} rounds interleaved with the "
-             f"baselines; the winner, `{c.winner}`, has the best median per-round ratio to {c.baseline_impl or '-'}.",
-             ""]
+             f"baselines; the winner, `{c.winner}`, has the best median per-round ratio{of} to "
+             f"{c.baseline_impl or '-'}.", ""]
     _figure(lines, figures, f"{p.key}/confirm", number,
             f"{p.problem.label}: in-search vs confirmed µs of the re-timed variants — {p.label.caption}.")
     rows = [[f"`{v.name}`" + (" (winner)" if v.name == c.winner else ""), _f(v.in_search_us, ".3f"),
-             _f(v.confirmed_us, ".3f"), _f(v.ratio, ".3f", "x"), str(v.rounds)] for v in c.variants]
-    return lines + _table(["variant", "in-search µs", "confirmed µs", f"x {c.baseline_impl or 'baseline'}",
-                           "rounds (fewer: stopped early as clearly slower)"], rows)
+             _f(v.confirmed_us, ".3f"), _j(v.joules_per_call), _f(v.ratio, ".3f", "x"), str(v.rounds)]
+            for v in c.variants]
+    return lines + _table(["variant", "in-search µs", "confirmed µs", "confirmed J/call",
+                           f"x {c.baseline_impl or 'baseline'} (µs)", "rounds (fewer: stopped early as clearly slower)"],
+                          rows)
+
+
+def _j(joules: Optional[float]) -> str:
+    return _f(joules, ".4g")
 
 
 def report_json(report: BenchmarkReport) -> dict[str, Any]:
@@ -134,7 +149,8 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
             "best_trial_id": p.best.id, "best_variant": p.best.variant_name, "best_us": p.best.median_us,
             "best_tflops": p.best.tflops, "best_baseline_impl": p.best.best_baseline_impl,
             "ratio_to_best_baseline": p.best.ratio_to_best_baseline,
-            "timings": [{"impl": t.impl, "median_us": t.median_us, "tflops": t.tflops} for t in p.timings],
+            "timings": [{"impl": t.impl, "median_us": t.median_us, "tflops": t.tflops, "joules_per_call": t.joules_per_call,
+                         "power_w": t.power_w, "tflops_per_watt": t.tflops_per_watt} for t in p.timings],
             "ratios": p.ratios,
             "studies": [{"study": c.study, "run_ids": list(c.run_ids), "trials": c.trials,
                          "best_us": c.best_by_number[-1] if c.best_by_number else None} for c in p.curves],
@@ -143,8 +159,9 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
             "ncu": [{"name": m.name, "value": m.value, "unit": m.unit} for m in p.ncu],
             "confirm": None if p.confirm is None else {
                 "run_id": p.confirm.run_id, "rounds": p.confirm.rounds, "winner": p.confirm.winner,
-                "baseline_impl": p.confirm.baseline_impl,
+                "baseline_impl": p.confirm.baseline_impl, "objective": p.confirm.objective,
                 "variants": [{"name": v.name, "in_search_us": v.in_search_us, "confirmed_us": v.confirmed_us,
-                              "ratio": v.ratio, "rounds": v.rounds} for v in p.confirm.variants]},
+                              "ratio": v.ratio, "rounds": v.rounds, "joules_per_call": v.joules_per_call}
+                             for v in p.confirm.variants]},
         } for p in report.problems],
     }  # fmt: skip

@@ -55,6 +55,12 @@ class ImplTiming:
     impl: str  # TUNED or a baseline name
     median_us: float
     tflops: Optional[float]
+    joules_per_call: Optional[float] = None  # back to back (None: not measured)
+    power_w: Optional[float] = None
+
+    @property
+    def tflops_per_watt(self) -> Optional[float]:
+        return self.tflops / self.power_w if self.tflops is not None and self.power_w else None
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class ConfirmedVariant:
     confirmed_us: float  # median over the rounds it ran
     ratio: Optional[float]  # median per-round ratio to the stage's fastest baseline
     rounds: int = 0  # rounds it ran (fewer than the stage's: stopped early as clearly slower)
+    joules_per_call: Optional[float] = None  # median over the rounds that measured energy
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class ConfirmSection:
     baseline_impl: Optional[str]
     winner: str
     variants: tuple[ConfirmedVariant, ...]
+    objective: str = "time"  # what the winner was ranked by
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Iterable, Optional
 from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import warnings_logged
-from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_cuda
+from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_call
 from tuner.runtime.verify import ragged_mask
 
 # Name stored in the results database -> torch SDPBackend member name.
@@ -51,8 +51,9 @@ class Baseline:
         return sdpa_kernel([self.backend])
 
     def time(self, **kwargs: Any) -> Timing:
+        """runtime.timing.time_call of the baseline (its kwargs: meter, isolated_too, time_cuda's)."""
         with self.restrict(), warnings_logged(self.name, "timing"):
-            return time_cuda(self.call, **kwargs)
+            return time_call(self.call, **kwargs)
 
 
 def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
+
+from tuner.runtime.energy import Energy, EnergyMeter
 
 
 @dataclass(frozen=True)
@@ -13,6 +16,8 @@ class Timing:
     p20_us: float
     p80_us: float
     reps: int
+    energy: Optional[Energy] = None  # of the timed repetitions, when an EnergyMeter was given and read
+    isolated_us: Optional[float] = None  # the median of the same call timed isolated (time_call), when asked
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -38,11 +43,17 @@ def _l2_flush(l2_bytes: int) -> Callable[[], Any]:
 
 
 def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: float = 25.0,
-              rep_ms: float = 100.0, min_reps: int = 10, max_reps: int = 1000) -> Timing:
+              rep_ms: float = 100.0, min_reps: int = 10, max_reps: int = 1000,
+              meter: Optional[EnergyMeter] = None, isolated: bool = False) -> Timing:
     """Median time of `fn` on the current stream, L2 flushed before each repetition.
 
     Each repetition is bracketed by its own pair of events, so the flush
-    (a read of twice the L2 size, see _l2_flush) is not counted.
+    (a read of twice the L2 size, see _l2_flush) is not counted. Back to back (the default) the
+    repetitions follow each other with no host wait, the card at its power limit, as in a model's
+    forward pass; `meter` then brackets them (the device synchronized before its start and before its
+    end) and the Timing carries their Energy. `isolated`: each repetition is flush, host synchronize,
+    then the timed call and a synchronize, so the card idles between calls (and keeps its boost clock):
+    the latency of a call made now and then.
     """
     import torch
 
@@ -62,14 +73,35 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     reps = max(min_reps, min(max_reps, int(rep_ms / est_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    if meter is not None and not isolated:
+        torch.cuda.synchronize()
+        meter.start()
     for i in range(reps):
         flush()
+        if isolated:
+            torch.cuda.synchronize()
         starts[i].record()
         fn()
         ends[i].record()
+        if isolated:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
+    if meter is not None and not isolated:
+        meter.end()  # before the host reads the events: the window holds the repetitions alone
     times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
-    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), reps)
+    median = statistics.median(times)
+    energy = meter.stop(reps, median) if meter is not None and not isolated else None
+    return Timing(median, _quantile(times, 0.2), _quantile(times, 0.8), reps, energy)
+
+
+def time_call(fn: Callable[[], Any], *, meter: Optional[EnergyMeter] = None, isolated_too: bool = False,
+              **kwargs: Any) -> Timing:
+    """time_cuda back to back, its energy read by `meter`; with `isolated_too`, the median of isolated
+    calls too (a second time_cuda, isolated=True), for --objective isolated."""
+    timing = time_cuda(fn, meter=meter, **kwargs)
+    if not isolated_too:
+        return timing
+    return dataclasses.replace(timing, isolated_us=time_cuda(fn, isolated=True, **kwargs).median_us)
 
 
 Pruner = Callable[[int, Mapping[str, Sequence[float]]], Collection[str]]
@@ -78,24 +110,32 @@ Pruner = Callable[[int, Mapping[str, Sequence[float]]], Collection[str]]
 def interleaved_rounds(calls: Mapping[str, Callable[[], Timing]], rounds: int,
                        on_round: Callable[[int], None] = lambda r: None,
                        prune: Optional[Pruner] = None, first_round: int = 0) -> dict[str, list[float]]:
-    """Each call's median µs in each of `rounds` rounds, every call once a round; the first call of a
+    """Each call's median µs in each of `rounds` rounds (interleaved_timings, its µs)."""
+    timed = interleaved_timings(calls, rounds, on_round, prune, first_round)
+    return {name: [t.median_us for t in timings] for name, timings in timed.items()}
+
+
+def interleaved_timings(calls: Mapping[str, Callable[[], Timing]], rounds: int,
+                        on_round: Callable[[int], None] = lambda r: None,
+                        prune: Optional[Pruner] = None, first_round: int = 0) -> dict[str, list[Timing]]:
+    """Each call's Timing in each of `rounds` rounds, every call once a round; the first call of a
     round rotates, so none always runs first (or on a cooler card). Compare with per-round ratios.
     `first_round`: the number of the first round (rounds of one race timed a few at a time go on rotating).
 
-    `prune(r, times)`, after round r (0-based) with the times of the calls still running, names calls
+    `prune(r, times)`, after round r (0-based) with the µs of the calls still running, names calls
     to stop timing: theirs keep the rounds they ran, aligned with everyone's first rounds."""
-    order, times = list(calls), {name: [] for name in calls}
+    order, timed = list(calls), {name: [] for name in calls}
     for r in range(rounds if order else 0):
         on_round(r)
         turn = (first_round + r) % len(order)
         for name in order[turn:] + order[:turn]:
-            times[name].append(calls[name]().median_us)
+            timed[name].append(calls[name]())
         if prune is not None and r + 1 < rounds:
-            dropped = set(prune(r, {name: times[name] for name in order}))
+            dropped = set(prune(r, {name: [t.median_us for t in timed[name]] for name in order}))
             order = [name for name in order if name not in dropped]
             if not order:
                 break
-    return times
+    return timed
 
 
 def per_round_ratio(baseline_us: Sequence[float], variant_us: Sequence[float]) -> float:

@@ -10,6 +10,10 @@ best figure. Clearly slower variants and baselines stop early
 several cards the rounds are shared by those that end the study together
 (tuner.search.confirm_ledger), each round timed on one card. The rounds are
 stored with the winner.
+
+The figure compared is the search's objective (tuner.runtime.objective): µs back
+to back, J per call (per-round ratios of joules), or µs of isolated calls; every
+round records µs and energy whatever the objective.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.runtime.baselines import confirm_stage_pruner
+from tuner.runtime.energy import Energy
+from tuner.runtime.objective import ENERGY, ISOLATED, TIME, figure
 from tuner.runtime.timing import CONFIRM_AFTER, per_round_ratio
 from tuner.search.confirm_ledger import Attributes, Ledger, MemoryAttributes, Plan, await_plan, finish, publish
 from tuner.search.job import Context
@@ -34,19 +40,27 @@ from tuner.store import ConfirmRecord, TrialFilter, TrialRow
 
 DEFAULT_CONFIRM = 5  # variants re-timed
 DEFAULT_ROUNDS = 7
+ROUND_FIGURE = {TIME: "us", ENERGY: "j", ISOLATED: "iso"}  # the ledger's figure each objective compares
 
 
 def candidates(ctx: Context, problem: Problem, template: str, k: int) -> list[TrialRow]:
-    """The k fastest distinct variants of the problem measured on this card with this template code."""
+    """The k best distinct variants (by the objective's figure) of the problem measured on this card with
+    this template code. With energy or isolated µs the fastest back to back joins them: it is what
+    `results --best` shows first, and a confirm stage that did not race it would read as stale there."""
     manifest = load_manifest(template)
     rows = ctx.store.query_trials(TrialFilter(problem=problem, template=template, status=TrialStatus.OK))
-    rows = sorted((r for r in rows if r.gpu_name == ctx.gpu_name and r.template_hash == manifest.source_hash
-                   and r.median_us is not None), key=lambda r: (r.median_us, r.id))
+    rows = [r for r in rows if r.gpu_name == ctx.gpu_name and r.template_hash == manifest.source_hash
+            and r.median_us is not None]
+    ranked = sorted((r for r in rows if figure(ctx.objective, r) is not None),
+                    key=lambda r: (figure(ctx.objective, r), r.id))
     chosen: dict[str, TrialRow] = {}
-    for row in rows:
+    for row in ranked:
         chosen.setdefault(row.variant_name, row)
         if len(chosen) == k:
             break
+    fastest = min(rows, key=lambda r: (r.median_us, r.id), default=None)
+    if ctx.objective != TIME and chosen and fastest is not None:
+        chosen.setdefault(fastest.variant_name, fastest)
     return list(chosen.values())
 
 
@@ -118,7 +132,7 @@ def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[V
         if number is None:
             return
         try:
-            leading = ledger.leading_rounds()
+            leading = ledger.leading_rounds(ROUND_FIGURE[ctx.objective])
             dropped = stopped_early(leading, names)
             keep = [i for i, name in enumerate(names) if name not in dropped]
             baselines = None if not leading else [b for b in leading[0] if b not in names and b not in dropped]
@@ -127,11 +141,37 @@ def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[V
         except BaseException:
             ledger.release()
             raise
-        ledger.record(number, {impl: times[0] for impl, times in timings.rounds.items() if times})
+        ledger.record(number, {impl: times[0] for impl, times in timings.rounds.items() if times},
+                      **round_figures(timings))
         if extra:
             left -= 1
             if left == 0:
                 return
+
+
+def round_figures(timings: ConfirmTimings) -> dict[str, dict[str, float]]:
+    """The ledger's figures (confirm_ledger.FIGURES) of a one-round ConfirmTimings, besides its µs."""
+    energy = {impl: e[0] for impl, e in timings.energy.items() if e and e[0] is not None}
+    return {"j": {impl: e.joules_per_call for impl, e in energy.items()},
+            "w": {impl: e.power_w for impl, e in energy.items()},
+            "mhz": {impl: e.sm_mhz for impl, e in energy.items() if e.sm_mhz is not None},
+            "iso": {impl: i[0] for impl, i in timings.isolated_us.items() if i and i[0] is not None}}
+
+
+def pooled_figures(pooled: dict[str, list[dict[str, float]]]
+                   ) -> tuple[dict[str, tuple[Optional[Energy], ...]], dict[str, tuple[Optional[float], ...]]]:
+    """Each implementation's Energy and isolated µs over the pooled rounds it ran (Ledger.pooled; aligned
+    with pooled_timings: None in a round where it was not measured)."""
+    us, joules, watts, mhz, iso = (pooled[key] for key in ("us", "j", "w", "mhz", "iso"))
+    energy: dict[str, list[Optional[Energy]]] = {}
+    isolated: dict[str, list[Optional[float]]] = {}
+    for r, timed in enumerate(us):
+        for impl in timed:
+            j, w = joules[r].get(impl), watts[r].get(impl)
+            energy.setdefault(impl, []).append(None if j is None or w is None else Energy(j, w, mhz[r].get(impl)))
+            isolated.setdefault(impl, []).append(iso[r].get(impl))
+    return ({impl: tuple(e) for impl, e in energy.items()},
+            {impl: tuple(i) for impl, i in isolated.items() if any(x is not None for x in i)})
 
 
 def participant(ctx: Context) -> str:
@@ -156,31 +196,37 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
     ledger = Ledger(attrs, plan, participant(ctx))
     try:
         take_rounds(ctx, ledger, problem, variants)
-        pooled = ledger.wait_settled(ctx.stop)
+        ledger.wait_settled(ctx.stop)
         missing = ledger.missing()
         if missing and not ctx.stop.is_set():  # a participant vanished mid-round: time them here
             take_rounds(ctx, ledger, problem, variants, extra=missing)
-            pooled = ledger.rounds()
     finally:
         finish(attrs, plan)
+    figures = ledger.pooled()  # every figure of every round, from one read
+    pooled = figures["us"]
     if ctx.stop.is_set() and len(pooled) < rounds:  # Ctrl-C: a winner of fewer rounds is not a confirmed one
         ctx.interrupt()
         say(f"confirm stage stopped after {len(pooled)} of {rounds} rounds; nothing confirmed")
         return None
-    timings, complete = pooled_timings(pooled), in_every_round(pooled)
+    timings, complete = pooled_timings(pooled), in_every_round(figures[ROUND_FIGURE[ctx.objective]])
     names = [v.name for v in variants]
     winner, ratio, baseline = pick_winner(complete, names, [impl for impl in complete.rounds if impl not in names])
     if winner is None:
-        say(f"confirm stage of {problem.label}: no variant could be timed again")
+        say(f"confirm stage of {problem.label}: no variant could be timed again ({ctx.objective})")
         return None
     by_name = {v.name: r for v, r in zip(variants, rows)}
+    energy, isolated = pooled_figures(figures)
+    joules = [e.joules_per_call for e in energy.get(winner, ()) if e is not None]
     record = ConfirmRecord(
         run_id=ctx.run_id, problem=problem, rounds=len(pooled), winner_trial_id=by_name[winner].id,
         winner_us=statistics.median(timings.rounds[winner]), winner_ratio=ratio, baseline_impl=baseline,
         timings={impl: (by_name[impl].id if impl in by_name else None, times) for impl, times in timings.rounds.items()},
+        objective=ctx.objective, winner_joules_per_call=statistics.median(joules) if joules else None,
+        energy=energy, isolated_us=isolated,
     )
     confirmation = ctx.store.add_confirmation(record)
     versus = f"{ratio:.3f}x {baseline}" if ratio is not None else "no baseline"
+    versus += "" if ctx.objective == TIME else f" in {ctx.objective}"
     timed = [n for n in names if n in timings.rounds]  # the others failed their check on fresh inputs
     raced = sum(len(timings.rounds[n]) == len(timings.rounds[winner]) for n in timed)
     cards = ledger.participants()

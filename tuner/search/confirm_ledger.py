@@ -25,6 +25,8 @@ from typing import Any, Optional, Protocol
 
 PLAN_KEY = "confirm_plan"
 SHARE_PREFIX = "confirm_share:"
+# What a round records of each implementation: µs back to back, J per call, W, SM MHz, isolated µs.
+FIGURES = ("us", "j", "w", "mhz", "iso")
 QUIET_S = 60.0  # a participant silent this long while holding a started round is taken as gone
 POLL_S = 0.05
 
@@ -159,27 +161,34 @@ class Ledger:
         self.started -= 1
         self._write()
 
-    def record(self, number: int, timings: dict[str, float]) -> None:
-        self.mine.append({"n": number, "us": timings})
+    def record(self, number: int, timings: dict[str, float], **figures: dict[str, float]) -> None:
+        """A finished round: each implementation's µs, and by figure (FIGURES) its other figures."""
+        self.mine.append({"n": number, "us": timings, **{key: values for key, values in figures.items() if values}})
         self._write()
 
-    def _rounds(self, shares: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
-        done = [(r["n"], i, r["us"]) for i, share in enumerate(shares) for r in share["rounds"]]
-        return [(n, us) for n, _, us in sorted(done, key=lambda item: item[:2])]
+    def _rounds(self, shares: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+        done = [(r["n"], i, r) for i, share in enumerate(shares) for r in share["rounds"]]
+        return [(n, r) for n, _, r in sorted(done, key=lambda item: item[:2])]
 
-    def rounds(self) -> list[dict[str, float]]:
-        """Every participant's finished rounds, in the order they were started."""
-        return [us for _, us in self._rounds(self._read()[0])]
+    def rounds(self, figure: str = "us") -> list[dict[str, float]]:
+        """Every participant's finished rounds, in the order they were started: each implementation's
+        `figure` (one of FIGURES) in each (an implementation without it in a round is left out of it)."""
+        return [r.get(figure, {}) for _, r in self._rounds(self._read()[0])]
 
-    def leading_rounds(self) -> list[dict[str, float]]:
-        """The finished rounds numbered 0, 1, 2, ... up to the first one still running: what decisions to
-        stop timing an implementation are taken on, so that every card takes the same ones."""
+    def pooled(self) -> dict[str, list[dict[str, float]]]:
+        """Every finished round (in the order they were started) by figure, from one read: {figure: rounds}."""
+        rounds = [r for _, r in self._rounds(self._read()[0])]
+        return {key: [r.get(key, {}) for r in rounds] for key in FIGURES}
+
+    def leading_rounds(self, figure: str = "us") -> list[dict[str, float]]:
+        """The finished rounds numbered 0, 1, 2, ... up to the first one still running (their `figure`):
+        what decisions to stop timing an implementation are taken on, so that every card takes the same ones."""
         out = []
-        for n, us in self._rounds(self._read()[0]):
+        for n, r in self._rounds(self._read()[0]):
             if n > len(out):
                 break
             if n == len(out):
-                out.append(us)
+                out.append(r.get(figure, {}))
         return out
 
     def participants(self) -> int:

@@ -30,6 +30,7 @@ class ConfirmOptions:
     replay_from: Optional[str] = None
     device: int = 0
     force: bool = False
+    objective: str = "time"  # what the stage ranks by (tuner.runtime.objective)
 
 
 def run_confirm(options: ConfirmOptions, say: Callable[[str], None], hooks: Hooks = Hooks()) -> list[ConfirmedRow]:
@@ -51,15 +52,16 @@ def run_confirm(options: ConfirmOptions, say: Callable[[str], None], hooks: Hook
         if not best:
             raise TunerError(f"no ok trials for {profile.name} in {store.url}: nothing to confirm")
         backend = hooks.make_backend(options.backend, options.device, profile, replay_from=options.replay_from,
-                                     force=options.force)
+                                     force=options.force, objective=options.objective)
         try:
             facts = backend.device_facts()
             run_id = store.start_run(RunInfo.for_this_process(
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
                 cuda_version=facts.cuda_version,
-                replayed_from=redact_url(options.replay_from) if options.replay_from else None))
+                replayed_from=redact_url(options.replay_from) if options.replay_from else None,
+                objective=options.objective))
             ctx = Context(store, backend, run_id, profile, facts.gpu_name, None, threading.Event(),
-                          lambda _event: None, hooks)
+                          lambda _event: None, hooks, objective=options.objective)
             try:
                 for row in {r.problem: r for r in best}.values():
                     tell = lambda text, p=row.problem: say(f"{p.label}: {text}")  # noqa: E731

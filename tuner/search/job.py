@@ -68,6 +68,7 @@ class Context:
     events: Events
     hooks: Hooks = field(default_factory=Hooks)
     result: WorkerResult = field(default_factory=WorkerResult)
+    objective: str = "time"  # what the worker's studies minimize (tuner.runtime.objective)
 
     def interrupt(self) -> None:
         """Ctrl-C reached this worker: stop, and say so in its result."""

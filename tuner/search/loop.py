@@ -2,11 +2,11 @@
 
 Per asked point:
 - infeasible -> stored as `pruned` with the reason, told PRUNED, never compiled, not counted against --trials;
-- already measured (same problem, template hash, parameters, GPU) in the store -> told the stored result,
-  not measured again, no new row;
+- already measured (same problem, template hash, parameters, GPU; with the objective's figure) in the store
+  -> told the stored result, not measured again, no new row;
 - measured by another worker right now -> waits for it, then the same;
 - otherwise -> compiled (a thread pool running ahead of the GPU; nvcc runs in subprocesses), measured by the
-  Backend, stored (one transaction), told (median µs, or FAIL/PRUNED).
+  Backend, stored (one transaction), told (the objective's figure, tuner.runtime.objective; or FAIL/PRUNED).
 The next trial goes to the GPU worker before the previous one is stored and told, and the sampler is asked
 while the card measures: the parent's work hides behind the GPU's.
 """
@@ -28,6 +28,7 @@ from tuner.kernels.feasibility import Feasibility, check
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
 from tuner.runtime.build import BuiltKernel
+from tuner.runtime.objective import figure, required_column
 from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (
     DUPLICATE_WAIT_S,
@@ -40,15 +41,8 @@ from tuner.search.job import (
     lookahead_for,
     point,
 )
-from tuner.search.liveness import (
-    Heartbeat,
-    abandoned,
-    budget_taken,
-    over_budget,
-    reap,
-    running_duplicate,
-    trial_by_number,
-)
+from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
+                                   trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
 from tuner.search.samplers import distributions
 from tuner.search.study import (
@@ -309,7 +303,7 @@ class ProblemSearch:
 
     def _known(self, variant: Variant) -> Optional[TrialRow]:
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
-                                         variant.stored_params(), self.ctx.gpu_name)
+                                         variant.stored_params(), self.ctx.gpu_name, required_column(self.ctx.objective))
 
     def _running_duplicate(self, trial: Trial) -> Optional[int]:
         return running_duplicate(self.study, trial, len(self.distributions), self._ignored)
@@ -342,8 +336,9 @@ class ProblemSearch:
         if status is not TrialStatus.PRUNED:
             self.unmeasurable_streak = 0
         set_attr(item.trial, ATTR_STORE_ID, store_id)
-        if status is TrialStatus.OK and m.median_us is not None and math.isfinite(m.median_us):
-            self._tell(item.trial, TrialState.COMPLETE, status, "measured", m.median_us)
+        value = figure(self.ctx.objective, m) if status is TrialStatus.OK else None  # an ok one missing it: FAIL
+        if value is not None and math.isfinite(value):
+            self._tell(item.trial, TrialState.COMPLETE, status, "measured", value)
         elif status is TrialStatus.PRUNED:  # the backend cannot measure the point (a replay that never
             # recorded it): outside the space it serves, so free like an infeasible point
             item.trial.set_user_attr(ATTR_INFEASIBLE, True)
@@ -363,8 +358,9 @@ class ProblemSearch:
             self.ctx.result.repeated += 1
         else:
             self.ctx.result.reused += 1
-        if row.status is TrialStatus.OK and row.median_us is not None:
-            self._tell(trial, TrialState.COMPLETE, row.status, "store", row.median_us, budgeted=not repeat)
+        value = figure(self.ctx.objective, row) if row.status is TrialStatus.OK else None
+        if value is not None:
+            self._tell(trial, TrialState.COMPLETE, row.status, "store", value, budgeted=not repeat)
         else:
             self._tell(trial, TrialState.FAIL, row.status, "store", budgeted=not repeat)
 

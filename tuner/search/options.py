@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tuner.errors import TunerError
+from tuner.runtime.objective import DEFAULT_OBJECTIVE, OBJECTIVES
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.hooks import check_backend, check_replay_source
 from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
@@ -38,6 +39,7 @@ class SearchOptions:
     warm_start: int = WARM_START
     confirm: int = DEFAULT_CONFIRM  # best distinct variants re-timed interleaved with the baselines (0: off)
     confirm_rounds: int = DEFAULT_ROUNDS
+    objective: str = DEFAULT_OBJECTIVE  # time, energy or isolated (tuner.runtime.objective)
 
 
 def validate_options(options: SearchOptions) -> None:
@@ -45,6 +47,8 @@ def validate_options(options: SearchOptions) -> None:
     if options.sampler not in SAMPLERS:
         raise TunerError(f"unknown sampler {options.sampler!r}; expected one of {', '.join(SAMPLERS)}")
     check_backend(options.backend)
+    if options.objective not in OBJECTIVES:
+        raise TunerError(f"unknown objective {options.objective!r}; expected one of {', '.join(OBJECTIVES)}")
     if options.seed is not None and not 0 <= options.seed < 2**32:
         raise TunerError(f"--seed must be between 0 and {2**32 - 1}, got {options.seed}")
     if options.heads_kv is not None and options.heads_kv < 1:

@@ -41,4 +41,5 @@ def trial_record(run_id: int, problem: Problem, template_hash: str, study: str, 
         spill_bytes=compiled.spill_bytes if compiled and compiled.ok else None,
         cubin_sha256=(compiled.cubin_sha256 or None) if compiled else None,
         compile_log=compiled.log if compiled and not compiled.ok else None, smem_bytes=smem_bytes, error=error,
+        energy=m.energy if m else None, isolated_us=m.isolated_us if m else None,
     )

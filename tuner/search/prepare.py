@@ -21,6 +21,7 @@ from tuner.search.options import DEFAULT_TRIALS, SearchOptions
 from tuner.search.samplers import make_sampler, problem_key, study_name
 from tuner.search.study import (
     ATTR_BUDGET,
+    ATTR_OBJECTIVE,
     ATTR_PROBLEM,
     ATTR_PROFILE,
     ATTR_SAMPLER,
@@ -51,7 +52,7 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
     if options.resume and storage is not None and wanted:
         several = len(wanted) > 1
         names = ([study_name_for(options, profile, wanted[0], several)] if options.study else
-                 [study_name(profile.name, t, wanted[0]) for t in profile.templates])
+                 [study_name(profile.name, t, wanted[0], options.objective) for t in profile.templates])
         for name in names:
             if study_exists(storage, name):
                 return study_info(load_study(storage, name)).template
@@ -140,7 +141,7 @@ def study_name_for(options: SearchOptions, profile: GpuProfile, problem: Problem
     """--study NAME (suffixed with the problem when the search has several), else the default name."""
     if options.study:
         return f"{options.study}-{problem_key(problem)}" if several else options.study
-    return study_name(profile.name, options.template, problem)
+    return study_name(profile.name, options.template, problem, options.objective)
 
 
 def _check_new_study(options: SearchOptions, store: Store, name: str) -> None:
@@ -169,6 +170,9 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
         if (info.problem, info.template, info.profile) != (problem, options.template, profile.name):
             raise TunerError(f"study {name!r} tunes {info.template} for {info.problem.label} on {info.profile}, "
                              f"not {options.template} for {problem.label} on {profile.name}")
+        if info.objective != options.objective:  # its values are another figure: they must not mix
+            raise TunerError(f"study {name!r} minimizes {info.objective}, not {options.objective}; resume it with "
+                             f"--objective {info.objective}, or pass --study NAME for a new study")
         budget = options.trials if options.trials is not None else info.budget
     else:
         _check_new_study(options, store, name)
@@ -180,7 +184,8 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
         if budget is None and options.time_budget_s is None:
             budget = DEFAULT_TRIALS
         for key, value in ((ATTR_PROBLEM, problem.to_dict()), (ATTR_TEMPLATE, options.template),
-                           (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed)):
+                           (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed),
+                           (ATTR_OBJECTIVE, options.objective)):
             study.set_user_attr(key, value)
         if options.sampler != "grid":  # the grid covers every point anyway
             warm = warm_start_points(store, profile.name, options.template, problem, options.warm_start, manifest)

@@ -3,8 +3,9 @@
 Workers (in this process or in child processes, through a queue) send plain
 tuples, so the same display serves one device or many:
 
-    ("baseline", problem_index, median_us, impl)
-    ("trial", problem_index, median_us_or_None, budgeted)   budgeted: counts toward --trials
+    ("baseline", problem_index, figure, impl)
+    ("trial", problem_index, figure_or_None, budgeted)      budgeted: counts toward --trials
+(`figure`: the objective's, tuner.runtime.objective: median µs, J per call or isolated µs)
     ("note", problem_index, text)                            a line to show (e.g. from the confirm stage)
 """
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.problem import Problem
+from tuner.runtime.objective import TIME, shown
 
 
 class SearchProgress:
@@ -33,6 +35,7 @@ class SearchProgress:
         self._problems: dict[int, str] = {}
         self._best: dict[int, Optional[float]] = {}
         self._baseline: dict[int, Optional[tuple[float, str]]] = {}
+        self._objective: dict[int, str] = {}
 
     def __enter__(self) -> "SearchProgress":
         self._progress.start()
@@ -41,9 +44,11 @@ class SearchProgress:
     def __exit__(self, *_exc: Any) -> None:
         self._progress.stop()
 
-    def add_problem(self, index: int, problem: Problem, total: Optional[int], done: int = 0) -> None:
+    def add_problem(self, index: int, problem: Problem, total: Optional[int], done: int = 0,
+                    objective: str = TIME) -> None:
         self._tasks[index] = self._progress.add_task(problem.label, total=total, completed=done, best="")
         self._problems[index] = problem.label
+        self._objective[index] = objective
         self._best[index] = None
         self._baseline[index] = None
 
@@ -51,7 +56,7 @@ class SearchProgress:
         best, baseline = self._best.get(index), self._baseline.get(index)
         if best is None:
             return "best -"
-        text = f"best {best:.2f} µs"
+        text = f"best {shown(self._objective.get(index, TIME), best)}"
         if baseline is not None:
             text += f", {baseline[0] / best:.2f}x vs {baseline[1]}"
         return text

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 from rich.console import Console
 
 from tuner.backends.gpu_process import started_early
-from tuner.backends.replay import recording_profile
+from tuner.backends.replay import check_recording_objective, recording_profile
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
@@ -66,6 +66,7 @@ def _printer(console: Console) -> Callable[[str], None]:
 
 def _resolve(options: SearchOptions) -> GpuProfile:
     if options.backend == "replay":
+        check_recording_objective(options.replay_from, options.objective)  # before any study is created
         return recording_profile(options.replay_from) if options.gpu.strip().lower() == "auto" else load_profile(options.gpu)
     if options.gpu.strip().lower() != "auto":
         load_profile(options.gpu)  # an unknown profile is named as such, GPU or not
@@ -137,11 +138,11 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
                             worker_jobs(w, len(options.devices), studies, remaining, start, options.time_budget_s),
                             options.replay_from, options.force, options.seed, local_workers=len(options.devices),
-                            confirm=options.confirm, confirm_rounds=options.confirm_rounds)
+                            confirm=options.confirm, confirm_rounds=options.confirm_rounds, objective=options.objective)
                  for w, device in enumerate(options.devices)]
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
-                progress.add_problem(i, problem, budgets[i], done[i])
+                progress.add_problem(i, problem, budgets[i], done[i], options.objective)
             if len(specs) == 1:
                 results = [run_here(specs[0], progress.handle, say, hooks)]
             else:
@@ -193,6 +194,8 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
     infos = [study_info(s) for s in loaded]
     if len({i.profile for i in infos}) > 1:
         raise TunerError("a worker serves one GPU profile; these studies name several")
+    if len({i.objective for i in infos}) > 1:
+        raise TunerError("a worker minimizes one objective; these studies name several (join them one by one)")
     jobs = []
     deadline = hooks.now() + time_budget_s if time_budget_s else None
     for i, (study, info) in enumerate(zip(loaded, infos)):
@@ -200,12 +203,13 @@ def _join(studies: list[str], storage: Any, storage_url: str, db_url: str, backe
         if left is None and deadline is None:
             raise TunerError(f"study {info.name!r} has no trial budget: give --trials or --time-budget")
         jobs.append(WorkerJob(i, info.name, left, deadline, beyond_budget=trials is not None))
-    spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed)
+    spec = WorkerSpec(0, device, db_url, storage_url, backend, tuple(jobs), replay_from, force, seed,
+                      objective=infos[0].objective)
     # The GPU child starts while the progress display and the worker's store come up.
     with started_early(device, backend == "gpu" and not hooks.replaced), \
             SearchProgress(console) as progress:
         for job, info in zip(jobs, infos):
-            progress.add_problem(job.index, info.problem, job.trials)
+            progress.add_problem(job.index, info.problem, job.trials, objective=info.objective)
         result = run_here(spec, progress.handle, _printer(console), hooks=hooks)
     with open_store(db_url) as store:
         return _report(storage, store, [(i.name, i.problem) for i in infos], [result])

@@ -43,9 +43,11 @@ def problem_key(problem: Problem) -> str:
     return key
 
 
-def study_name(profile: str, template: str, problem: Problem) -> str:
-    """The default study name: h100-attn_fwd_mma-B16H16S2048S2048D64-fp16."""
-    return f"{profile}-{template}-{problem_key(problem)}"
+def study_name(profile: str, template: str, problem: Problem, objective: str = "time") -> str:
+    """The default study name: h100-attn_fwd_mma-B16H16S2048S2048D64-fp16, suffixed with an objective
+    other than time (-energy, -isolated): studies of different objectives never meet on --resume."""
+    suffix = "" if objective == "time" else f"-{objective}"
+    return f"{profile}-{template}-{problem_key(problem)}{suffix}"
 
 
 def make_sampler(name: str, seed: int | None, manifest: Manifest) -> optuna.samplers.BaseSampler:

@@ -39,6 +39,7 @@ ATTR_PROFILE = "gpu_profile"
 ATTR_SAMPLER = "sampler"
 ATTR_SEED = "seed"
 ATTR_BUDGET = "trials_budget"
+ATTR_OBJECTIVE = "objective"  # what the study minimizes (tuner.runtime.objective); absent: time
 
 # Trial user attributes.
 ATTR_VARIANT = "variant"
@@ -147,6 +148,7 @@ class StudyInfo:
     sampler: str
     seed: Optional[int]
     budget: Optional[int]
+    objective: str = "time"
 
 
 def study_info(study: optuna.Study) -> StudyInfo:
@@ -162,6 +164,7 @@ def study_info(study: optuna.Study) -> StudyInfo:
         sampler=attrs.get(ATTR_SAMPLER, "tpe"),
         seed=attrs.get(ATTR_SEED),
         budget=attrs.get(ATTR_BUDGET),
+        objective=attrs.get(ATTR_OBJECTIVE, "time"),
     )
 
 

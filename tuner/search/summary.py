@@ -9,8 +9,10 @@ from typing import Any, Iterable, Optional
 import optuna
 from optuna.trial import TrialState
 
+from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.search.study import ATTR_VARIANT, finished_trials
+from tuner.runtime.objective import TIME
+from tuner.search.study import ATTR_OBJECTIVE, ATTR_STORE_ID, ATTR_VARIANT, finished_trials
 from tuner.status import TrialStatus
 from tuner.store import BaselineRow, Store, TrialFilter, TrialRow
 
@@ -26,6 +28,7 @@ class ProblemSummary:
     baseline_impl: Optional[str]
     baseline_us: Optional[float]
     confirmed_ratio: Optional[float] = None  # set when the figures are the confirm stage's (median per-round ratio)
+    objective: str = TIME  # what the study minimized; with energy the confirmed ratio compares J per call
 
     @property
     def confirmed(self) -> bool:
@@ -64,22 +67,36 @@ def _stored_row(store: Store, problem: Problem, variant: Optional[str], median_u
     return min(rows, key=lambda r: abs((r.median_us or 0.0) - median_us), default=None)
 
 
+def _row_of(store: Store, trial: Optional[optuna.trial.FrozenTrial]) -> Optional[TrialRow]:
+    """The stored row an Optuna trial was told from (its value is not µs under another objective)."""
+    store_id = trial.user_attrs.get(ATTR_STORE_ID) if trial is not None else None
+    try:
+        return store.trial_detail(int(store_id)) if store_id is not None else None
+    except TunerError:
+        return None
+
+
 def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iterable[int]) -> ProblemSummary:
     """The study's best; the confirm stage's winner and figures when one of these runs confirmed it."""
     run_ids = list(run_ids)
+    objective = study.user_attrs.get(ATTR_OBJECTIVE, TIME)
     confirmed = store.confirmed(problem)
     if confirmed is not None and confirmed.run_id in run_ids and confirmed.ratio is not None:
         timings = store.confirm_timings(confirmed.confirmation_id)
         baseline_us = statistics.median(timings[confirmed.baseline_impl]) if confirmed.baseline_impl else None
         return ProblemSummary(problem, study.study_name, finished_trials(study), confirmed.variant_name,
                               confirmed.median_us, problem.tflops(confirmed.median_us), confirmed.baseline_impl,
-                              baseline_us, confirmed_ratio=confirmed.ratio)
+                              baseline_us, confirmed_ratio=confirmed.ratio, objective=confirmed.objective)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     best = min(complete, key=lambda t: (t.value, t.number), default=None)
-    best_us = best.value if best is not None else None
     # Compare with the baselines of the run that measured the best trial (same process and
     # card); a best served from the store was measured, with its baselines, in an earlier run.
-    row = _stored_row(store, problem, best.user_attrs.get(ATTR_VARIANT) if best else None, best_us)
+    if objective == TIME:
+        best_us = best.value if best is not None else None
+        row = _stored_row(store, problem, best.user_attrs.get(ATTR_VARIANT) if best else None, best_us)
+    else:  # the study's values are J per call or isolated µs: the figures shown are the stored row's
+        row = _row_of(store, best)
+        best_us = row.median_us if row is not None else None
     if row is not None and row.best_baseline_us is not None:
         baseline_impl, baseline_us = row.best_baseline_impl, row.best_baseline_us
     else:
@@ -94,4 +111,5 @@ def summarize(study: optuna.Study, problem: Problem, store: Store, run_ids: Iter
         best_tflops=problem.tflops(best_us) if best_us else None,
         baseline_impl=baseline_impl,
         baseline_us=baseline_us,
+        objective=objective,
     )

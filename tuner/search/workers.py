@@ -27,6 +27,7 @@ from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
 from tuner.runtime.baseline_log import log_path
+from tuner.runtime.objective import figure
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem, help_confirm
 from tuner.search.confirm_ledger import StudyAttributes
 from tuner.search.hooks import Hooks
@@ -55,6 +56,7 @@ class WorkerSpec:
     local_workers: int = 1  # workers on this host: they share its CPUs for nvcc
     confirm: int = DEFAULT_CONFIRM  # best variants re-timed after each study (0: no confirm stage)
     confirm_rounds: int = DEFAULT_ROUNDS
+    objective: str = "time"  # what its studies minimize (each study says so too: checked)
 
 
 PLAN_WAIT_S = 10.0  # longest wait, once a study's trials are in, for its confirming worker's plan
@@ -126,7 +128,7 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
     profile = load_profile(study_info(first).profile)
     started, joined_at = time.perf_counter(), time.time()
     backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force,
-                                 seed=None if spec.seed is None else spec.seed + spec.worker)
+                                 seed=None if spec.seed is None else spec.seed + spec.worker, objective=spec.objective)
     compile_pool = None
     try:
         if getattr(backend, "needs_compile", True):
@@ -138,8 +140,10 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
                 cuda_version=facts.cuda_version,
                 replayed_from=redact_url(spec.replay_from) if spec.backend == "replay" and spec.replay_from else None,
+                objective=spec.objective,
             ))
-            ctx = Context(store, backend, run_id, profile, facts.gpu_name, compile_pool, stop, events, hooks)
+            ctx = Context(store, backend, run_id, profile, facts.gpu_name, compile_pool, stop, events, hooks,
+                          objective=spec.objective)
             ctx.result.run_id = run_id
             ctx.result.spent("start-up (worker, GPU context)", time.perf_counter() - started)
             try:
@@ -164,6 +168,8 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     info = study_info(load_study(storage, job.study))
     if info.profile != ctx.profile.name:
         raise TunerError(f"study {info.name!r} tunes for GPU profile {info.profile}, this worker for {ctx.profile.name}")
+    if info.objective != ctx.objective:
+        raise TunerError(f"study {info.name!r} minimizes {info.objective}, this worker {ctx.objective}")
     manifest = load_manifest(info.template)
     seed = spec.seed if spec.seed is not None else info.seed
     trials = load_study(storage, job.study).get_trials(deepcopy=False)
@@ -174,8 +180,10 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
         measured = ctx.backend.baselines(info.problem)
         for b in measured:
             ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
-                                                  median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us))
-            ctx.events(("baseline", job.index, b.median_us, b.impl))
+                                                  median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us,
+                                                  energy=b.energy, isolated_us=b.isolated_us))
+            if figure(ctx.objective, b) is not None:  # the progress shows the objective's figures
+                ctx.events(("baseline", job.index, figure(ctx.objective, b), b.impl))
         if any(b.warnings for b in measured):
             ctx.events(("note", job.index, baseline_warnings_note(measured)))
     except KeyboardInterrupt:

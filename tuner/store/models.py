@@ -72,6 +72,7 @@ class RunTable(Base):
     command_line: Mapped[Optional[str]] = mapped_column(Text)
     # The recording a replayed run answered from (`--backend replay`): its numbers were not measured here.
     replayed_from: Mapped[Optional[str]] = mapped_column(String)
+    objective: Mapped[Optional[str]] = mapped_column(String(16))  # what its searches minimized (NULL: time)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     ended_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
@@ -144,6 +145,10 @@ class TrialTable(Base):
     compile_log: Mapped[Optional[str]] = mapped_column(Text)
     source_path: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    joules_per_call: Mapped[Optional[float]] = mapped_column(Float)  # tuner.runtime.energy.Energy
+    power_w: Mapped[Optional[float]] = mapped_column(Float)
+    sm_mhz: Mapped[Optional[float]] = mapped_column(Float)
+    isolated_us: Mapped[Optional[float]] = mapped_column(Float)  # median of isolated calls (--objective isolated)
 
 
 class BaselineTable(Base):
@@ -160,6 +165,10 @@ class BaselineTable(Base):
     p20_us: Mapped[Optional[float]] = mapped_column(Float)
     p80_us: Mapped[Optional[float]] = mapped_column(Float)
     tflops: Mapped[Optional[float]] = mapped_column(Float)
+    joules_per_call: Mapped[Optional[float]] = mapped_column(Float)
+    power_w: Mapped[Optional[float]] = mapped_column(Float)
+    sm_mhz: Mapped[Optional[float]] = mapped_column(Float)
+    isolated_us: Mapped[Optional[float]] = mapped_column(Float)
 
 
 class NcuMetricTable(Base):
@@ -201,6 +210,9 @@ class ConfirmationTable(Base):
     winner_us: Mapped[float] = mapped_column(Float)  # median over the rounds
     winner_ratio: Mapped[Optional[float]] = mapped_column(Float)  # median per-round baseline µs / winner µs
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # What it ranked by (NULL: time); with energy, winner_ratio is the median per-round ratio of J per call.
+    objective: Mapped[Optional[str]] = mapped_column(String(16))
+    winner_joules_per_call: Mapped[Optional[float]] = mapped_column(Float)  # median over the rounds
 
 
 class ConfirmTimingTable(Base):
@@ -214,3 +226,7 @@ class ConfirmTimingTable(Base):
     trial_id: Mapped[Optional[int]] = mapped_column(ForeignKey("trials.id"))
     round: Mapped[int] = mapped_column(Integer)
     median_us: Mapped[float] = mapped_column(Float)
+    joules_per_call: Mapped[Optional[float]] = mapped_column(Float)
+    power_w: Mapped[Optional[float]] = mapped_column(Float)
+    sm_mhz: Mapped[Optional[float]] = mapped_column(Float)
+    isolated_us: Mapped[Optional[float]] = mapped_column(Float)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import Select, and_, case, func, select
+from sqlalchemy import Select, and_, case, func, or_, select
 from sqlalchemy.orm import defer
 
 from tuner.problem import Problem
 from tuner.profiles import profile_names
+from tuner.runtime.energy import energy_of
 from tuner.status import TrialStatus
 from tuner.store.models import (
     BaselineTable,
@@ -44,9 +45,12 @@ def _best_baseline():
         .over(partition_by=(BaselineTable.run_id, BaselineTable.problem_id), order_by=(BaselineTable.median_us, BaselineTable.id))
         .label("rank")
     )
-    ranked = select(BaselineTable.run_id, BaselineTable.problem_id, BaselineTable.impl, BaselineTable.median_us, rank).subquery()
+    b = BaselineTable
+    ranked = select(b.run_id, b.problem_id, b.impl, b.median_us, b.joules_per_call, b.power_w, b.sm_mhz,
+                    rank).subquery()
     return (
-        select(ranked.c.run_id, ranked.c.problem_id, ranked.c.impl, ranked.c.median_us)
+        select(ranked.c.run_id, ranked.c.problem_id, ranked.c.impl, ranked.c.median_us, ranked.c.joules_per_call,
+               ranked.c.power_w, ranked.c.sm_mhz)
         .where(ranked.c.rank == 1)
         .subquery("best_baseline")
     )
@@ -56,7 +60,8 @@ def trial_select(*, with_logs: bool = False) -> Select:
     """Trials joined with problem, variant, run and their best baseline."""
     best = _best_baseline()
     stmt = (
-        select(TrialTable, ProblemTable, VariantTable, RunTable, best.c.impl, best.c.median_us)
+        select(TrialTable, ProblemTable, VariantTable, RunTable, best.c.impl, best.c.median_us,
+               best.c.joules_per_call, best.c.power_w, best.c.sm_mhz)
         .join(ProblemTable, TrialTable.problem_id == ProblemTable.id)
         .join(VariantTable, TrialTable.variant_id == VariantTable.id)
         .join(RunTable, TrialTable.run_id == RunTable.id)
@@ -158,11 +163,13 @@ def variant_names_select(suffix: str, filt: TrialFilter) -> Select:
     return apply_filter(stmt, filt).distinct().order_by(VariantTable.name, RunTable.profile)
 
 
-def find_select(problem: Problem, template: str, template_hash: str, params_key: str, gpu_name: str) -> Select:
+def find_select(problem: Problem, template: str, template_hash: str, params_key: str, gpu_name: str,
+                figure: Optional[str] = None) -> Select:
     """A reusable measurement: same problem, variant and GPU; ok ones first, then newest.
 
     Only deterministic outcomes are reused (ok, incorrect, compile_error): a timeout or
     launch error may be transient (a busy card, a stuck worker) and is measured again.
+    `figure` (a trials column, e.g. joules_per_call): an ok trial is reused only when it has it.
     """
     stmt = trial_select().where(
         VariantTable.template == template,
@@ -172,6 +179,8 @@ def find_select(problem: Problem, template: str, template_hash: str, params_key:
         TrialTable.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR]),
         *(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items()),
     )
+    if figure is not None:
+        stmt = stmt.where(or_(TrialTable.status != TrialStatus.OK, getattr(TrialTable, figure).is_not(None)))
     ok_first = case((TrialTable.status == TrialStatus.OK, 0), else_=1)
     return stmt.order_by(ok_first, TrialTable.id.desc()).limit(1)
 
@@ -190,7 +199,7 @@ def ncu_select(trial_id: int) -> Select:
 
 def to_trial_fields(row: Any) -> dict[str, Any]:
     """Keyword arguments of TrialRow from one row of trial_select()."""
-    trial, problem, variant, run, best_impl, best_us = row
+    trial, problem, variant, run, best_impl, best_us, best_joules, best_watts, best_mhz = row
     ratio = None
     if best_us is not None and trial.median_us:
         ratio = best_us / trial.median_us
@@ -224,6 +233,9 @@ def to_trial_fields(row: Any) -> dict[str, Any]:
         best_baseline_impl=best_impl,
         best_baseline_us=best_us,
         ratio_to_best_baseline=ratio,
+        energy=energy_of(trial.joules_per_call, trial.power_w, trial.sm_mhz),
+        isolated_us=trial.isolated_us,
+        best_baseline_energy=energy_of(best_joules, best_watts, best_mhz),
     )
 
 
@@ -241,6 +253,8 @@ def to_baseline_row(row: BaselineTable) -> BaselineRow:
         p20_us=row.p20_us,
         p80_us=row.p80_us,
         tflops=row.tflops,
+        energy=energy_of(row.joules_per_call, row.power_w, row.sm_mhz),
+        isolated_us=row.isolated_us,
     )
 
 
@@ -265,5 +279,6 @@ def to_confirmed_row(found: Any, problem: Problem) -> ConfirmedRow:
     row, name, _profile = found
     return ConfirmedRow(confirmation_id=row.id, run_id=row.run_id, problem=problem, trial_id=row.winner_trial_id,
                         variant_name=name, median_us=row.winner_us, ratio=row.winner_ratio,
-                        baseline_impl=row.baseline_impl, rounds=row.rounds)
+                        baseline_impl=row.baseline_impl, rounds=row.rounds, objective=row.objective or "time",
+                        joules_per_call=row.winner_joules_per_call)
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem
+from tuner.runtime.energy import Energy
 from tuner.status import TrialStatus
 from tuner.store.redact import redact_command_line
 
@@ -40,6 +41,7 @@ class RunInfo:
     host: Optional[str] = None
     command_line: Optional[str] = None
     replayed_from: Optional[str] = None  # URL (secrets hidden) of the recording a replayed run answered from
+    objective: Optional[str] = None  # what the run's searches minimized (tuner.runtime.objective; None: time)
 
     @classmethod
     def for_this_process(cls, *, gpu_name: str, profile: str, **gpu_facts: Optional[str]) -> "RunInfo":
@@ -89,6 +91,8 @@ class TrialRecord:
     error: Optional[str] = None
     compile_log: Optional[str] = None
     source_path: Optional[str] = None
+    energy: Optional[Energy] = None  # of the back-to-back timing
+    isolated_us: Optional[float] = None  # median of isolated calls (--objective isolated)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +106,8 @@ class BaselineRecord:
     p20_us: Optional[float] = None
     p80_us: Optional[float] = None
     tflops: Optional[float] = None  # computed from problem and median_us when left out
+    energy: Optional[Energy] = None
+    isolated_us: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,12 @@ class BaselineRow:
     p20_us: Optional[float]
     p80_us: Optional[float]
     tflops: Optional[float]
+    energy: Optional[Energy] = None
+    isolated_us: Optional[float] = None
+
+    @property
+    def tflops_per_watt(self) -> Optional[float]:
+        return self.energy.tflops_per_watt(self.tflops) if self.energy else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,7 +176,7 @@ def _jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, Problem):
+    if isinstance(value, (Problem, Energy)):
         return {f.name: getattr(value, f.name) for f in fields(value)}
     return value
 
@@ -207,6 +219,11 @@ class TrialRow:
     confirmed_us: Optional[float] = None  # median over the interleaved rounds
     confirmed_ratio: Optional[float] = None  # median per-round ratio to the fastest baseline
     confirmed_baseline: Optional[str] = None
+    confirmed_joules_per_call: Optional[float] = None  # median over the interleaved rounds
+    confirmed_objective: Optional[str] = None  # what confirmed_ratio compares (None: time)
+    energy: Optional[Energy] = None  # of the back-to-back timing (None: not measured)
+    isolated_us: Optional[float] = None  # median of isolated calls (--objective isolated)
+    best_baseline_energy: Optional[Energy] = None
 
     @property
     def headline_us(self) -> Optional[float]:
@@ -216,6 +233,20 @@ class TrialRow:
     @property
     def headline_ratio(self) -> Optional[float]:
         return self.confirmed_ratio if self.confirmed_us is not None else self.ratio_to_best_baseline
+
+    @property
+    def headline_joules(self) -> Optional[float]:
+        """J per call: the confirm stage's median when it measured energy, else the trial's."""
+        if self.confirmed_us is not None and self.confirmed_joules_per_call is not None:
+            return self.confirmed_joules_per_call
+        return self.energy.joules_per_call if self.energy else None
+
+    @property
+    def tflops_per_watt(self) -> Optional[float]:
+        """TFLOP/s per watt of board power: the problem's TFLOP per headline joule (J per call is
+        power x time, so this is TFLOP/s / W)."""
+        joules = self.headline_joules
+        return self.problem.flops * 1e-12 / joules if joules else None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (problem nested, label added)."""
@@ -236,12 +267,13 @@ class TrialRow:
         "dtype", "causal", "layout", "lengths", "template", "variant_name", "params", "status", "median_us", "p20_us",
         "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
         "smem_bytes", "spill_bytes", "study", "trial_number", "created_at", "confirmed_us", "confirmed_ratio",
-        "confirmed_baseline",
+        "confirmed_baseline", "joules_per_call", "power_w", "sm_mhz", "isolated_us",
     )  # fmt: skip
 
     def csv_row(self) -> dict[str, Any]:
         flat = self.to_dict()
         flat.update(flat.pop("problem"))
+        flat.update(flat.pop("energy") or {})
         flat["params"] = canonical_json(self.params)
         return {name: flat.get(name) for name in self.CSV_FIELDS}
 
@@ -270,8 +302,12 @@ class ConfirmRecord:
     timings: dict[str, tuple[Optional[int], tuple[float, ...]]]  # impl -> (trial id, µs per round)
     winner_trial_id: int
     winner_us: float
-    winner_ratio: Optional[float]
+    winner_ratio: Optional[float]  # the median per-round ratio of the objective's figure
     baseline_impl: Optional[str]
+    objective: str = "time"
+    winner_joules_per_call: Optional[float] = None
+    energy: dict[str, tuple[Optional[Energy], ...]] = field(default_factory=dict)  # aligned with timings
+    isolated_us: dict[str, tuple[Optional[float], ...]] = field(default_factory=dict)  # aligned with timings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,4 +323,6 @@ class ConfirmedRow:
     ratio: Optional[float]  # median per-round ratio to the fastest baseline (> 1: the kernel is faster)
     baseline_impl: Optional[str]
     rounds: int
+    objective: str = "time"  # what `ratio` compares: µs back to back, J per call, or µs of isolated calls
+    joules_per_call: Optional[float] = None  # the winner's median over the rounds
 

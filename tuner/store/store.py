@@ -16,11 +16,10 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import engine as eng
 from tuner.store import queries as q
+from tuner.store.confirmations import ConfirmationStore
 from tuner.store.journal_rows import JournalRows
 from tuner.store.models import (
     BaselineTable,
-    ConfirmationTable,
-    ConfirmTimingTable,
     NcuMetricTable,
     ProblemTable,
     RunTable,
@@ -31,8 +30,6 @@ from tuner.store.models import (
 from tuner.store.records import (
     BaselineRecord,
     BaselineRow,
-    ConfirmedRow,
-    ConfirmRecord,
     NcuMetric,
     RunInfo,
     TrialDetail,
@@ -43,12 +40,12 @@ from tuner.store.records import (
     canonical_json,
 )
 from tuner.store.redact import redacted
-from tuner.store.writes import get_or_create, num, text, tflops, upsert_insert
+from tuner.store.writes import figures, get_or_create, num, text, tflops, upsert_insert
 
 _VARIANT_KEYS = ("template", "template_hash", "params_key")
 
 
-class Store:
+class Store(ConfirmationStore):
     """Results of runs, trials, baselines and ncu metrics in one SQL database.
 
     Create it with open_store(); each process should open its own.
@@ -181,6 +178,7 @@ class Store:
                 compile_log=text(rec.compile_log),
                 source_path=text(rec.source_path),
                 created_at=utcnow(),
+                **figures(rec.energy, rec.isolated_us),
             )
             self._require_run(session, rec.run_id)
             session.add(trial)
@@ -198,6 +196,7 @@ class Store:
                 p20_us=num(rec.p20_us),
                 p80_us=num(rec.p80_us),
                 tflops=tflops(rec.problem, rec.tflops, rec.median_us),
+                **figures(rec.energy, rec.isolated_us),
             )
             session.add(baseline)
             session.flush()
@@ -237,10 +236,12 @@ class Store:
     # --- reads ------------------------------------------------------------------------------
 
     def find_trial(
-        self, problem: Problem, template: str, template_hash: str, params: Mapping[str, Any], gpu_name: str
+        self, problem: Problem, template: str, template_hash: str, params: Mapping[str, Any], gpu_name: str,
+        figure: Optional[str] = None,
     ) -> Optional[TrialRow]:
-        """An earlier non-pruned measurement of this variant on this problem and GPU, if any."""
-        stmt = q.find_select(problem, template, template_hash, canonical_json(params), gpu_name)
+        """An earlier non-pruned measurement of this variant on this problem and GPU, if any (`figure`: a
+        trials column an ok one must have, the figure a search minimizes)."""
+        stmt = q.find_select(problem, template, template_hash, canonical_json(params), gpu_name, figure)
         with self._read("cannot query trials") as session:
             row = session.execute(stmt).first()
             return None if row is None else q.to_trial_row(row)
@@ -283,63 +284,6 @@ class Store:
                 ncu_metrics=metrics,
                 baselines=baselines,
             )
-
-    # --- the confirm stage ----------------------------------------------------------------------
-
-    def add_confirmation(self, rec: ConfirmRecord) -> int:
-        """Store a confirm stage and its timings in one transaction; returns its id."""
-        with self._write("cannot record the confirm stage") as session:
-            self._require_run(session, rec.run_id)
-            problem_id = get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS)
-            row = ConfirmationTable(run_id=rec.run_id, problem_id=problem_id, rounds=rec.rounds,
-                                    baseline_impl=rec.baseline_impl, winner_trial_id=rec.winner_trial_id,
-                                    winner_us=num(rec.winner_us), winner_ratio=num(rec.winner_ratio))
-            session.add(row)
-            session.flush()
-            session.add_all(ConfirmTimingTable(confirmation_id=row.id, impl=impl, trial_id=trial_id, round=r,
-                                               median_us=num(us))
-                            for impl, (trial_id, times) in rec.timings.items() for r, us in enumerate(times))
-            return row.id
-
-    def confirmed(self, problem: Problem, gpu: Optional[str] = None) -> Optional[ConfirmedRow]:
-        """The newest confirmed winner of `problem` (on GPU profile `gpu`, when given), if any."""
-        stmt = q.confirmed_select(problem, gpu)
-        with self._read("cannot read the confirm stage") as session:
-            found = session.execute(stmt).first()
-        return q.to_confirmed_row(found, problem) if found is not None else None
-
-    def prefer_confirmed(self, rows: list[TrialRow]) -> list[TrialRow]:
-        """Each best row replaced by its problem's confirmed winner on that GPU profile, when one exists,
-        with the confirm stage's figures set (headline_us, headline_ratio)."""
-        out = []
-        for row in rows:
-            confirmed = self.confirmed(row.problem, row.profile)
-            if confirmed is None or row.id not in self.confirmed_trial_ids(confirmed.confirmation_id):
-                out.append(row)  # unconfirmed, or a faster trial came after the confirm stage: it is stale
-                continue
-            winner = row if confirmed.trial_id == row.id else self.trial_detail(confirmed.trial_id)
-            plain = {f.name: getattr(winner, f.name) for f in dataclass_fields(TrialRow)}
-            out.append(TrialRow(**{**plain, "confirmed_us": confirmed.median_us, "confirmed_ratio": confirmed.ratio,
-                                   "confirmed_baseline": confirmed.baseline_impl}))
-        return out
-
-    def confirmed_trial_ids(self, confirmation_id: int) -> set[int]:
-        """The trials a confirm stage re-timed."""
-        stmt = select(ConfirmTimingTable.trial_id).where(ConfirmTimingTable.confirmation_id == confirmation_id,
-                                                         ConfirmTimingTable.trial_id.is_not(None)).distinct()
-        with self._read("cannot read the confirm stage") as session:
-            return set(session.scalars(stmt))
-
-    def confirm_timings(self, confirmation_id: int) -> dict[str, list[float]]:
-        """impl -> median µs per round of one confirm stage."""
-        stmt = (select(ConfirmTimingTable.impl, ConfirmTimingTable.median_us)
-                .where(ConfirmTimingTable.confirmation_id == confirmation_id)
-                .order_by(ConfirmTimingTable.impl, ConfirmTimingTable.round))
-        out: dict[str, list[float]] = {}
-        with self._read("cannot read the confirm stage") as session:
-            for impl, us in session.execute(stmt):
-                out.setdefault(impl, []).append(us)
-        return out
 
     # --- Optuna's journal (JSON lines, appended in order) -------------------------------------
 

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tuner.problem import Problem
+from tuner.runtime.energy import Energy
 
 
 def text(value: Optional[str]) -> Optional[str]:
@@ -23,6 +24,13 @@ def num(value: Optional[float]) -> Optional[float]:
         return None
     value = float(value)
     return None if math.isnan(value) else value
+
+
+def figures(energy: Optional[Energy], isolated_us: Optional[float] = None) -> dict[str, Optional[float]]:
+    """The energy and isolated-timing columns of a timing row (trials, baselines, confirm timings)."""
+    return {"joules_per_call": num(energy.joules_per_call) if energy else None,
+            "power_w": num(energy.power_w) if energy else None,
+            "sm_mhz": num(energy.sm_mhz) if energy else None, "isolated_us": num(isolated_us)}
 
 
 def tflops(problem: Problem, tflops: Optional[float], median_us: Optional[float]) -> Optional[float]:

@@ -1,0 +1,82 @@
+"""Energy on a real card: NVML's counter around a back-to-back timing, and a short real search that
+stores energy with its trials, baselines and confirm rounds.
+
+    pytest -m gpu tests/gpu/test_energy_gpu.py -s     (-s shows the measured figures)
+
+Needs nvidia-ml-py (the gpu extra) and a card whose NVML gives the total-energy counter (Volta and later).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tests.cli_helpers import run_tuner
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def nvml(gpu_profile):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (pip install '.[gpu]')")
+    from tuner.runtime.energy import EnergyMeter
+
+    meter = EnergyMeter(0)
+    if not meter.available:
+        pytest.skip(f"NVML gives no energy counter here: {meter.why_not}")
+    return meter
+
+
+def test_a_back_to_back_matmul_draws_power_at_a_plausible_clock(nvml) -> None:
+    import torch
+
+    from tuner.runtime.timing import time_call, time_cuda
+
+    a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    timing = time_cuda(lambda: a @ b, meter=nvml, rep_ms=300.0)
+    energy = timing.energy
+    print(f"\nmatmul 8192^3 fp16 back to back: {timing.median_us:.1f} µs, {energy}")
+    assert energy is not None
+    assert 50.0 < energy.power_w < 1000.0, energy
+    assert energy.sm_mhz is not None and 200.0 < energy.sm_mhz < 2100.0, energy
+    assert energy.joules_per_call == pytest.approx(energy.power_w * timing.median_us * 1e-6, rel=1e-9)
+    assert energy.window_ms is not None and energy.window_ms >= 300.0 * 0.5
+    both = time_call(lambda: a @ b, meter=nvml, isolated_too=True)
+    print(f"the same, isolated calls: {both.isolated_us:.1f} µs (back to back {both.median_us:.1f} µs)")
+    assert both.energy is not None and both.isolated_us is not None and both.isolated_us > 0
+
+
+def test_a_short_search_stores_energy_for_trials_baselines_and_confirm_rounds(gpu_profile, nvml, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'energy.db'}"
+    res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", "4,16,2048,64", "--trials", "4",
+                    "--seed", "0", "--objective", "energy", "--confirm", "2", "--confirm-rounds", "2")
+    assert res.exit_code == 0, res.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "energy.db") as db:
+        trials = db.execute("SELECT median_us, joules_per_call, power_w, sm_mhz FROM trials WHERE status = 'ok'").fetchall()
+        baselines = db.execute("SELECT impl, median_us, joules_per_call, power_w, sm_mhz FROM baselines").fetchall()
+        rounds = db.execute("SELECT impl, joules_per_call FROM confirm_timings").fetchall()
+        objectives = db.execute("SELECT objective FROM runs").fetchall()
+        confirmed = db.execute("SELECT objective, winner_joules_per_call FROM confirmations").fetchall()
+    print(f"\ntrials {trials}\nbaselines {baselines}\nconfirm rounds {rounds}\nconfirmations {confirmed}")
+    assert trials and all(j is not None and 50.0 < w < 1000.0 and 200.0 < mhz < 2100.0 for _, j, w, mhz in trials)
+    assert all(j == pytest.approx(w * us * 1e-6) for us, j, w, _ in trials)
+    assert baselines and all(j is not None and 50.0 < w < 1000.0 for _, _, j, w, _ in baselines)
+    assert rounds and all(j is not None for _, j in rounds)
+    assert objectives == [("energy",)] and confirmed and confirmed[0][0] == "energy" and confirmed[0][1] > 0
+    shown = run_tuner("--db", url, "results", "--best")
+    assert shown.exit_code == 0 and "mJ" in shown.stdout and "TF/W" in shown.stdout
+
+
+def test_a_default_search_stores_energy_too(gpu_profile, nvml, tmp_path) -> None:
+    """Energy is a measurement: a search minimizing time (the default) records it all the same."""
+    url = f"sqlite:///{tmp_path / 'time.db'}"
+    res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", "2,16,1024,64", "--trials", "4",
+                    "--seed", "0", "--confirm", "0")
+    assert res.exit_code == 0, res.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "time.db") as db:
+        trials = db.execute("SELECT joules_per_call FROM trials WHERE status = 'ok'").fetchall()
+        baselines = db.execute("SELECT joules_per_call FROM baselines").fetchall()
+    assert trials and all(j is not None for (j,) in trials)
+    assert baselines and all(j is not None for (j,) in baselines)

@@ -1,0 +1,57 @@
+"""What a search minimizes (`tuner search --objective`), and each objective's figure of a timing.
+
+- time (the default): the median µs of back-to-back calls, the card at its power limit, as in a
+  model's forward pass;
+- energy: the joules per call of those back-to-back calls (tuner.runtime.energy): at the power limit
+  a kernel's speed is its work per joule, and a deployment pays for the joules;
+- isolated: the median µs of isolated calls (each after a host synchronize, the card idle and at its
+  boost clock in between): the latency of a call made now and then.
+
+Every timing keeps its back-to-back µs (median_us) whatever the objective; energy and the isolated
+µs come beside it, so figures of searches with different objectives never mix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tuner.errors import TunerError
+
+TIME, ENERGY, ISOLATED = "time", "energy", "isolated"
+OBJECTIVES = (TIME, ENERGY, ISOLATED)
+DEFAULT_OBJECTIVE = TIME
+# The stored column of each objective's figure (trials, baselines, confirm timings).
+COLUMN = {TIME: "median_us", ENERGY: "joules_per_call", ISOLATED: "isolated_us"}
+UNIT = {TIME: "µs", ENERGY: "J/call", ISOLATED: "µs isolated"}
+
+
+def check_objective(name: Optional[str]) -> str:
+    """The objective called `name` (None: time); a one-line TunerError for an unknown one."""
+    key = (name or DEFAULT_OBJECTIVE).strip().lower()
+    if key not in OBJECTIVES:
+        raise TunerError(f"unknown objective {name!r}; expected one of {', '.join(OBJECTIVES)}")
+    return key
+
+
+def required_column(objective: str) -> Optional[str]:
+    """The trials column a stored ok trial needs to answer a search with this objective (None: time,
+    whose figure every ok trial has)."""
+    return None if objective == TIME else COLUMN[objective]
+
+
+def figure(objective: str, timed: Any) -> Optional[float]:
+    """The figure `objective` minimizes of a timing (a Measurement, BaselineMeasurement, TrialRow or
+    BaselineRow: anything with median_us, energy and isolated_us), or None where it was not measured."""
+    if objective == ENERGY:
+        energy = getattr(timed, "energy", None)
+        return energy.joules_per_call if energy is not None else None
+    if objective == ISOLATED:
+        return getattr(timed, "isolated_us", None)
+    return timed.median_us
+
+
+def shown(objective: str, value: float) -> str:
+    """A figure of `objective` for people: 12.34 µs, 7.05 mJ (a kernel's call costs millijoules), 9.87 µs isolated."""
+    if objective == ENERGY:
+        return f"{value * 1e3:.3g} mJ"
+    return f"{value:.2f} µs" + (" isolated" if objective == ISOLATED else "")
