@@ -41,7 +41,8 @@ class ConfirmationStore:
             row = ConfirmationTable(run_id=rec.run_id, problem_id=problem_id, rounds=rec.rounds,
                                     baseline_impl=rec.baseline_impl, winner_trial_id=rec.winner_trial_id,
                                     winner_us=num(rec.winner_us), winner_ratio=num(rec.winner_ratio),
-                                    objective=rec.objective, winner_joules_per_call=num(rec.winner_joules_per_call))
+                                    objective=None if rec.objective == "time" else rec.objective,  # NULL: time, as before 0007
+                                    winner_joules_per_call=num(rec.winner_joules_per_call))
             session.add(row)
             session.flush()
             session.add_all(ConfirmTimingTable(confirmation_id=row.id, impl=impl, trial_id=trial_id, round=r,

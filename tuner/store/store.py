@@ -105,7 +105,10 @@ class Store(ConfirmationStore):
 
     def start_run(self, info: RunInfo) -> int:
         with self._write("cannot record the run") as session:
-            run = RunTable(**{key: text(value) for key, value in asdict(info).items()}, started_at=utcnow())
+            values = {key: text(value) for key, value in asdict(info).items()}
+            if values.get("objective") == "time":  # stored as NULL, as a run from before 0007 says it
+                values["objective"] = None
+            run = RunTable(**values, started_at=utcnow())
             session.add(run)
             session.flush()
             return run.id
