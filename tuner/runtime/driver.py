@@ -35,7 +35,7 @@ def cuda_driver(device: int = 0) -> Any:
     drv.init()
     ctx = drv.Device(device).retain_primary_context()
     ctx.push()
-    _bound.update(drv=drv, ctx=ctx, device=device)
+    _bound.update(drv=drv, ctx=ctx)
     atexit.register(_release_context)
     return drv
 

@@ -111,18 +111,18 @@ class DriverKernel:
         self._ctx = primary_context(device)  # torch initialises the driver and the device first
         self._ctypes, self._library, self._fn = ctypes, ctypes.c_void_p(), ctypes.c_void_p()
         self._image = ctypes.create_string_buffer(cubin, len(cubin))  # the driver may read it lazily
-        self._check(lib.cuLibraryLoadData(ctypes.byref(self._library), self._image, None, None, 0, None, None, 0),
+        check(lib.cuLibraryLoadData(ctypes.byref(self._library), self._image, None, None, 0, None, None, 0),
                     "cuLibraryLoadData")
-        self._check(lib.cuLibraryGetKernel(ctypes.byref(self._fn), self._library, entry.encode()),
+        check(lib.cuLibraryGetKernel(ctypes.byref(self._fn), self._library, entry.encode()),
                     "cuLibraryGetKernel")
         dev = _cu_device(device)
         if smem_bytes > _DEFAULT_SMEM_LIMIT:
-            self._check(lib.cuKernelSetAttribute(self._MAX_DYNAMIC_SMEM, smem_bytes, self._fn, dev),
+            check(lib.cuKernelSetAttribute(self._MAX_DYNAMIC_SMEM, smem_bytes, self._fn, dev),
                         "cuKernelSetAttribute")
         if cluster_size > 8:  # clusters of more than 8 CTAs must be allowed per kernel (sm_90: up to 16)
-            self._check(lib.cuKernelSetAttribute(self._NON_PORTABLE_CLUSTER, 1, self._fn, dev), "cuKernelSetAttribute")
+            check(lib.cuKernelSetAttribute(self._NON_PORTABLE_CLUSTER, 1, self._fn, dev), "cuKernelSetAttribute")
         regs = ctypes.c_int(0)
-        self._check(lib.cuKernelGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn, dev), "cuKernelGetAttribute")
+        check(lib.cuKernelGetAttribute(ctypes.byref(regs), self._NUM_REGS, self._fn, dev), "cuKernelGetAttribute")
         self.registers = regs.value
         self._lock = threading.Lock()
         self.use_format(param_format)
@@ -153,7 +153,7 @@ class DriverKernel:
         offsets = []
         for index in range(count):
             offset, size = ct.c_size_t(), ct.c_size_t()
-            self._check(self._lib.cuKernelGetParamInfo(self._fn, ct.c_size_t(index), ct.byref(offset),
+            check(self._lib.cuKernelGetParamInfo(self._fn, ct.c_size_t(index), ct.byref(offset),
                                                        ct.byref(size)), "cuKernelGetParamInfo")
             offsets.append(offset.value)
         return offsets
@@ -167,7 +167,7 @@ class DriverKernel:
             lib.cuCtxGetCurrent(self._ctypes.byref(self._current))
             pushed = self._current.value != self._ctx.value
             if pushed:  # this thread has no context, or another device's: launch in this device's
-                self._check(lib.cuCtxPushCurrent_v2(self._ctx), "cuCtxPushCurrent")
+                check(lib.cuCtxPushCurrent_v2(self._ctx), "cuCtxPushCurrent")
             try:
                 result = self._launch(self._fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                       smem_bytes, stream, None, self._extra_ptr)
@@ -175,10 +175,7 @@ class DriverKernel:
                 if pushed:
                     lib.cuCtxPopCurrent_v2(self._ctypes.byref(self._current))
         if result:
-            self._check(result, "cuLaunchKernel")
-
-    def _check(self, result: int, call: str) -> None:
-        check(result, call)
+            check(result, "cuLaunchKernel")
 
     def __del__(self) -> None:
         library = getattr(self, "_library", None)
