@@ -28,7 +28,8 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import build, launch_shape
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.shipped.launcher import AttentionKernel
-from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
+from tuner.runtime.energy import EnergyMeter
+from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
 
 
@@ -43,7 +44,8 @@ def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Any, scale: float, dty
 
 
 def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str, Path]) -> dict[str, Any]:
-    """Every implementation's median µs per round, and the per-round ratios of each kernel to each baseline."""
+    """Every implementation's median µs per round, its energy per round (J per call, W, MHz; NVML), and the
+    per-round ratios of each kernel to each baseline, in time and in energy."""
     profile = resolve_profile("auto")
     q, k, v = make_inputs(problem, seed=0)
     scale = 1.0 / math.sqrt(problem.head_dim)
@@ -57,23 +59,39 @@ def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str
             calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}")
     baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale) if b.name != "sdpa_efficient"}
     timed: dict[str, Callable] = {}
+    meter = EnergyMeter(0)
     for name, b in baselines.items():
         b.time(l2_bytes=profile.l2_bytes, rep_ms=10)  # warm up (FA4 compiles on its first call)
-        timed[name] = (lambda b=b: b.time(l2_bytes=profile.l2_bytes, rep_ms=100))
+        timed[name] = (lambda b=b: b.time(l2_bytes=profile.l2_bytes, rep_ms=100, meter=meter))
     for name, call in calls.items():
-        timed[name] = (lambda call=call: time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=100))
-    times = interleaved_rounds(timed, rounds)
-    return {"problem": problem.label, "gpu": torch.cuda.get_device_name(0), "rounds": rounds, "times_us": times,
-            "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in baselines} for n in calls},
-            "tflops": {n: problem.tflops(statistics.median(t)) for n, t in times.items()}}
+        timed[name] = (lambda call=call: time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=100, meter=meter))
+    timings = interleaved_timings(timed, rounds)
+    times = {n: [t.median_us for t in ts] for n, ts in timings.items()}
+    energy = {n: [[t.energy.joules_per_call, t.energy.power_w, t.energy.sm_mhz] if t.energy else None for t in ts]
+              for n, ts in timings.items()}
+    res = {"problem": problem.label, "gpu": torch.cuda.get_device_name(0), "rounds": rounds, "times_us": times,
+           "energy_j_w_mhz": energy,
+           "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in baselines} for n in calls},
+           "tflops": {n: problem.tflops(statistics.median(t)) for n, t in times.items()}}
+    if all(e is not None for es in energy.values() for e in es):
+        joules = {n: [e[0] for e in es] for n, es in energy.items()}
+        res["energy_ratios"] = {n: {b: per_round_ratio(joules[b], joules[n]) for b in baselines} for n in calls}
+    return res
 
 
 def print_result(res: dict[str, Any]) -> None:
     print(f"{res['gpu']} {res['problem']}, {res['rounds']} interleaved rounds (back to back)")
     for name, ts in res["times_us"].items():
         line = f"  {name:66s} {statistics.median(ts):8.1f} us {res['tflops'][name]:6.1f} TFLOP/s"
+        rounds = [e for e in res["energy_j_w_mhz"][name] if e is not None]
+        if rounds:
+            line += (f" {statistics.median(e[0] for e in rounds) * 1e3:7.1f} mJ"
+                     f" {statistics.median(e[1] for e in rounds):5.0f} W"
+                     f" {statistics.median(e[2] or 0 for e in rounds):5.0f} MHz")
         for b, r in res["ratios"].get(name, {}).items():
             line += f"  {r:.3f}x {b}"
+            if "energy_ratios" in res:
+                line += f" (J {res['energy_ratios'][name][b]:.3f}x)"
         print(line, flush=True)
 
 

@@ -48,6 +48,23 @@ def test_a_back_to_back_matmul_draws_power_at_a_plausible_clock(nvml) -> None:
     assert both.energy is not None and both.isolated_us is not None and both.isolated_us > 0
 
 
+def test_the_same_calls_timed_twice_read_the_same_power(nvml) -> None:
+    """NVML's counter moves in ~100 ms steps: 100 ms windows read 500 or 1050 W for one kernel at a
+    700 W limit. A metered block now runs for the meter's window at least, and power is the slope of
+    the steps inside it."""
+    import torch
+
+    from tuner.runtime.timing import time_cuda
+
+    a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    b = torch.randn(8192, 4096, dtype=torch.float16, device="cuda")
+    first, second = (time_cuda(lambda: a @ b, meter=nvml, rep_ms=50.0) for _ in range(2))
+    print(f"\nthe same matmul twice: {first.energy} / {second.energy}")
+    assert first.energy is not None and second.energy is not None
+    assert first.energy.window_ms >= nvml.min_window_s * 1000.0 * 0.9
+    assert first.energy.power_w == pytest.approx(second.energy.power_w, rel=0.08)
+
+
 def test_a_short_search_stores_energy_for_trials_baselines_and_confirm_rounds(gpu_profile, nvml, tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'energy.db'}"
     res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", "4,16,2048,64", "--trials", "4",

@@ -12,7 +12,16 @@ beside its time:
     energy = meter.stop(calls=reps, median_us=median)
 
 `energy` is None where NVML is missing or fails (the reason is logged once, and kept in
-`meter.why_not`): a measurement without energy is still a measurement.
+`meter.why_not`), or where the window was too short to measure: a measurement without energy is
+still a measurement.
+
+NVML's total-energy counter moves in steps, about every 100 ms (H200, driver 580; measured by
+benchmarks/energy_probe.py): a 100 ms window holds one or two steps, and its delta read 500 or
+1050 W for the same kernel at a 700 W limit. So the sampling thread records the host time of every
+step it sees, and power is the slope between the first and the last step inside the window (at
+least MIN_STEPS of them); a timed block with a meter runs for MIN_WINDOW_S at least (time_cuda).
+nvmlDeviceGetPowerUsage is no substitute: on Ampere and later it is a one-second average, which
+barely moved between 150 ms phases of heavy and light work where the instant field followed them.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 log = logging.getLogger(__name__)
-SAMPLE_S = 0.005  # the sampling thread's period (SM clock and power)
+SAMPLE_S = 0.005  # the sampling thread's period (SM clock, power, the energy counter's steps)
+MIN_WINDOW_S = 0.5  # a metered block runs at least this long: 5+ counter steps, the slope within ~2%
+MIN_STEPS = 3  # counter steps inside a window for a slope (2 intervals); fewer: the instant power, or none
+_INSTANT_FIELD = "NVML_FI_DEV_POWER_INSTANT"  # nvidia-ml-py's name of the instantaneous board power field
 
 
 @dataclass(frozen=True)
@@ -68,24 +80,29 @@ def _handle_of(nvml: Any, device: int) -> Any:
 
 
 class EnergyMeter:
-    """Energy, SM clock and power of one device over a timed block (start() ... stop()).
+    """Energy, SM clock and power of one device over a timed block (start() ... end() ... stop()).
 
     NVML (package nvidia-ml-py, module pynvml) is opened lazily, on the first use, in the process that
     times (the GPU worker). Where it is missing or fails, `available` is False, `why_not` says why
     (logged once), and stop() returns None."""
+
+    min_window_s = MIN_WINDOW_S  # time_cuda runs a metered block at least this long
 
     def __init__(self, device: int = 0, sample_s: float = SAMPLE_S) -> None:
         self.device, self.sample_s = device, sample_s
         self.why_not: Optional[str] = None
         self._nvml: Any = None
         self._handle: Any = None
+        self._instant: Optional[int] = None  # the instant-power field id, where this NVML has it
         self._opened = False
         self._thread: Optional[threading.Thread] = None
         self._halt = threading.Event()
         self._clocks: list[float] = []
-        self._powers: list[float] = []
-        self._start: Optional[tuple[float, float]] = None  # (counter mJ, host seconds)
-        self._window: Optional[tuple[Optional[float], float]] = None  # (joules, seconds) of the closed window
+        self._powers: list[float] = []  # instant board power samples (W)
+        self._steps: list[tuple[float, float]] = []  # (host seconds, counter mJ) where the counter moved
+        self._last_counter: Optional[float] = None
+        self._start: Optional[float] = None  # host seconds
+        self._window: Optional[tuple[Optional[float], float]] = None  # (watts, seconds) of the closed window
 
     @property
     def available(self) -> bool:
@@ -108,15 +125,34 @@ class EnergyMeter:
             self.why_not = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
             log.warning("energy is not measured on device %d (NVML: %s); measurements carry none",
                         self.device, self.why_not)
+            return
+        field = getattr(pynvml, _INSTANT_FIELD, None)
+        if field is not None and self._instant_power(field) is not None:
+            self._instant = field
+
+    def _instant_power(self, field: int) -> Optional[float]:
+        try:
+            value = self._nvml.nvmlDeviceGetFieldValues(self._handle, [field])[0]
+            return float(value.value.uiVal) / 1000.0 if value.nvmlReturn == 0 else None
+        except Exception:  # noqa: BLE001 - an NVML without the field, or a failed read
+            return None
 
     def _read(self) -> None:
-        """One sample of the SM clock and the power draw."""
+        """One sample: the SM clock, the instant power where NVML has it, and a step of the counter."""
         nvml, handle = self._nvml, self._handle
         try:
+            now = time.perf_counter()
+            counter = float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+            if counter != self._last_counter:
+                self._steps.append((now, counter))
+                self._last_counter = counter
             self._clocks.append(float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)))
-            self._powers.append(nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
         except Exception:  # noqa: BLE001 - a missed sample is not a failed measurement
-            pass
+            return
+        if self._instant is not None:
+            power = self._instant_power(self._instant)
+            if power is not None:
+                self._powers.append(power)
 
     def _sample(self) -> None:
         while not self._halt.is_set():
@@ -129,58 +165,55 @@ class EnergyMeter:
         if not self.available:
             return
         try:
-            counter = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+            self._last_counter = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
         except Exception:  # noqa: BLE001
             return
-        self._clocks, self._powers = [], []
+        self._clocks, self._powers, self._steps = [], [], []
         self._halt.clear()
         self._thread = threading.Thread(target=self._sample, name="tuner-energy", daemon=True)
-        self._start = (counter, time.perf_counter())
+        self._start = time.perf_counter()
         self._thread.start()
 
     def end(self) -> None:
-        """Close the window now (call right after the device synchronize that ends the timed block): read the
-        counter and the host clock, stop sampling. stop() computes the Energy later (it calls end() itself
+        """Close the window now (call right after the device synchronize that ends the timed block): stop
+        sampling and take the window's power. stop() computes the Energy later (it calls end() itself
         when the window is still open), so the host's work in between (reading the events) is not in it."""
         begun, self._start = self._start, None
         if begun is None:
             return
-        seconds = time.perf_counter() - begun[1]
-        try:
-            counter: Optional[float] = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
-        except Exception:  # noqa: BLE001
-            counter = None
+        self._stop_sampling()
+        self._read()  # a step at the very end of the window counts
+        self._window = (self._window_power(), time.perf_counter() - begun)
+
+    def _window_power(self) -> Optional[float]:
+        """The slope of the counter between its first and last step in the window; with fewer than
+        MIN_STEPS steps, the mean instant power where NVML gives it, else None (too short to tell)."""
+        if len(self._steps) >= MIN_STEPS:
+            (t0, e0), (t1, e1) = self._steps[0], self._steps[-1]
+            if t1 > t0 and e1 > e0:
+                return (e1 - e0) / 1000.0 / (t1 - t0)
+        return statistics.fmean(self._powers) if self._powers else None
+
+    def stop(self, calls: int, median_us: float) -> Optional[Energy]:
+        """The block's Energy (after a device synchronize); None when nothing could be measured.
+
+        J per call = power x median call time. Not the counter delta / calls: the window also holds the
+        L2-flush reads between repetitions (and the launch gaps), which that would charge to the kernel.
+        Back to back at the power limit the board power is set by the limit whatever runs, so power x
+        time is the kernel's share."""
+        self.end()
+        window, self._window = self._window, None
+        if window is None or window[0] is None or calls <= 0:
+            return None
+        power, seconds = window
+        clock = statistics.fmean(self._clocks) if self._clocks else None
+        return Energy(power * median_us * 1e-6, power, clock, seconds * 1000.0)
+
+    def _stop_sampling(self) -> None:
         self._halt.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if not self._clocks:  # a window shorter than one sampling period
-            self._read()
-        self._window = (None if counter is None else (counter - begun[0]) / 1000.0, seconds)
-
-    def stop(self, calls: int, median_us: float) -> Optional[Energy]:
-        """The block's Energy (after a device synchronize); None when nothing was read.
-
-        power = energy-counter delta / wall window, and J per call = power x median call time. Not the
-        counter delta / calls: the window also holds the L2-flush reads between repetitions (and the
-        launch gaps), which that would charge to the kernel. Back to back at the power limit the board
-        power is set by the limit whatever runs, so power x time is the kernel's share."""
-        self.end()
-        window, self._window = self._window, None
-        if window is None or calls <= 0:
-            return None
-        joules, seconds = window
-        if joules is not None and joules > 0 and seconds > 0:
-            power = joules / seconds
-        elif self._powers:  # the counter did not move in a short window: the sampled power instead
-            power = statistics.fmean(self._powers)
-        else:
-            return None
-        clock = statistics.fmean(self._clocks) if self._clocks else None
-        return Energy(power * median_us * 1e-6, power, clock, seconds * 1000.0)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._halt.set()
-            self._thread.join()
-            self._thread = None
+        self._stop_sampling()

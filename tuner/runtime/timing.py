@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from tuner.runtime.energy import Energy, EnergyMeter
+
+METERED_MAX_REPS = 100_000  # a metered block's repetitions may go past max_reps to fill the energy window
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     (a read of twice the L2 size, see _l2_flush) is not counted. Back to back (the default) the
     repetitions follow each other with no host wait, the card at its power limit, as in a model's
     forward pass; `meter` then brackets them (the device synchronized before its start and before its
-    end) and the Timing carries their Energy. `isolated`: each repetition is flush, host synchronize,
+    end; at least meter.min_window_s of them, as NVML's energy counter moves in ~100 ms steps) and the
+    Timing carries their Energy. `isolated`: each repetition is flush, host synchronize,
     then the timed call and a synchronize, so the card idles between calls (and keeps its boost clock):
     the latency of a call made now and then.
     """
@@ -71,9 +75,12 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     for _ in range(max(1, int(warmup_ms / est_ms))):
         fn()
     reps = max(min_reps, min(max_reps, int(rep_ms / est_ms)))
+    metered = meter is not None and not isolated and meter.available
+    if metered:  # NVML's energy counter steps about every 100 ms: the window must hold several steps
+        reps = max(reps, min(METERED_MAX_REPS, math.ceil(meter.min_window_s * 1000.0 / est_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    if meter is not None and not isolated:
+    if metered:
         torch.cuda.synchronize()
         meter.start()
     for i in range(reps):
@@ -86,11 +93,11 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
         if isolated:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    if meter is not None and not isolated:
+    if metered:
         meter.end()  # before the host reads the events: the window holds the repetitions alone
     times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
     median = statistics.median(times)
-    energy = meter.stop(reps, median) if meter is not None and not isolated else None
+    energy = meter.stop(reps, median) if metered else None
     return Timing(median, _quantile(times, 0.2), _quantile(times, 0.8), reps, energy)
 
 
