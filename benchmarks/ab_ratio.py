@@ -30,7 +30,7 @@ from tuner.runtime.driver import cuda_driver
 from tuner.runtime.shipped.launcher import AttentionKernel
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, problem_reference, relative_error
 
 
 def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Any, scale: float, dtype: str, label: str) -> Callable:
@@ -49,7 +49,7 @@ def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str
     profile = resolve_profile("auto")
     q, k, v = make_inputs(problem, seed=0)
     scale = 1.0 / math.sqrt(problem.head_dim)
-    ref, _ = reference(q, k, v, problem.causal, scale)
+    ref, _ = problem_reference(problem, q, k, v, scale)
     calls: dict[str, Callable] = {}
     for name in variants:
         var = parse_variant_name(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
@@ -35,10 +36,20 @@ class Problem:
     heads_kv: int = 0  # 0 means "same as heads" and is normalised away in __post_init__
     layout: str = "bhsd"
     lengths: str = FULL_LENGTHS
+    # Local (sliding-window) attention, FlashAttention's window_size: query i (aligned to the keys' end,
+    # i' = i + Sk - Sq) sees key j iff i' - window_left <= j <= i' + window_right; -1 is unbounded. With
+    # causal the right bound is 0 already, and window_right is kept at -1.
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0  # logit softcapping (Gemma-2): scores become softcap * tanh(scores / softcap); 0 is off
 
     def __post_init__(self) -> None:
         if self.heads_kv == 0:
             object.__setattr__(self, "heads_kv", self.heads)
+        check_window(self.window_left, self.window_right, self.causal)
+        if self.causal and self.window_right == 0:
+            object.__setattr__(self, "window_right", -1)  # causal is a right bound of 0: one spelling
+        object.__setattr__(self, "softcap", check_softcap(self.softcap))
         for field_name in ("batch", "heads", "seq_q", "seq_k", "head_dim", "heads_kv"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
@@ -50,6 +61,11 @@ class Problem:
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
         parse_lengths(self.lengths, self.seq_k)
+
+    @property
+    def local(self) -> bool:
+        """Whether a sliding window bounds the keys a query sees (beyond causality)."""
+        return self.window_left >= 0 or self.window_right >= 0
 
     @property
     def ragged(self) -> bool:
@@ -96,6 +112,9 @@ class Problem:
         return per_pair * self.batch * self._pairs(self.seq_k)
 
     def _pairs(self, seq_k: int) -> float:
+        if self.local:
+            right = 0 if self.causal else self.window_right
+            return window_pairs(self.seq_q, seq_k, self.window_left, right)
         if not self.causal:
             return self.seq_q * seq_k
         if self.seq_q == seq_k:
@@ -112,7 +131,10 @@ class Problem:
         causal = " causal" if self.causal else ""
         paged = f" paged{self.page_size}" if self.page_size else ""
         lengths = f" lengths {self.lengths}" if self.ragged else ""
-        return f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{paged}{lengths}"
+        window = f" window {window_text(self.window_left, self.window_right, self.causal)}" if self.local else ""
+        softcap = f" softcap {self.softcap:g}" if self.softcap else ""
+        return (f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{window}{softcap}"
+                f"{paged}{lengths}")
 
 
 def parse_lengths(text: str, seq_k: int) -> int | None:
@@ -123,6 +145,65 @@ def parse_lengths(text: str, seq_k: int) -> int | None:
     if kind == "uniform" and low.isdigit() and 1 <= int(low) <= seq_k and str(int(low)) == low:
         return int(low)
     raise TunerError(f"unsupported key lengths {text!r}: expected 'full' or 'uniform:LO' with 1 <= LO <= Sk ({seq_k})")
+
+
+def check_window(left: int, right: int, causal: bool) -> None:
+    """A TunerError unless (left, right) is a window FlashAttention would take: integers >= -1 (-1 is
+    unbounded), and with causal no right bound past 0."""
+    for side, value in (("window_left", left), ("window_right", right)):
+        if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value <= MAX_EXTENT:
+            raise TunerError(f"{side} must be an integer from -1 (unbounded) to {MAX_EXTENT}, got {value!r}")
+    if causal and right > 0:
+        raise TunerError(f"a causal problem sees no key right of its query: window_right must be 0 or -1, got {right}")
+
+
+def check_softcap(value: object) -> float:
+    """The softcap as a float: 0 (off) or a finite positive number; anything else is a TunerError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise TunerError(f"softcap must be 0 (off) or a positive finite number, got {value!r}")
+    return float(value)
+
+
+def window_text(left: int, right: int, causal: bool) -> str:
+    """The window as --window takes it: "L" (causal, or no right bound), else "L,R" (-1 unbounded)."""
+    return str(left) if causal or right < 0 else f"{left},{right}"
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """--window "L" or "L,R" into (left, right); "L" leaves the right side unbounded (-1)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or any(v < -1 for v in values):
+        raise TunerError(f"malformed window {text!r}: expected L or L,R with integers >= -1 (-1: unbounded)")
+    return (values[0], values[1] if len(values) == 2 else -1)
+
+
+def window_pairs(seq_q: int, seq_k: int, left: int, right: int) -> int:
+    """(query, key) pairs a window keeps (left/right -1: unbounded; causal is right = 0). Query i, aligned
+    to i' = i + Sk - Sq, keeps the keys j in [i' - left, i' + right] that exist: clamp(i' + right + 1, 0, Sk)
+    - clamp(i' - left, 0, Sk) of them, summed over the rows in closed form."""
+
+    def clamped_sum(first: int) -> int:
+        """Sum of clamp(x, 0, Sk) for x = first .. first + Sq - 1."""
+        return _positive_sum(first, seq_q) - _positive_sum(first - seq_k, seq_q)
+
+    offset = seq_k - seq_q
+    upper = seq_q * seq_k if right < 0 else clamped_sum(offset + right + 1)
+    lower = 0 if left < 0 else clamped_sum(offset - left)
+    return upper - lower
+
+
+def _positive_sum(first: int, count: int) -> int:
+    """Sum of max(x, 0) for x = first .. first + count - 1."""
+    last = first + count - 1
+    if last <= 0:
+        return 0
+    if first >= 1:
+        return (first + last) * count // 2
+    return last * (last + 1) // 2
 
 
 def causal_pairs(seq_q: int, seq_k: int) -> int:
@@ -162,7 +243,8 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
 
 def problem_from_shape(
     text: str, dtype: str = "fp16", causal: bool = False, heads_kv: int | None = None, layout: str = "bhsd",
-    lengths: str = FULL_LENGTHS,
+    lengths: str = FULL_LENGTHS, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
 ) -> Problem:
     b, h, sq, sk, d = parse_shape(text)
-    return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout, lengths=lengths)
+    return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout, lengths=lengths,
+                   window_left=window[0], window_right=window[1], softcap=softcap)

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "../common/mask.h"
 #include "../common/utils.h"
 #include "ptx_sm90.h"
 
@@ -21,7 +22,7 @@ struct IsBf16<__nv_bfloat16> {
 };
 
 template <class T_, int D_, int BM_, int BN_, int STAGES_, int SWB_, bool OVERLAP_, bool PINGPONG_,
-          int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_>
+          int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_, class MASK_ = NoMask>
 struct HopperConfig {
   using T = T_;
   static constexpr bool BF16 = IsBf16<T>::value;
@@ -30,6 +31,8 @@ struct HopperConfig {
   static constexpr int E = SWB / 2;       // elements per swizzled row = TMA box width
   static constexpr int CB = D / E;        // column blocks per tile
   static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, PERSISTENT = PERSISTENT_, CAUSAL = CAUSAL_;
+  using Keys = KeyRange<MASK_, CAUSAL_>;  // which keys a row sees (common/mask.h)
+  using Cap = Softcap<MASK_>;
   static constexpr int CONSUMERS = BM / 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int MIN_BLOCKS = 1;

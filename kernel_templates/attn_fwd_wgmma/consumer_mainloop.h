@@ -50,7 +50,7 @@ __device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane,
   for (int e = 0; e < C::BN / 2; ++e) {
     const int col = kv0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
     const int row = row0 + ((e / 2) % 2) * 8;
-    if (col >= a.sk || (C::CAUSAL && col > row + a.sk - a.sq)) s[e] = NEG_INF;
+    if (C::Keys::hidden(col, row + a.sk - a.sq, a.sk)) s[e] = NEG_INF;
   }
 }
 
@@ -137,7 +137,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const float scale_log2 = a.scale * LOG2E;
+  const float scale_log2 = C::Cap::softmax_scale(a.scale) * LOG2E;  // a softcap folds into it (common/mask.h)
+  const float cap_pre = C::Cap::pre_scale(a.scale);
   const uint32_t q_base = sm.sQ + cw * 64 * C::SWB;
   const Turns<C> turns{cw};
   // The work item holding this CTA's last ping-pong turn (-1: none has any key).
@@ -164,10 +165,9 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     float s[C::BN / 2];
     uint32_t p[C::BN / 16][4];
 
-    auto needs_mask = [&](int j) {
-      const int kv0 = j * C::BN;
-      return kv0 + C::BN > a.sk || (C::CAUSAL && kv0 + C::BN - 1 > m0 + cw * 64 + a.sk - a.sq);
-    };
+    // Tile j of the item is key tile it.n0 + j; a mask where it is partial for this warpgroup's rows.
+    const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + a.sk - a.sq;
+    auto needs_mask = [&](int j) { return C::Keys::partial(kv_first + j * C::BN, C::BN, p_lo, p_lo + 63, a.sk); };
     // Slot and phase of this work item's K/V tile j in the ring.
     auto slot = [&](int j) { return (ring + j) % C::STAGES; };
     auto phase = [&](int j) { return static_cast<uint32_t>(((ring + j) / C::STAGES) & 1); };
@@ -189,7 +189,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     auto softmax_s = [&](int j) {
       fence_regs<C::BN / 2>(s);
       release_k(j);
-      if (needs_mask(j)) mask_tile<C>(s, j * C::BN, row0, lane, a);
+      C::Cap::template apply<C::BN / 2>(s, cap_pre);
+      if (needs_mask(j)) mask_tile<C>(s, kv_first + j * C::BN, row0, lane, a);
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
     };
     // Issue O += P_j V_j (P packed from S_j).

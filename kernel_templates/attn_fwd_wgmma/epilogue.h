@@ -41,7 +41,7 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
           pack2<T>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
     const int row = row0 + 8 * i;
     if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
-      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] = l > 0.f ? row_max[i] * a.scale + logf(l) : NEG_INF;
+      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] = l > 0.f ? row_max[i] * C::Cap::softmax_scale(a.scale) + logf(l) : NEG_INF;
   }
   named_sync(4 + cw, 128);
   T* out = reinterpret_cast<T*>(a.o) + it.b * a.o_sb + it.h * a.o_sh;

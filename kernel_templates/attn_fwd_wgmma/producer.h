@@ -26,7 +26,8 @@ __device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, co
     mbar_wait(empty, phase ^ 1);  // a fresh barrier counts as released
     mbar_expect_tx(full, C::KV_BYTES);
 #pragma unroll
-    for (int cb = 0; cb < C::CB; ++cb) tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, j * C::BN, hk, it.b);
+    for (int cb = 0; cb < C::CB; ++cb)
+      tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, (it.n0 + j) * C::BN, hk, it.b);
   };
   auto load_k = [&](int j) {
     const int s = (ring + j) % C::STAGES;

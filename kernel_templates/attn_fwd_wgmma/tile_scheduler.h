@@ -9,7 +9,7 @@
 namespace fc {
 
 struct Work {
-  int m0, h, b, n_tiles;
+  int m0, h, b, n0, n_tiles;  // key tiles n0 .. n0 + n_tiles - 1 (a window skips the others)
   bool skip;  // the empty second half of a causal unit (the middle tile has no partner)
 };
 
@@ -53,9 +53,9 @@ struct TileScheduler {
       it.b = blockIdx.z;
     }
     it.m0 = m_block * C::BM;
-    int kv_end = a.sk;
-    if constexpr (C::CAUSAL) kv_end = min(a.sk, max(0, it.m0 + C::BM + a.sk - a.sq));
-    it.n_tiles = (kv_end + C::BN - 1) / C::BN;
+    const int p_lo = it.m0 + a.sk - a.sq;  // key-aligned positions of the item's first and last rows
+    it.n0 = C::Keys::first(p_lo) / C::BN;
+    it.n_tiles = max(0, (C::Keys::end(p_lo + C::BM - 1, a.sk) + C::BN - 1) / C::BN - it.n0);
     return true;
   }
 };

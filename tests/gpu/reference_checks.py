@@ -14,7 +14,7 @@ import pytest
 from tuner.kernels.feasibility import covering_sample, feasible_space
 from tuner.problem import Problem
 from tuner.runtime.build import build_many
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, reference, relative_error
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, problem_reference, relative_error
 
 
 def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:
@@ -33,7 +33,7 @@ def assert_variants_match_reference(variants: list, problem: Problem, profile) -
         assert built.ok, f"{variant.name} failed to compile:\n{built.compiled.log[-2000:]}"
         kernel = built.load()
         q, k, v = make_inputs(problem)
-        ref, ref_lse = reference(q, k, v, problem.causal, scale)
+        ref, ref_lse = problem_reference(problem, q, k, v, scale)
         out = empty_output(q)  # NaN-poisoned
         lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
         kernel(q, k, v, out, lse, scale)

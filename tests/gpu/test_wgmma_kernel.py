@@ -26,6 +26,16 @@ PROBLEMS = [
     Problem(1, 2, 257, 257, 192, dtype="bf16"),                # D 192
     Problem(1, 2, 300, 300, 256),                              # D 256: a 64 x 256 O per warpgroup
     Problem(2, 4, 190, 400, 256, dtype="bf16", causal=True, heads_kv=1, layout="bshd"),  # D 256 causal MQA BSHD
+    # Sliding windows: tiles left of the window skipped, partial tiles masked on both sides.
+    Problem(1, 2, 600, 600, 128, dtype="bf16", causal=True, window_left=100),  # window narrower than a tile
+    Problem(1, 4, 1000, 1000, 64, causal=True, window_left=256, heads_kv=2),  # GQA
+    Problem(1, 2, 300, 700, 128, window_left=50, window_right=30),  # both sides, Sq < Sk
+    Problem(1, 2, 500, 300, 64, causal=True, window_left=64),  # Sq > Sk: rows that see no key
+    Problem(1, 2, 400, 400, 128, window_left=0, window_right=0, layout="bshd"),  # each query its own key only
+    # Logit softcapping, alone and with a window.
+    Problem(1, 2, 257, 257, 256, dtype="bf16", causal=True, softcap=50.0),
+    Problem(2, 4, 300, 300, 128, dtype="bf16", layout="bshd", softcap=5.0),  # strong capping
+    Problem(1, 4, 700, 700, 96, causal=True, window_left=200, softcap=30.0, heads_kv=2),
 ]
 
 

@@ -35,7 +35,7 @@ from tuner.runtime.verify import (
     make_inputs,
     paged_inputs,
     ragged_seq_lens,
-    reference,
+    problem_reference,
     relative_error,
 )
 
@@ -136,7 +136,7 @@ class CudaRunner:
         q, k, v = make_inputs(problem, "cuda", seed)
         scale = 1.0 / math.sqrt(problem.head_dim)
         lengths = problem.key_lengths() if problem.ragged else None
-        ref, _ = reference(q, k, v, problem.causal, scale, key_lengths=lengths)
+        ref, _ = problem_reference(problem, q, k, v, scale, key_lengths=lengths)
         entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
         if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
             entry.update(paged_inputs(problem, k, v, seed))

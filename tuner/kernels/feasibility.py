@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
 from tuner.kernels.manifest import Manifest, load_manifest
-from tuner.kernels.variant import Variant, enumerate_space
+from tuner.kernels.variant import Variant, enumerate_space, mask_of
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 
@@ -70,6 +70,10 @@ def supports_problem(manifest: Manifest, problem: Problem) -> str:
         return f"{manifest.name} has no GQA/MQA support"
     if problem.layout not in feats.layouts:
         return f"layout {problem.layout} unsupported by {manifest.name}"
+    if problem.local and not feats.windows:
+        return f"{manifest.name} has no sliding windows"
+    if problem.softcap and not feats.softcap:
+        return f"{manifest.name} has no logit softcapping"
     if problem.ragged and not feats.seq_lens:
         return f"{manifest.name} takes no per-row key lengths (lengths {problem.lengths}: a decode template does)"
     if feats.max_seq_q and problem.seq_q > feats.max_seq_q:
@@ -82,6 +86,8 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
     manifest = load_manifest(variant.template)
     if (variant.head_dim, variant.dtype, variant.causal) != (problem.head_dim, problem.dtype, problem.causal):
         return Feasibility(False, "variant was built for another head dim, dtype or causality than the problem")
+    if (variant.window_left, variant.window_right, variant.softcap) != mask_of(problem):
+        return Feasibility(False, "variant was built for another window or softcap than the problem")
     why = supports_problem(manifest, problem)
     if why:
         return Feasibility(False, why)

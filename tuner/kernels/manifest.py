@@ -60,6 +60,8 @@ class Features:
     layouts: tuple[str, ...]
     max_seq_q: int = 0  # the longest query the search picks the template for (0: any)
     seq_lens: bool = False  # takes per-row key lengths (a ragged batch: Problem.lengths other than full)
+    windows: bool = False  # sliding windows (Problem.window_left / window_right), compiled in ("mask" config arg)
+    softcap: bool = False  # logit softcapping (Problem.softcap), compiled in ("mask" config arg)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def load_manifest_file(path: Path) -> Manifest:
         params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx)
     config_args = tuple(_require(data, "config_args", list, where))
     for arg in config_args:
-        if arg not in params and arg not in ("dtype", "head_dim", "causal"):
+        if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask"):
             raise TunerError(f"{where}: config_args names unknown parameter {arg!r}")
     name_format = _require(data, "name_format", str, where)
     for pname in params:
@@ -198,6 +200,8 @@ def load_manifest_file(path: Path) -> Manifest:
             layouts=tuple(_require(feats, "layouts", list, f"{where} [features]")),
             max_seq_q=int(feats.get("max_seq_q", 0)),
             seq_lens=bool(feats.get("seq_lens", False)),
+            windows=bool(feats.get("windows", False)),
+            softcap=bool(feats.get("softcap", False)),
         ),
         params=params,
         name_format=name_format,

@@ -26,38 +26,61 @@ class Variant:
     dtype: str
     causal: bool
     params: Mapping[str, ParamValue] = field(hash=False, compare=False)
+    # The problem's mask features compiled in (see Problem): window (-1 unbounded) and softcap (0 off).
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
     _key: tuple = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", dict(sorted(self.params.items())))
         object.__setattr__(self, "_key", tuple(self.params.items()))
 
+    def _identity(self) -> tuple:
+        return (self.template, self.head_dim, self.dtype, self.causal, self.window_left, self.window_right,
+                self.softcap, self._key)
+
     def __hash__(self) -> int:
-        return hash((self.template, self.head_dim, self.dtype, self.causal, self._key))
+        return hash(self._identity())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Variant) and (
-            (self.template, self.head_dim, self.dtype, self.causal, self._key)
-            == (other.template, other.head_dim, other.dtype, other.causal, other._key)
-        )
+        return isinstance(other, Variant) and self._identity() == other._identity()
+
+    @property
+    def masked(self) -> bool:
+        """Whether a window or a softcap is compiled in."""
+        return self.window_left >= 0 or self.window_right >= 0 or self.softcap > 0
 
     @property
     def name(self) -> str:
         manifest = load_manifest(self.template)
         labels = {p: manifest.params[p].label(v) for p, v in self.params.items()}
         suffix = "_causal" if self.causal else ""
+        suffix += f"_wl{self.window_left}" if self.window_left >= 0 else ""
+        suffix += f"_wr{self.window_right}" if self.window_right >= 0 else ""
+        suffix += f"_sc{softcap_label(self.softcap)}" if self.softcap > 0 else ""
         return f"{self.template}_d{self.head_dim}_{self.dtype}_{manifest.name_format.format(**labels)}{suffix}"
 
     def stored_params(self) -> dict[str, ParamValue]:
-        """Tunables plus the compiled-in problem features: the variant's identity in the store."""
-        return {**self.params, "head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal}
+        """Tunables plus the compiled-in problem features: the variant's identity in the store (a window
+        and a softcap only where set, so a variant from before them keeps its identity)."""
+        features: dict[str, ParamValue] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal}
+        if self.window_left >= 0:
+            features["window_left"] = self.window_left
+        if self.window_right >= 0:
+            features["window_right"] = self.window_right
+        if self.softcap > 0:
+            features["softcap"] = self.softcap  # type: ignore[assignment] - a float feature, not a tunable
+        return {**self.params, **features}
 
     @classmethod
     def from_stored(cls, template: str, stored: Mapping[str, ParamValue]) -> "Variant":
         """Inverse of stored_params (validated against the manifest)."""
-        params = {k: v for k, v in stored.items() if k not in ("head_dim", "dtype", "causal")}
+        params = {k: v for k, v in stored.items() if k not in _FEATURES}
         try:
-            variant = cls(template, int(stored["head_dim"]), str(stored["dtype"]), bool(stored["causal"]), params)
+            variant = cls(template, int(stored["head_dim"]), str(stored["dtype"]), bool(stored["causal"]), params,
+                          int(stored.get("window_left", -1)), int(stored.get("window_right", -1)),
+                          float(stored.get("softcap", 0.0)))
         except KeyError as exc:
             raise TunerError(f"stored variant of {template} lacks {exc.args[0]!r}") from None
         validate_variant(variant)
@@ -65,7 +88,22 @@ class Variant:
 
     def to_dict(self) -> dict:
         return {"template": self.template, "head_dim": self.head_dim, "dtype": self.dtype,
-                "causal": self.causal, "params": dict(self.params), "name": self.name}
+                "causal": self.causal, "window_left": self.window_left, "window_right": self.window_right,
+                "softcap": self.softcap, "params": dict(self.params), "name": self.name}
+
+
+_FEATURES = ("head_dim", "dtype", "causal", "window_left", "window_right", "softcap")
+
+
+def softcap_label(value: float) -> str:
+    """A softcap as a name fragment that reads back exactly: 50.0 -> 50, 30.5 -> 30p5, 1e-05 -> 1em05."""
+    text = repr(float(value))
+    text = text[:-2] if text.endswith(".0") else text
+    return text.replace(".", "p").replace("e+", "e").replace("e-", "em")
+
+
+def parse_softcap_label(text: str) -> float:
+    return float(text.replace("em", "e-").replace("p", "."))
 
 
 def _same_type(value: object, allowed: ParamValue) -> bool:
@@ -89,6 +127,17 @@ def validate_variant(variant: Variant, manifest: Manifest | None = None) -> None
         raise TunerError(f"{manifest.name}: dtype {variant.dtype!r} unsupported; supported: {list(manifest.features.dtypes)}")
     if variant.causal and not manifest.features.causal:
         raise TunerError(f"{manifest.name}: causal masking unsupported")
+    if (variant.window_left >= 0 or variant.window_right >= 0) and not manifest.features.windows:
+        raise TunerError(f"{manifest.name}: sliding windows unsupported")
+    if variant.softcap > 0 and not manifest.features.softcap:
+        raise TunerError(f"{manifest.name}: logit softcapping unsupported")
+    try:  # the Problem's rules: one spelling of each window
+        Problem(1, 1, 1, 1, variant.head_dim, variant.dtype, variant.causal, window_left=variant.window_left,
+                window_right=variant.window_right, softcap=variant.softcap)
+    except TunerError as exc:
+        raise TunerError(f"{manifest.name}: {exc}") from None
+    if variant.causal and variant.window_right == 0:
+        raise TunerError(f"{manifest.name}: a causal variant spells its right bound as -1, not 0")
 
 
 @lru_cache(maxsize=None)
@@ -99,7 +148,7 @@ def _tunables_pattern(template: str) -> str:
     for pname, spec in manifest.params.items():
         alternatives = "|".join(re.escape(lab) for lab in sorted(spec.labels, key=len, reverse=True))
         pattern = pattern.replace(re.escape("{" + pname + "}"), f"(?P<{pname}>{alternatives})")
-    return pattern + "(?P<causal>_causal)?"
+    return pattern + r"(?P<causal>_causal)?(?:_wl(?P<wl>\d+))?(?:_wr(?P<wr>\d+))?(?:_sc(?P<sc>\d+(?:p\d+)?(?:em?\d+)?))?"
 
 
 @lru_cache(maxsize=None)
@@ -117,8 +166,10 @@ def parse_variant_name(name: str) -> Variant:
         if not match:
             break
         params = {p: spec.values[spec.labels.index(match.group(p))] for p, spec in manifest.params.items()}
+        wl, wr, sc = match.group("wl"), match.group("wr"), match.group("sc")
         variant = Variant(manifest.name, int(match.group("head_dim")), match.group("dtype"),
-                          bool(match.group("causal")), params)
+                          bool(match.group("causal")), params, int(wl) if wl else -1, int(wr) if wr else -1,
+                          parse_softcap_label(sc) if sc else 0.0)
         validate_variant(variant, manifest)
         return variant
     raise TunerError(f"not a variant name: {name!r}")
@@ -144,9 +195,14 @@ def full_name(short: str, template: str, head_dim: int, dtype: str) -> str:
 
 
 def variant_from_params(template: str, problem: Problem, params: Mapping[str, ParamValue]) -> Variant:
-    variant = Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(params))
+    variant = Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(params), *mask_of(problem))
     validate_variant(variant)
     return variant
+
+
+def mask_of(problem: Problem) -> tuple[int, int, float]:
+    """The mask features of a problem a variant compiles in: (window_left, window_right, softcap)."""
+    return (problem.window_left, problem.window_right, problem.softcap)
 
 
 def enumerate_space(template: str, problem: Problem) -> Iterator[Variant]:
@@ -154,4 +210,5 @@ def enumerate_space(template: str, problem: Problem) -> Iterator[Variant]:
     manifest = load_manifest(template)
     names = list(manifest.params)
     for values in itertools.product(*(manifest.params[n].values for n in names)):
-        yield Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(zip(names, values)))
+        yield Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(zip(names, values)),
+                      *mask_of(problem))

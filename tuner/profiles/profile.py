@@ -121,7 +121,9 @@ _PROBLEM_REQUIRED = {
     "dtype": str,
     "causal": bool,
 }
-_PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str, "lengths": str}
+# "window": an integer the Problem checks (-1 is unbounded); float: a number the Problem checks (softcap 0: off)
+_PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str, "lengths": str, "window_left": "window", "window_right": "window",
+                     "softcap": float}
 
 DEFAULT_TEMPLATES = ("attn_fwd_mma",)  # for a profile that names no `templates`: runs on any sm_80+ card
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -188,6 +190,11 @@ def _parse_problem(check: _Checker, index: int, table: Any) -> Problem:
         full = f"{where}.{key}"
         if kind is int:
             values[key] = check.integer(value, full)
+        elif kind == "window" or kind is float:
+            if isinstance(value, bool) or not isinstance(value, int if kind == "window" else (int, float)):
+                raise check.fail(full, f"must be {'an integer' if kind == 'window' else 'a number'}, got "
+                                       f"{_type_name(value)} {value!r}")
+            values[key] = value
         elif kind is bool:
             if not isinstance(value, bool):
                 raise check.fail(full, f"must be a boolean, got {_type_name(value)} {value!r}")

@@ -72,13 +72,16 @@ def empty_output(q: Any) -> Any:
 
 
 def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, chunk_rows: int = 1 << 26,
-              key_lengths: Sequence[int] | None = None) -> tuple[Any, Any]:
+              key_lengths: Sequence[int] | None = None, window: tuple[int, int] = (-1, -1),
+              softcap: float = 0.0) -> tuple[Any, Any]:
     """fp32 attention (output, log-sum-exp) with bottom-right causal alignment.
 
     Rows that see no key give 0 and lse = -inf, as the kernels do. With key_lengths, batch row b uses
     its first key_lengths[b] keys and causal aligns to that length (the decode kernels' seq_lens).
-    Computed in chunks of (batch, head) so that large problems fit in memory.
-    """
+    `window` (left, right; -1 unbounded) keeps the keys j with i' - left <= j <= i' + right, i' the
+    query's aligned position (Problem.window_left); `softcap` > 0 makes the logits softcap * tanh(logits /
+    softcap), as FlashAttention and Gemma-2 do, after the scale. Computed in chunks of (batch, head) so
+    that large problems fit in memory."""
     import torch
 
     b, h, sq, d = q.shape
@@ -90,13 +93,15 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     group = h // hkv
     for bi in range(b):
         used = sk if key_lengths is None else min(max(int(key_lengths[bi]), 0), sk)
-        mask = ~_keys_kept(sq, sk, used, causal, q.device)
+        mask = ~_keys_kept(sq, sk, used, causal, q.device, window)
         for h0 in range(0, h, heads_per_chunk):
             h1 = min(h, h0 + heads_per_chunk)
             qc = q[bi, h0:h1].float()
             kv_idx = torch.arange(h0, h1, device=q.device) // group
             kc, vc = k[bi, kv_idx].float(), v[bi, kv_idx].float()
             s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+            if softcap > 0:
+                s = torch.tanh(s / softcap) * softcap
             s = s.masked_fill(mask, float("-inf"))
             m = s.amax(dim=-1, keepdim=True)
             m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
@@ -108,14 +113,29 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     return out, lse
 
 
-def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any) -> Any:
-    """[Sq, Sk] bool: key j is seen by query i (j < used, and with causal j <= i + used - Sq)."""
+def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1)) -> Any:
+    """[Sq, Sk] bool: key j is seen by query i (j < used, with causal j <= i + used - Sq, with a window
+    i + used - Sq - left <= j <= i + used - Sq + right)."""
     import torch
 
-    rows = torch.arange(sq, device=device)[:, None]
+    rows = torch.arange(sq, device=device)[:, None] + (used - sq)  # the queries' positions among the keys
     cols = torch.arange(sk, device=device)[None, :]
     kept = cols < used
-    return kept & (cols <= rows + (used - sq)) if causal else kept
+    if causal:
+        kept = kept & (cols <= rows)
+    left, right = window
+    if left >= 0:
+        kept = kept & (cols >= rows - left)
+    if right >= 0:
+        kept = kept & (cols <= rows + right)
+    return kept
+
+
+def problem_reference(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
+                      key_lengths: Sequence[int] | None = None) -> tuple[Any, Any]:
+    """reference() with every mask feature of the problem (causality, window, softcap)."""
+    return reference(q, k, v, problem.causal, scale, key_lengths=key_lengths,
+                     window=(problem.window_left, problem.window_right), softcap=problem.softcap)
 
 
 def ragged_seq_lens(problem: Problem, device: Any) -> Any:

@@ -24,6 +24,8 @@ class SearchOptions:
     causal: bool = False
     layout: str = "bhsd"
     lengths: str = "full"  # Problem.lengths: full or uniform:LO
+    window: tuple[int, int] = (-1, -1)  # Problem.window_left / window_right (-1 unbounded)
+    softcap: float = 0.0  # Problem.softcap (0 off)
     template: Optional[str] = None  # None: the profile's first template that suits every problem
     trials: Optional[int] = None
     time_budget_s: Optional[float] = None

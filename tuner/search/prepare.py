@@ -36,9 +36,10 @@ from tuner.store import Store, TrialFilter, open_store
 
 
 def shape_problems(options: SearchOptions) -> list[Problem]:
-    """The problems named by --shape (with --dtype, --causal, --hkv, --layout and --lengths)."""
+    """The problems named by --shape (with --dtype, --causal, --hkv, --layout, --lengths, --window and --softcap)."""
     return [problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
-                               layout=options.layout, lengths=options.lengths) for s in options.shapes]
+                               layout=options.layout, lengths=options.lengths, window=options.window,
+                               softcap=options.softcap) for s in options.shapes]
 
 
 def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = None) -> str:

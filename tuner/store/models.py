@@ -78,13 +78,13 @@ class RunTable(Base):
 
 
 class ProblemTable(Base):
-    """An attention problem; one row per distinct shape/dtype/mask/layout/key lengths."""
+    """An attention problem; one row per distinct shape/dtype/mask/layout/key lengths/window/softcap."""
 
     __tablename__ = "problems"
     __table_args__ = (
         UniqueConstraint(
             "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout", "lengths",
-            name="uq_problems_shape",
+            "window_left", "window_right", "softcap", name="uq_problems_shape",
         ),
     )
 
@@ -99,6 +99,9 @@ class ProblemTable(Base):
     causal: Mapped[bool] = mapped_column(Boolean)
     layout: Mapped[str] = mapped_column(String(16))
     lengths: Mapped[str] = mapped_column(String(32), server_default="full")  # Problem.lengths: full or uniform:LO
+    window_left: Mapped[int] = mapped_column(Integer, server_default="-1")  # Problem.window_left; -1 unbounded
+    window_right: Mapped[int] = mapped_column(Integer, server_default="-1")
+    softcap: Mapped[float] = mapped_column(Float, server_default="0")  # Problem.softcap; 0 off
 
 
 class VariantTable(Base):

@@ -264,7 +264,8 @@ class TrialRow:
 
     CSV_FIELDS = (
         "id", "run_id", "gpu_name", "profile", "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim",
-        "dtype", "causal", "layout", "lengths", "template", "variant_name", "params", "status", "median_us", "p20_us",
+        "dtype", "causal", "layout", "lengths", "window_left", "window_right", "softcap", "template", "variant_name",
+        "params", "status", "median_us", "p20_us",
         "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
         "smem_bytes", "spill_bytes", "study", "trial_number", "created_at", "confirmed_us", "confirmed_ratio",
         "confirmed_baseline", "joules_per_call", "power_w", "sm_mhz", "isolated_us",
