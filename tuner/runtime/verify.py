@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from tuner.problem import Problem
 
 # Relative L2 error allowed against the fp32 reference (README, "How a trial runs").
 TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
+# Past this many scores per (batch, head) (Sq x Sk; 32768^2), the fp32 reference covers sampled query rows
+# only: at 131072^2 one head's scores alone are 64 GiB.
+FULL_REFERENCE_SCORES = 1 << 30
+SAMPLED_BLOCK = 256  # query rows in each sampled block: the first, two in the middle, the last
 
 
 def torch_dtype(dtype: str) -> Any:
@@ -73,30 +78,32 @@ def empty_output(q: Any) -> Any:
 
 def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, chunk_rows: int = 1 << 26,
               key_lengths: Sequence[int] | None = None, window: tuple[int, int] = (-1, -1),
-              softcap: float = 0.0) -> tuple[Any, Any]:
+              softcap: float = 0.0, rows: Sequence[int] | None = None) -> tuple[Any, Any]:
     """fp32 attention (output, log-sum-exp) with bottom-right causal alignment.
 
     Rows that see no key give 0 and lse = -inf, as the kernels do. With key_lengths, batch row b uses
     its first key_lengths[b] keys and causal aligns to that length (the decode kernels' seq_lens).
     `window` (left, right; -1 unbounded) keeps the keys j with i' - left <= j <= i' + right, i' the
     query's aligned position (Problem.window_left); `softcap` > 0 makes the logits softcap * tanh(logits /
-    softcap), as FlashAttention and Gemma-2 do, after the scale. Computed in chunks of (batch, head) so
-    that large problems fit in memory."""
+    softcap), as FlashAttention and Gemma-2 do, after the scale. `rows`: only those query rows (out and
+    lse [B, H, len(rows), ...]). Computed in chunks of (batch, head) so that large problems fit in memory."""
     import torch
 
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    out = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
-    lse = torch.empty(b, h, sq, device=q.device, dtype=torch.float32)
-    heads_per_chunk = max(1, chunk_rows // max(1, sq * sk))
+    picked = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=q.device)
+    n_rows = sq if picked is None else len(picked)
+    out = torch.empty(b, h, n_rows, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, h, n_rows, device=q.device, dtype=torch.float32)
+    heads_per_chunk = max(1, chunk_rows // max(1, n_rows * sk))
     group = h // hkv
     for bi in range(b):
         used = sk if key_lengths is None else min(max(int(key_lengths[bi]), 0), sk)
-        mask = ~_keys_kept(sq, sk, used, causal, q.device, window)
+        mask = ~_keys_kept(sq, sk, used, causal, q.device, window, picked)
         for h0 in range(0, h, heads_per_chunk):
             h1 = min(h, h0 + heads_per_chunk)
-            qc = q[bi, h0:h1].float()
+            qc = (q[bi, h0:h1] if picked is None else q[bi, h0:h1].index_select(1, picked)).float()
             kv_idx = torch.arange(h0, h1, device=q.device) // group
             kc, vc = k[bi, kv_idx].float(), v[bi, kv_idx].float()
             s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
@@ -113,12 +120,14 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     return out, lse
 
 
-def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1)) -> Any:
+def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1),
+               picked: Any = None) -> Any:
     """[Sq, Sk] bool: key j is seen by query i (j < used, with causal j <= i + used - Sq, with a window
-    i + used - Sq - left <= j <= i + used - Sq + right)."""
+    i + used - Sq - left <= j <= i + used - Sq + right); `picked` (a tensor of query rows): those rows only."""
     import torch
 
-    rows = torch.arange(sq, device=device)[:, None] + (used - sq)  # the queries' positions among the keys
+    queries = torch.arange(sq, device=device) if picked is None else picked
+    rows = queries[:, None] + (used - sq)  # the queries' positions among the keys
     cols = torch.arange(sk, device=device)[None, :]
     kept = cols < used
     if causal:
@@ -131,11 +140,50 @@ def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: t
     return kept
 
 
+def keys_kept_mask(problem: Problem, device: Any) -> Any:
+    """[Sq, Sk] bool for SDPA's attn_mask: what every query of a dense problem sees (causality and window)."""
+    return _keys_kept(problem.seq_q, problem.seq_k, problem.seq_k, problem.causal, device,
+                      (problem.window_left, problem.window_right))
+
+
 def problem_reference(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
-                      key_lengths: Sequence[int] | None = None) -> tuple[Any, Any]:
+                      key_lengths: Sequence[int] | None = None, rows: Sequence[int] | None = None) -> tuple[Any, Any]:
     """reference() with every mask feature of the problem (causality, window, softcap)."""
     return reference(q, k, v, problem.causal, scale, key_lengths=key_lengths,
-                     window=(problem.window_left, problem.window_right), softcap=problem.softcap)
+                     window=(problem.window_left, problem.window_right), softcap=problem.softcap, rows=rows)
+
+
+def sampled_rows(seq_q: int) -> Optional[list[int]]:
+    """Four blocks of SAMPLED_BLOCK query rows: the first, two in the middle (positions past 2^16 at 128K)
+    and the last, where causal rows see the most keys; None (every row) when there are not more rows."""
+    if seq_q <= 4 * SAMPLED_BLOCK:
+        return None
+    starts = (0, seq_q // 2 - SAMPLED_BLOCK, seq_q // 2 + seq_q // 4, seq_q - SAMPLED_BLOCK)
+    return sorted({r for s in starts for r in range(s, s + SAMPLED_BLOCK)})
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The fp32 reference output of a problem's inputs, for all query rows or sampled ones (`rows`)."""
+
+    out: Any  # [B, H, Sq or len(rows), D] fp32
+    rows: Optional[Sequence[int]] = None
+
+    def error(self, out: Any) -> float:
+        """relative_error of a kernel's full output against this reference, on the rows it covers."""
+        if self.rows is None:
+            return relative_error(out, self.out)
+        import torch
+
+        picked = torch.as_tensor(list(self.rows), dtype=torch.long, device=out.device)
+        return relative_error(out.index_select(2, picked), self.out)
+
+
+def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
+                    key_lengths: Sequence[int] | None = None) -> Expected:
+    """The problem's reference, on sampled rows where every row would not fit (sampled_rows, by Sq x Sk)."""
+    rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
+    return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)
 
 
 def ragged_seq_lens(problem: Problem, device: Any) -> Any:
