@@ -96,9 +96,8 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const int rows = group * a.sq;
   const int diag = sk - a.sq;  // bottom-right alignment offset
 
-  const KeyRange keys = key_range<C>(sk, a.sq, group, m0, split);
+  const CtaKeys keys = key_range<C>(sk, a.sq, group, m0, split);
   const int n_end = keys.n_end, j0 = keys.j0, n_tiles = keys.n_tiles;
-  const int p_first = m0 / group;  // the block's first query position: tiles past its diagonal need masks
 
   if (tid == 0) {
     tma_prefetch_map(&tk);
@@ -124,7 +123,7 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 
   WarpState<C> st;
   st.init();
-  const TilePlace at{m0, group, diag, p_first, n_end, key_base, g, t, a.scale * LOG2E};
+  const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, a.scale);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int slot = j % C::STAGES;

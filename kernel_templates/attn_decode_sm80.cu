@@ -74,9 +74,8 @@ __device__ __forceinline__ void attn_decode_sm80(const AttnArgs& a, const int* s
   const int rows = group * a.sq;
   const int diag = sk - a.sq;
 
-  const KeyRange keys = key_range<C>(sk, a.sq, group, m0, split);
+  const CtaKeys keys = key_range<C>(sk, a.sq, group, m0, split);
   const int n_end = keys.n_end, j0 = keys.j0, n_tiles = keys.n_tiles;
-  const int p_first = m0 / group;
 
   // STAGES - 1 tiles in flight before the loop; one commit group a tile (empty groups keep the count).
 #pragma unroll
@@ -98,7 +97,7 @@ __device__ __forceinline__ void attn_decode_sm80(const AttnArgs& a, const int* s
 
   WarpState<C> st;
   st.init();
-  const TilePlace at{m0, group, diag, p_first, n_end, key_base, g, t, a.scale * LOG2E};
+  const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, a.scale);
 
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<C::STAGES - 2>();  // tile j has landed (this thread's copies) ...

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../attn_fwd_mma/config.h"
+#include "../common/mask.h"
 
 namespace fc {
 
@@ -25,7 +26,7 @@ struct TmaTile {
 };
 
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int SPLITS_, int STAGES_,
-          bool CAUSAL_>
+          bool CAUSAL_, class MASK_ = NoMask>
 struct DecodeConfig {
   using T = T_;
   static constexpr int D = HEAD_DIM_;
@@ -39,6 +40,8 @@ struct DecodeConfig {
   static constexpr int SPLITS = SPLITS_;
   static constexpr int STAGES = STAGES_;  // K/V tiles in flight (TMA, one mbarrier per stage)
   static constexpr bool CAUSAL = CAUSAL_;
+  using Keys = KeyWindow<MASK_, CAUSAL_>;  // which keys a row sees: causal and a window (common/mask.h)
+  using Cap = Softcap<MASK_>;
   // The launcher's tensor maps: 128-byte swizzle (boxes of 64 columns), K/V boxes of BN rows; the Q map
   // is not read (packed rows come from several heads) but has BM rows.
   static constexpr int SWB = 128;

@@ -23,21 +23,23 @@ struct Paging {
   int page_shift, per_seq;
 };
 
-// A CTA's keys: those its block's last query position sees (0 .. n_end; bottom-right causal alignment), cut in
-// whole BN-key tiles, split s of SPLITS taking tiles j0 .. j0 + n_tiles.
-struct KeyRange {
+// A CTA's keys: those its block's query positions see (bottom-right alignment; causal and a window bound
+// them: common/mask.h), up to n_end, cut in whole BN-key tiles from the first the window reaches; split s of
+// SPLITS takes tiles j0 .. j0 + n_tiles (absolute tile indices).
+struct CtaKeys {
   int n_end, j0, n_tiles;
 };
 
 template <class C>
-__device__ __forceinline__ KeyRange key_range(int sk, int sq, int group, int m0, int split) {
+__device__ __forceinline__ CtaKeys key_range(int sk, int sq, int group, int m0, int split) {
   const int rows = group * sq, diag = sk - sq;
-  int n_end = sk;
-  if (C::CAUSAL) n_end = min(sk, max(0, (min(rows, m0 + C::BM) - 1) / group + diag + 1));
-  const int tiles_all = (n_end + C::BN - 1) / C::BN;
+  const int p_lo = m0 / group + diag, p_hi = (min(rows, m0 + C::BM) - 1) / group + diag;
+  const int n_end = C::Keys::end(p_hi, sk);
+  const int t0 = C::Keys::first(p_lo) / C::BN;
+  const int tiles_all = max(0, (n_end + C::BN - 1) / C::BN - t0);
   const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
   const int j0 = split * per_split;
-  return KeyRange{n_end, j0, max(0, min(tiles_all, j0 + per_split) - j0)};
+  return CtaKeys{n_end, t0 + j0, max(0, min(tiles_all, j0 + per_split) - j0)};
 }
 
 // Q rows r0 .. r0 + BM of the packed (position, head) order into the tile;
@@ -80,9 +82,17 @@ struct WarpState {
 
 // Where the block's rows and this lane sit: fixed for the whole key loop.
 struct TilePlace {
-  int m0, group, diag, p_first, n_end, key_base, g, t;
-  float scale_log2;
+  int m0, group, diag, p_first, p_last, n_end, key_base, g, t;  // p_first/p_last: the block's query positions
+  float scale_log2, cap_pre;  // softmax scale (log2 units; a softcap's when there is one), the pre-tanh scale
 };
+
+// A block's TilePlace: rows m0 .. m0 + BM of `rows` packed ones, the softcap folded into the scale.
+template <class C>
+__device__ __forceinline__ TilePlace tile_place(int m0, int group, int rows, int diag, int n_end, int key_base,
+                                                int g, int t, float scale) {
+  return TilePlace{m0, group, diag, m0 / group, (min(rows, m0 + C::BM) - 1) / group, n_end, key_base, g, t,
+                   C::Cap::softmax_scale(scale) * LOG2E, C::Cap::pre_scale(scale)};
+}
 
 // One K/V tile (keys n0 .. n0 + BN) for this warp's keys: S = Q K^T (ldmatrix + mma.sync), the masks
 // (keys past n_end, and past each row's causal limit), the online softmax, O += P V. tk_rb / tv_rb: the
@@ -101,19 +111,20 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
       acc_s, [&](uint32_t(&f)[4], int mt, int kd) { ldmatrix_x4(f, QL::addr(q_rb, q_cb, mt * 16, kd * 16)); }, tk_rb,
       k_cb);
 
-  // ---- masks: keys past the end, and past each row's causal limit
-  if (n0 + C::BN > at.n_end || (C::CAUSAL && n0 + C::BN - 1 > at.p_first + at.diag)) {
+  C::Cap::template apply<C::MT * C::NT * 4>(&acc_s[0][0][0], at.cap_pre);  // softcap (before the masks)
+
+  // ---- masks: keys past the end, and outside each row's causal limit or window
+  if (C::Keys::partial(n0, C::BN, at.p_first + at.diag, at.p_last + at.diag, at.n_end)) {
 #pragma unroll
     for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int p = (at.m0 + mt * 16 + g + r * 8) / at.group;
-        const int limit = C::CAUSAL ? min(at.n_end, p + at.diag + 1) : at.n_end;
+        const int p = (at.m0 + mt * 16 + g + r * 8) / at.group + at.diag;
 #pragma unroll
         for (int nt = 0; nt < C::NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            if (n0 + at.key_base + nt * 8 + 2 * t + e >= limit) acc_s[mt][nt][2 * r + e] = NEG_INF;
+            if (C::Keys::hidden(n0 + at.key_base + nt * 8 + 2 * t + e, p, at.n_end)) acc_s[mt][nt][2 * r + e] = NEG_INF;
       }
   }
 

@@ -31,7 +31,7 @@ struct HopperConfig {
   static constexpr int E = SWB / 2;       // elements per swizzled row = TMA box width
   static constexpr int CB = D / E;        // column blocks per tile
   static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, PERSISTENT = PERSISTENT_, CAUSAL = CAUSAL_;
-  using Keys = KeyRange<MASK_, CAUSAL_>;  // which keys a row sees (common/mask.h)
+  using Keys = KeyWindow<MASK_, CAUSAL_>;  // which keys a row sees (common/mask.h)
   using Cap = Softcap<MASK_>;
   static constexpr int CONSUMERS = BM / 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);

@@ -1,5 +1,5 @@
 // Which keys a query row sees, and the logit softcap: the mask features every
-// template compiles in (tuner/kernels/render.py writes a TunerMask struct per
+// template compiles in (tuner/kernels/render.py writes the Mask<...> of each
 // variant; NoMask is a variant without them).
 //
 // Rows are aligned to the keys' end (bottom-right): query i is at position
@@ -10,13 +10,18 @@
 
 namespace fc {
 
-struct NoMask {
-  static constexpr int LEFT = -1, RIGHT = -1;
-  static constexpr float SOFTCAP = 0.f;
+// The softcap travels as its fp32 bits (C++17 takes no float template
+// argument); 0 is off.
+template <int LEFT_ = -1, int RIGHT_ = -1, unsigned SOFTCAP_BITS = 0u>
+struct Mask {
+  static constexpr int LEFT = LEFT_, RIGHT = RIGHT_;
+  static constexpr bool SOFTCAPPED = SOFTCAP_BITS != 0u;
+  __device__ __forceinline__ static float softcap() { return __uint_as_float(SOFTCAP_BITS); }
 };
+using NoMask = Mask<>;
 
 template <class Mask, bool CAUSAL>
-struct KeyRange {
+struct KeyWindow {
   static constexpr int LEFT = Mask::LEFT, RIGHT = Mask::RIGHT;
   static constexpr bool LOCAL = LEFT >= 0 || RIGHT >= 0;
   static_assert(!(CAUSAL && RIGHT > 0), "a causal row sees no key right of it");
@@ -64,11 +69,11 @@ __device__ __forceinline__ float fast_tanh(float x) {
 // the logits are cap * S', so the softmax runs on S' with scale `cap`.
 template <class Mask>
 struct Softcap {
-  static constexpr bool ON = Mask::SOFTCAP > 0.f;
+  static constexpr bool ON = Mask::SOFTCAPPED;
   // What a score is multiplied by before tanh (only when ON).
-  __device__ __forceinline__ static float pre_scale(float scale) { return ON ? scale / Mask::SOFTCAP : 1.f; }
+  __device__ __forceinline__ static float pre_scale(float scale) { return ON ? scale / Mask::softcap() : 1.f; }
   // The softmax scale (natural units) of what the consumer holds after apply().
-  __device__ __forceinline__ static float softmax_scale(float scale) { return ON ? Mask::SOFTCAP : scale; }
+  __device__ __forceinline__ static float softmax_scale(float scale) { return ON ? Mask::softcap() : scale; }
   template <int N>
   __device__ __forceinline__ static void apply(float* s, float pre) {
     if constexpr (ON) {

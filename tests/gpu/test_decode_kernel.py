@@ -22,6 +22,11 @@ PROBLEMS = [
     Problem(1, 8, 1, 65536, 128, dtype="bf16", heads_kv=2),                # a long context
     Problem(2, 8, 3, 777, 128, causal=True, heads_kv=2, layout="bshd"),    # BSHD strides
     Problem(1, 4, 20, 10, 64, causal=True),                                # Sq > Sk: rows that see no key
+    # Sliding windows (tiles left of the window never loaded) and softcap.
+    Problem(2, 32, 1, 8192, 128, dtype="bf16", causal=True, heads_kv=8, window_left=4095),  # Mistral's decode
+    Problem(1, 16, 4, 3000, 128, dtype="bf16", causal=True, heads_kv=4, window_left=1000, softcap=50.0),
+    Problem(2, 8, 16, 2000, 64, heads_kv=2, window_left=64, window_right=8),  # both sides, no causality
+    Problem(3, 8, 1, 700, 64, heads_kv=1, softcap=5.0),                    # strong capping, MQA
 ]
 
 
