@@ -93,7 +93,7 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     group = h // hkv
     for bi in range(b):
         used = sk if key_lengths is None else min(max(int(key_lengths[bi]), 0), sk)
-        mask = ~_keys_kept(sq, sk, used, causal, q.device, window)
+        mask = ~keys_kept(sq, sk, used, causal, q.device, window)
         for h0 in range(0, h, heads_per_chunk):
             h1 = min(h, h0 + heads_per_chunk)
             qc = q[bi, h0:h1].float()
@@ -113,7 +113,7 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     return out, lse
 
 
-def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1)) -> Any:
+def keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1)) -> Any:
     """[Sq, Sk] bool: key j is seen by query i (j < used, with causal j <= i + used - Sq, with a window
     i + used - Sq - left <= j <= i + used - Sq + right)."""
     import torch
@@ -149,7 +149,7 @@ def ragged_mask(problem: Problem, device: Any) -> Any:
     """[B, 1, Sq, Sk] bool for SDPA's attn_mask: what each row of the problem's ragged batch sees."""
     import torch
 
-    return torch.stack([_keys_kept(problem.seq_q, problem.seq_k, n, problem.causal, device)
+    return torch.stack([keys_kept(problem.seq_q, problem.seq_k, n, problem.causal, device)
                         for n in problem.key_lengths()])[:, None]
 
 
