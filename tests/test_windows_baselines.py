@@ -8,7 +8,7 @@ import sys
 import types
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tuner.runtime.baselines as baselines
@@ -68,10 +68,11 @@ def _qkv(problem: Problem):
 
 @settings(deadline=None)  # the first example imports torch
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(-1, 45), st.integers(-1, 45), st.booleans())
+@example(2, 1, -1, -1, False)  # no window, no causality: a mask of one row that broadcasts
 def test_the_keys_a_mask_keeps_are_the_pairs_the_flops_count(sq, sk, left, right, causal) -> None:
     """keys_kept (SDPA's mask, the reference's) and window_pairs (Problem.flops) agree on every window."""
     right = -1 if causal else right
-    kept = keys_kept(sq, sk, sk, causal, "cpu", (left, right))
+    kept = keys_kept(sq, sk, sk, causal, "cpu", (left, right)).expand(sq, sk)  # [1, Sk] when only lengths bound it
     assert int(kept.sum()) == window_pairs(sq, sk, left, 0 if causal else right)
 
 
