@@ -39,7 +39,7 @@ def main() -> None:
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     scale = 1.0 / math.sqrt(problem.head_dim)
-    fa4 = fa4_baseline(q, k, v, problem.causal, scale)
+    fa4 = fa4_baseline(q, k, v, problem.causal, scale, (problem.window_left, problem.window_right), problem.softcap)
     for _ in range(3):  # warm up outside the ranges (FA4 compiles on its first call)
         kernel(q, k, v, out, None, scale)
         if fa4 is not None:

@@ -24,7 +24,8 @@ from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
-from tuner.runtime.verify import TOLERANCE, empty_output, keys_kept_mask, make_inputs, problem_reference, relative_error
+from tuner.runtime.baselines import sdpa_mask
+from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, problem_reference, relative_error
 
 
 def _check(label: str, out: Any, ref: Any, dtype: str) -> None:
@@ -67,7 +68,7 @@ def implementations(problem: Problem, shorts: list[str]) -> dict[str, Callable[[
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        mask = keys_kept_mask(problem, q.device)
+        mask = sdpa_mask(problem, q.device)
         for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)):
             def sdpa(backend=backend):
                 with sdpa_kernel(backend):

@@ -16,6 +16,7 @@ from tuner.kernels.feasibility import feasible_space
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.baselines import sdpa_skipped
 from tuner.runtime.energy import Energy
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, TrialRecord, open_store
@@ -68,9 +69,9 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
                               template: str = "attn_fwd_mma", gpu_name: str = "NVIDIA H100 80GB HBM3",
                               energy: bool = True, isolated: bool = False) -> int:
     """Record every feasible variant of each problem (ok, with a few incorrect/launch_error/timeout) and
-    the SDPA baselines into the store at `url`; returns the number of trials written. `energy`: with
-    made-up energy figures (False: a recording made before energy was measured); `isolated`: with
-    made-up isolated µs (what a search with --objective isolated records)."""
+    the SDPA baselines that take it into the store at `url`; returns the number of trials written.
+    `energy`: with made-up energy figures (False: a recording made before energy was measured);
+    `isolated`: with made-up isolated µs (what a search with --objective isolated records)."""
     prof = load_profile(profile)
     manifest = load_manifest(template)
     written = 0
@@ -78,7 +79,8 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
         run_id = store.start_run(synthetic_run_info(gpu_name, profile))
         for problem in problems:
             peak = prof.peak_tflops(problem.dtype)
-            for impl, eff in _BASELINES.items():
+            skipped = sdpa_skipped(problem)  # as a GPU worker would: no SDPA where it cannot express the problem
+            for impl, eff in ((i, e) for i, e in _BASELINES.items() if i not in skipped):
                 us = problem.flops / (peak * 1e12 * eff) * 1e6 + _LAUNCH_US
                 store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=impl, median_us=us,
                                                   p20_us=us * 0.99, p80_us=us * 1.01,

@@ -10,7 +10,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, DbOption, at_most, console, output_format, say, state, use_db
+from tuner.cli.state import (
+    MAX_ID,
+    DbOption,
+    SoftcapOption,
+    WindowOption,
+    at_most,
+    console,
+    output_format,
+    say,
+    state,
+    use_db,
+    window_option,
+)
 from tuner.cli.tables import profiles_table, space_table
 from tuner.cli.variant_lookup import NameHints, resolve_render_target
 from tuner.errors import TunerError
@@ -48,6 +60,8 @@ def space_command(
     hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, or paged16 ... paged256 (a paged K/V cache).")] = "bhsd",
     lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full, or uniform:LO (a ragged batch).")] = "full",
+    window: WindowOption = None,
+    softcap: SoftcapOption = 0.0,
     template: Annotated[Optional[str], typer.Option(help="Kernel template name (default: the profile's first that suits the problem).")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list infeasible variants with the reason.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -56,7 +70,8 @@ def space_command(
     fmt = output_format(fmt, ("table", "json"))
     # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
     profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
-    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv, layout=layout, lengths=lengths)
+    problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv, layout=layout, lengths=lengths,
+                                 window=window_option(window), softcap=softcap)
     template = template or default_template(profile, [problem])
     report = space_report(template, problem, profile)
     if not show_all and not any(f.ok for _, f in report):

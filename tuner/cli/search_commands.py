@@ -9,7 +9,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from tuner.cli.state import MAX_ID, MAX_SEED, DbOption, at_most, console, err_console, say, state
+from tuner.cli.state import (
+    MAX_ID,
+    MAX_SEED,
+    DbOption,
+    SoftcapOption,
+    WindowOption,
+    at_most,
+    console,
+    err_console,
+    say,
+    state,
+    window_option,
+)
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
 from tuner.models import decode_shapes, load_model, prefill_shapes
@@ -92,6 +104,8 @@ def search_command(
     lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full (all Sk), or uniform:LO (a ragged "
                                                "serving batch, each row's length drawn from LO..Sk, seeded; decode "
                                                "template).")] = "full",
+    window: WindowOption = None,
+    softcap: SoftcapOption = 0.0,
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="Feasible trials per problem (default 100; every feasible point with --sampler grid).")] = None,
     time_budget: Annotated[Optional[str], typer.Option("--time-budget", help="Stop starting trials after this long, e.g. 10m (shared by the problems).")] = None,
@@ -115,6 +129,10 @@ def search_command(
     if lengths != "full" and not shape:
         raise TunerError("--lengths describes the batches of --shape problems: pass --shape (a profile's default "
                          "problems and --model's use full lengths)")
+    bounds = window_option(window)
+    if (bounds != (-1, -1) or softcap) and not shape:
+        raise TunerError("--window and --softcap describe --shape problems: pass --shape (a profile's default "
+                         "problems and --model's have neither)")
     if model is not None:
         if shape or hkv is not None or study:
             raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
@@ -133,7 +151,8 @@ def search_command(
                                                / sum(len(p) for p in phases[i:]))
         options = SearchOptions(
             gpu=gpu, shapes=tuple(phase), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
-            lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
+            lengths=lengths, window=bounds, softcap=softcap,
+            template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
             confirm_rounds=confirm_rounds, objective=check_objective(objective),

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from tuner.errors import TunerError
+from tuner.problem import parse_window
 from tuner.search.hooks import Hooks
 from tuner.store import default_db_url
 from tuner.store.redact import redact_url
@@ -50,6 +51,18 @@ state = State()
 # `tuner --db URL` before it, or TUNER_DB; the one after the command wins.
 DbOption = Annotated[Optional[str], typer.Option(
     "--db", help="Results store URL (also `tuner --db URL <command>` or TUNER_DB).", show_default=False)]
+
+
+# A problem's sliding window and logit softcap (Problem.window_left/right, Problem.softcap).
+WindowOption = Annotated[Optional[str], typer.Option(
+    help="Sliding window L or L,R: a query sees the L keys before it and R after (FlashAttention's "
+         "window_size; -1: unbounded).", show_default=False)]
+SoftcapOption = Annotated[float, typer.Option(help="Logit softcap X: scores become X*tanh(scores/X); 0: off.")]
+
+
+def window_option(text: Optional[str]) -> tuple[int, int]:
+    """--window as (left, right); absent, no window (-1, -1)."""
+    return (-1, -1) if text is None else parse_window(text)
 
 
 def use_db(db: Optional[str]) -> None:

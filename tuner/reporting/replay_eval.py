@@ -98,7 +98,8 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) 
         db_url = f"sqlite:///{os.path.join(tmp, 'results.db')}"
         options = SearchOptions(
             gpu=recording.profile, shapes=(_shape_of(p),), heads_kv=p.heads_kv, dtype=p.dtype, causal=p.causal,
-            layout=p.layout, lengths=p.lengths, template=recording.template, trials=trials, sampler=sampler, seed=seed, db_url=db_url,
+            layout=p.layout, lengths=p.lengths, window=(p.window_left, p.window_right), softcap=p.softcap,
+            template=recording.template, trials=trials, sampler=sampler, seed=seed, db_url=db_url,
             backend="replay", replay_from=recording.url, warm_start=0,
         )  # fmt: skip
         report = run_search(options, console=Console(file=io.StringIO()))

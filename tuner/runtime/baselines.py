@@ -1,6 +1,7 @@
 """The baselines a tuned kernel is timed against in the same process, the same way: every torch SDPA
 backend that takes the problem, and FlashAttention-4 (`flash_attn.cute`, an optional extra) where it
-imports and takes the problem."""
+imports and takes the problem. A sliding window reaches SDPA as a boolean mask (its flash backend takes
+none); a softcap cannot reach SDPA at all (sdpa_skipped says so)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import warnings_logged
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_call
-from tuner.runtime.verify import ragged_mask
+from tuner.runtime.verify import keys_kept
 
 # Name stored in the results database -> torch SDPBackend member name.
 SDPA_BACKENDS = {
@@ -27,6 +28,37 @@ FA4 = "fa4"  # FlashAttention-4's forward (flash_attn.cute.flash_attn_func)
 # is off by default: every process compiled each of its kernels again, seconds per problem and run.
 FA4_CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+
+
+def sdpa_skipped(problem: Problem) -> dict[str, str]:
+    """The SDPA backends not tried on `problem`, each with why: what SDPA's interface cannot express."""
+    if problem.softcap:
+        return dict.fromkeys(SDPA_BACKENDS, "SDPA has no logit softcapping")
+    if problem.local:
+        return {"sdpa_flash": "SDPA's flash backend takes no attn_mask, and a sliding window needs one"}
+    return {}
+
+
+def missing_baselines_note(problem: Problem) -> Optional[str]:
+    """One line naming the SDPA baselines `problem` cannot have, and why (None: every backend is tried)."""
+    skipped = sdpa_skipped(problem)
+    if not skipped:
+        return None
+    names = "SDPA" if set(skipped) == set(SDPA_BACKENDS) else ", ".join(skipped)
+    return f"no {names} baseline: {'; '.join(dict.fromkeys(skipped.values()))}"
+
+
+def sdpa_mask(problem: Problem, device: Any) -> Any:
+    """SDPA's attn_mask for `problem` (bool, True = kept, causality included): [B, 1, Sq, Sk] for a ragged
+    batch (each row's keys), [1, 1, Sq, Sk] for a sliding window; None where the causal flag says it all."""
+    if not (problem.ragged or problem.local):
+        return None
+    import torch
+
+    window = (problem.window_left, problem.window_right)
+    lengths = problem.key_lengths() if problem.ragged else (problem.seq_k,)
+    return torch.stack([keys_kept(problem.seq_q, problem.seq_k, n, problem.causal, device, window)
+                        for n in lengths])[:, None]
 
 
 def confirm_stage_pruner(variants: Collection[str], timed: Iterable[str]) -> Pruner:
@@ -59,7 +91,7 @@ class Baseline:
 def sdpa_baseline(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,
                   mask: Any = None) -> Baseline:
     """SDPA restricted to one backend; RuntimeError (from torch) when it cannot take the problem. `mask`
-    (bool, True = kept; causality included) replaces the causal flag: a ragged batch's keys."""
+    (bool, True = kept; causality included) replaces the causal flag: a ragged batch's keys, a window."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend
@@ -101,13 +133,15 @@ def use_fa4_cache() -> dict[str, str]:
     return chosen
 
 
-def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> Optional[Baseline]:
+def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,
+                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Optional[Baseline]:
     """FlashAttention-4 on this problem, or None where it does not import or rejects the problem.
 
     It takes [B, S, H, D] tensors: contiguous copies are made here, outside the timed call (the layout
-    change is not the kernel's work). Causal masking is bottom-right aligned, as the tuned kernels'. Its
-    first call for a shape compiles (seconds; a load from its cache after the first run): made here,
-    before any timing. Its compiler's warnings go to the baselines' log.
+    change is not the kernel's work). Causal masking and the window (Problem.window_left/right, -1
+    unbounded) are bottom-right aligned, as the tuned kernels'; `softcap` 0 is off. Its first call for a
+    shape compiles (seconds; a load from its cache after the first run): made here, before any timing.
+    Its compiler's warnings go to the baselines' log.
     """
     use_fa4_cache()
     with warnings_logged(FA4, "import"):
@@ -116,9 +150,16 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
         except Exception:  # not installed, or its compiler library does not load here
             return None
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": causal}
+    if window != (-1, -1):
+        # FA4 reads a -1 side as a bound of -1 (only (-1, -1) together means none): an unbounded side is
+        # None. Causal with a left bound it runs as the window (left, 0), which is what the problem means.
+        kwargs["window_size"] = tuple(None if side < 0 else side for side in window)
+    if softcap:
+        kwargs["softcap"] = softcap
 
     def run() -> Any:
-        return flash_attn_func(qb, kb, vb, softmax_scale=scale, causal=causal)
+        return flash_attn_func(qb, kb, vb, **kwargs)
 
     with warnings_logged(FA4, "compile and first call"):
         try:
@@ -135,14 +176,20 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
 def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
                         fa4: bool = True) -> list[Baseline]:
     """Every SDPA backend that runs this problem on this card, and FlashAttention-4 where it runs it
-    (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA). A ragged batch
-    goes to SDPA with a mask of each row's keys (what a model passes it); FA4's dense call cannot take it."""
-    mask = ragged_mask(problem, q.device) if problem.ragged else None
+    (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA). A ragged batch or
+    a sliding window goes to SDPA as a mask of the keys each query sees (what a model passes it); FA4's
+    dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried."""
+    skipped = sdpa_skipped(problem)
+    mask = sdpa_mask(problem, q.device) if len(skipped) < len(SDPA_BACKENDS) else None
     found = []
     for name in SDPA_BACKENDS:
+        if name in skipped:
+            continue
         try:
             found.append(sdpa_baseline(name, q, k, v, problem.causal, scale, mask))
         except RuntimeError:
             continue
-    extra = fa4_baseline(q, k, v, problem.causal, scale) if fa4 and not problem.ragged else None
+    window = (problem.window_left, problem.window_right)
+    extra = fa4_baseline(q, k, v, problem.causal, scale, window, problem.softcap) \
+        if fa4 and not problem.ragged else None
     return found + ([extra] if extra is not None else [])

@@ -100,7 +100,7 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     group = h // hkv
     for bi in range(b):
         used = sk if key_lengths is None else min(max(int(key_lengths[bi]), 0), sk)
-        mask = ~_keys_kept(sq, sk, used, causal, q.device, window, picked)
+        mask = ~keys_kept(sq, sk, used, causal, q.device, window, picked)
         for h0 in range(0, h, heads_per_chunk):
             h1 = min(h, h0 + heads_per_chunk)
             qc = (q[bi, h0:h1] if picked is None else q[bi, h0:h1].index_select(1, picked)).float()
@@ -120,8 +120,8 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
     return out, lse
 
 
-def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1),
-               picked: Any = None) -> Any:
+def keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1),
+              picked: Any = None) -> Any:
     """[Sq, Sk] bool: key j is seen by query i (j < used, with causal j <= i + used - Sq, with a window
     i + used - Sq - left <= j <= i + used - Sq + right); `picked` (a tensor of query rows): those rows only."""
     import torch
@@ -138,12 +138,6 @@ def _keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: t
     if right >= 0:
         kept = kept & (cols <= rows + right)
     return kept
-
-
-def keys_kept_mask(problem: Problem, device: Any) -> Any:
-    """[Sq, Sk] bool for SDPA's attn_mask: what every query of a dense problem sees (causality and window)."""
-    return _keys_kept(problem.seq_q, problem.seq_k, problem.seq_k, problem.causal, device,
-                      (problem.window_left, problem.window_right))
 
 
 def problem_reference(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
@@ -191,14 +185,6 @@ def ragged_seq_lens(problem: Problem, device: Any) -> Any:
     import torch
 
     return torch.tensor(problem.key_lengths(), dtype=torch.int32, device=device) if problem.ragged else None
-
-
-def ragged_mask(problem: Problem, device: Any) -> Any:
-    """[B, 1, Sq, Sk] bool for SDPA's attn_mask: what each row of the problem's ragged batch sees."""
-    import torch
-
-    return torch.stack([_keys_kept(problem.seq_q, problem.seq_k, n, problem.causal, device)
-                        for n in problem.key_lengths()])[:, None]
 
 
 def relative_error(out: Any, ref: Any) -> float:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tuner.errors import TunerError
+from tuner.problem import check_softcap, check_window
 from tuner.runtime.objective import DEFAULT_OBJECTIVE, OBJECTIVES
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.hooks import check_backend, check_replay_source
@@ -53,6 +54,11 @@ def validate_options(options: SearchOptions) -> None:
         raise TunerError(f"unknown objective {options.objective!r}; expected one of {', '.join(OBJECTIVES)}")
     if options.seed is not None and not 0 <= options.seed < 2**32:
         raise TunerError(f"--seed must be between 0 and {2**32 - 1}, got {options.seed}")
+    check_window(*options.window, options.causal)
+    check_softcap(options.softcap)
+    if (options.window != (-1, -1) or options.softcap) and not options.shapes:
+        raise TunerError("--window and --softcap describe --shape problems: pass --shape (a profile's default "
+                         "problems have neither)")
     if options.heads_kv is not None and options.heads_kv < 1:
         raise TunerError(f"--hkv must be a positive integer, got {options.heads_kv}")
     if options.confirm < 0 or options.confirm_rounds < 1:

@@ -15,6 +15,7 @@ import optuna
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import default_template, feasible_space, supports_problem
 from tuner.kernels.manifest import Manifest
+from tuner.kernels.variant import mask_of
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import GpuProfile
 from tuner.search.options import DEFAULT_TRIALS, SearchOptions
@@ -104,12 +105,14 @@ def _tunables(params: dict[str, Any], manifest: Manifest) -> Optional[dict[str, 
 def warm_start_points(store: Store, profile: str, template: str, problem: Problem, k: int,
                       manifest: Manifest) -> WarmStart:
     """Up to `k` points for a new study: the confirmed winners of the nearest tuned problems first, then
-    the best ok variants of the nearest one (same GPU profile, template, head dim, dtype and causality;
-    nearest in log(B*H*Sq*Sk))."""
+    the best ok variants of the nearest one (same GPU profile, template, head dim, dtype, causality,
+    window and softcap; nearest in log(B*H*Sq*Sk))."""
     if k <= 0:
         return WarmStart([], [])
     best = store.best_trials(TrialFilter(gpu=profile, template=template, dtype=problem.dtype, causal=problem.causal))
-    candidates = {row.problem for row in best if row.profile == profile and row.problem.head_dim == problem.head_dim}
+    # Another window or softcap is another kernel (its tiles were picked for other work per key tile).
+    candidates = {row.problem for row in best if row.profile == profile and row.problem.head_dim == problem.head_dim
+                  and mask_of(row.problem) == mask_of(problem)}
     size = math.log(problem.batch * problem.heads * problem.seq_q * problem.seq_k)
     nearest = sorted(candidates, key=lambda p: (abs(math.log(p.batch * p.heads * p.seq_q * p.seq_k) - size),
                                                 p != problem, p))

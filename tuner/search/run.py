@@ -30,6 +30,7 @@ from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
+from tuner.runtime.baselines import missing_baselines_note
 from tuner.search.hooks import Hooks, check_backend, require_gpus
 from tuner.search.job import WorkerJob, WorkerResult
 from tuner.search.options import SearchOptions, validate_options
@@ -128,6 +129,9 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
     with open_store(db_url) as store:
         studies, budgets = [], []
         for problem in problems:
+            missing = missing_baselines_note(problem)  # said once here, not by each worker
+            if missing:
+                say(f"{problem.label}: {missing}")
             name = study_name_for(options, profile, problem, len(problems) > 1)
             study, budget = prepare_study(options, storage, store, profile, manifest, problem, name, say)
             studies.append(study)

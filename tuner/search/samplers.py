@@ -15,6 +15,7 @@ from optuna.distributions import CategoricalDistribution
 
 from tuner.errors import TunerError
 from tuner.kernels.manifest import Manifest
+from tuner.kernels.variant import softcap_label
 from tuner.problem import Problem
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
@@ -31,11 +32,19 @@ def grid_space(manifest: Manifest) -> dict[str, list[Any]]:
 
 
 def problem_key(problem: Problem) -> str:
-    """Deterministic, filename-safe text of a problem, e.g. B16H16S2048S2048D64-fp16."""
+    """Deterministic, filename-safe text of a problem, e.g. B16H16S2048S2048D64-fp16 or
+    B1H8S4096S4096D128-bf16-causal-wl1024-sc50."""
     gqa = f"Hkv{problem.heads_kv}" if problem.heads_kv != problem.heads else ""
     key = f"B{problem.batch}H{problem.heads}{gqa}S{problem.seq_q}S{problem.seq_k}D{problem.head_dim}-{problem.dtype}"
     if problem.causal:
         key += "-causal"
+    # As the variant names spell them; nothing for a problem without them, so older names stand.
+    if problem.window_left >= 0:
+        key += f"-wl{problem.window_left}"
+    if problem.window_right >= 0:
+        key += f"-wr{problem.window_right}"
+    if problem.softcap:
+        key += f"-sc{softcap_label(problem.softcap)}"
     if problem.layout != "bhsd":
         key += f"-{problem.layout}"
     if problem.ragged:
