@@ -145,8 +145,9 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
                 "replayed_from": getattr(run, "replayed_from", None)},
         "dispatch": True,
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
-        # slower, so calls of this cell run SDPA (explain() says so).
-        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW else None,
+        # slower, so calls of this cell run SDPA (explain() says so). Not with a softcap: SDPA has none, and
+        # the fallback there (a torch implementation) is no SDPA timing; export --check measures it.
+        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW and not p.softcap else None,
     }
 
 
