@@ -2,10 +2,11 @@
 
 For each cell (tuner.export.check_cells) the candidate kernels, loaded from
 the package itself (the shipped cubins, the shipped launcher), are verified
-against the fp32 reference, then timed in interleaved rounds with every SDPA
-backend that takes the shape, all in one child process. The fastest kernel keeps the cell if its median
-per-round ratio to the best backend reaches ROUTE_BELOW; otherwise the cell
-runs SDPA. The records land in the package's manifest.json under "checked"
+against the fp32 reference (with the cell's window and softcap), then timed in interleaved rounds with
+what the cell would otherwise run: every SDPA backend that takes the shape (under the package's window mask
+for a windowed cell), or for a softcapped cell the package's torch softcap implementation, all in one child
+process. The fastest kernel keeps the cell if its median per-round ratio to the best backend reaches
+ROUTE_BELOW; otherwise the cell runs that fallback. The records land in the package's manifest.json under "checked"
 (manifest.json is not among the hashed files: it holds the hashes).
 """
 
