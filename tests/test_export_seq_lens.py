@@ -118,11 +118,15 @@ def test_a_static_caches_decode_mask_becomes_key_lengths(exported) -> None:
     for sq, offset in ((1, 37), (4, 100)):
         args = dict(batch_size=3, q_length=sq, kv_length=256, kv_offset=0, mask_function=causal_mask_function,
                     attention_mask=None, allow_is_causal_skip=False)
-        lens = mod._runtime.hf.transformers_mask(q_offset=torch.tensor(offset), **args)
-        assert lens.dtype == torch.int32 and lens.tolist() == [offset + sq] * 3
+        marker = mod._runtime.hf.transformers_mask(q_offset=torch.tensor(offset), **args)
+        # 4-D, as generate() hands a prepared mask back to the model: [B, 1, 1, 1] int32
+        assert marker.dtype == torch.int32 and marker.shape == (3, 1, 1, 1)
+        lens = marker.reshape(-1)
+        assert lens.tolist() == [offset + sq] * 3
         want = sdpa_mask(q_offset=offset, **args)
         assert torch.equal(mod._runtime.seq_lens.lens_mask(lens, sq, 256, causal=True), want)
-        assert mod._runtime.hf.transformers_mask(q_offset=offset, **args).tolist() == [offset + sq] * 3  # an int offset
+        int_offset = mod._runtime.hf.transformers_mask(q_offset=offset, **args)  # an int offset
+        assert int_offset.reshape(-1).tolist() == [offset + sq] * 3
 
 
 @needs_transformers

@@ -24,7 +24,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
-from tuner.models import decode_shapes, load_model, prefill_shapes
+from tuner.models import Phase, load_model, search_plan
 from tuner.reporting.profiling import profile_top
 from tuner.runtime.objective import check_objective
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
@@ -121,38 +121,41 @@ def search_command(
     force: Annotated[bool, typer.Option("--force", help="Use --gpu's profile even if the card does not match.")] = False,
     confirm: Annotated[int, typer.Option("--confirm", min=0, max=100, help="Re-time the K best variants interleaved with the baselines after each problem; the winner is the best median per-round ratio (0: off).")] = DEFAULT_CONFIRM,
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
-    model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model: a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model, one search per layer kind (sliding window, softcap): a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, mistral-7b-v0.1, qwen2.5-7b, gemma-2-9b, gemma-3-12b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
     objective: Annotated[str, typer.Option(help="What to minimize: time (µs of back-to-back calls, the card at its power limit), energy (J per call of those calls; needs NVML) or isolated (µs of calls with the card idle in between).")] = "time",
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
-    phases: list[list[str]] = [list(shape or ())]
+    # One search per phase: its shapes, window and softcap (--model: one per stage and layer kind).
     if lengths != "full" and not shape:
         raise TunerError("--lengths describes the batches of --shape problems: pass --shape (a profile's default "
                          "problems and --model's use full lengths)")
     bounds = window_option(window)
     if (bounds != (-1, -1) or softcap) and not shape:
-        raise TunerError("--window and --softcap describe --shape problems: pass --shape (a profile's default "
-                         "problems and --model's have neither)")
+        raise TunerError("--window and --softcap describe --shape problems: pass --shape (--model reads each layer "
+                         "kind's window and softcap from the model; a profile's default problems have neither)")
+    phases: list[Phase] = [Phase("search", tuple(shape or ()), bounds, softcap)]
     if model is not None:
         if shape or hkv is not None or study:
             raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
                              "with it")
         spec = load_model(model)
-        phases, hkv, dtype, causal = [list(prefill_shapes(spec)), list(decode_shapes(spec))], spec.heads_kv, \
-            spec.dtype, True
-        say(f"model {spec.describe()}: {len(phases[0])} causal prefill problems ({', '.join(phases[0])}), then "
-            f"{len(phases[1])} decode problems ({', '.join(phases[1])}); each set gets its own template", stderr=True)
+        phases, notes = search_plan(spec)
+        hkv, dtype, causal = spec.heads_kv, spec.dtype, True
+        say(f"model {spec.describe()}: {', then '.join(p.describe() for p in phases)}; each set gets its own "
+            "template", stderr=True)
+        for note in notes:
+            say(note, stderr=True)
     budget = parse_duration(time_budget) if time_budget else None
     started = time.monotonic()
     for i, phase in enumerate(phases):
         # One template per search: prefill and decode problems are searched one after the other, the time
-        # budget shared in proportion to their problem counts.
-        left = None if budget is None else max(1.0, (budget - (time.monotonic() - started)) * len(phase)
-                                               / sum(len(p) for p in phases[i:]))
+        # budget shared in proportion to their problem counts (the profile's default problems: one share).
+        share = [len(p.shapes) or 1 for p in phases[i:]]
+        left = None if budget is None else max(1.0, (budget - (time.monotonic() - started)) * share[0] / sum(share))
         options = SearchOptions(
-            gpu=gpu, shapes=tuple(phase), heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
-            lengths=lengths, window=bounds, softcap=softcap,
-            template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
+            gpu=gpu, shapes=phase.shapes, heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
+            window=phase.window, softcap=phase.softcap,
+            lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
             confirm_rounds=confirm_rounds, objective=check_objective(objective),

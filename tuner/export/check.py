@@ -2,10 +2,11 @@
 
 For each cell (tuner.export.check_cells) the candidate kernels, loaded from
 the package itself (the shipped cubins, the shipped launcher), are verified
-against the fp32 reference, then timed in interleaved rounds with every SDPA
-backend that takes the shape, all in one child process. The fastest kernel keeps the cell if its median
-per-round ratio to the best backend reaches ROUTE_BELOW; otherwise the cell
-runs SDPA. The records land in the package's manifest.json under "checked"
+against the fp32 reference (with the cell's window and softcap), then timed in interleaved rounds with
+what the cell would otherwise run: every SDPA backend that takes the shape (under the package's window mask
+for a windowed cell), or for a softcapped cell the package's torch softcap implementation, all in one child
+process. The fastest kernel keeps the cell if its median per-round ratio to the best backend reaches
+ROUTE_BELOW; otherwise the cell runs that fallback. The records land in the package's manifest.json under "checked"
 (manifest.json is not among the hashed files: it holds the hashes).
 """
 
@@ -23,6 +24,7 @@ from typing import Any, Callable
 
 from tuner.errors import TunerError
 from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
+from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 
 ROUNDS = 5  # interleaved rounds per cell: a ratio counts as the median per-round ratio
@@ -77,6 +79,28 @@ def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any,
     return runs
 
 
+def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any) -> list[Any]:
+    """What a routed cell of `problem` runs instead of a kernel, timed as baselines: every SDPA backend that takes
+    it (FlashAttention-4 left out: the fallback is SDPA); for a window, each under the package's own window mask;
+    for a softcap, the package's torch softcap implementation (SDPA has none)."""
+    from tuner.runtime.baselines import SDPA_BACKENDS, Baseline, available_baselines, sdpa_baseline
+
+    if not problem.local and not problem.softcap:
+        return available_baselines(problem, q, k, v, fa4=False)
+    masked = importlib.import_module(f"{pkg.__name__}._runtime.masked")
+    mask = (problem.window_left, problem.window_right, problem.softcap)
+    if problem.softcap:
+        return [Baseline("torch_softcap", lambda: masked.fallback(q, k, v, problem.causal, None, mask), None)]
+    kept = masked.keys_kept(problem.seq_q, problem.seq_k, problem.causal, mask[:2], q.device)
+    found = []
+    for name in SDPA_BACKENDS:
+        try:
+            found.append(sdpa_baseline(name, q, k, v, problem.causal, None, kept))
+        except RuntimeError:  # a backend that takes no boolean mask (flash): not what the fallback runs
+            continue
+    return found
+
+
 def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS) -> dict[str, Any]:
     """Verify and time one cell's kernels against SDPA in `rounds` interleaved rounds; its manifest record.
 
@@ -86,16 +110,15 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     """
     import torch
 
-    from tuner.runtime.baselines import available_baselines
     from tuner.runtime.timing import interleaved_rounds, time_cuda
-    from tuner.runtime.verify import make_inputs, reference
+    from tuner.runtime.verify import make_inputs, problem_reference
 
     q, k, v = make_inputs(cell.problem, seed=0)
-    ref, _ = reference(q, k, v, cell.problem.causal)
+    ref, _ = problem_reference(cell.problem, q, k, v)  # the cell's window and softcap too
     errors: dict[str, str] = {}
     runs = _kernel_runs(pkg, cell, q, k, v, ref, errors)
     del ref
-    baselines = available_baselines(cell.problem, q, k, v, fa4=False)  # the fallback is SDPA: compare with it
+    baselines = fallback_baselines(pkg, cell.problem, q, k, v)  # what a routed cell runs: compare with it
     calls: dict[str, Callable[[], Any]] = {
         **{name: (lambda fn=fn: time_cuda(fn, l2_bytes=l2_bytes)) for name, fn in runs.items()},
         **{b.name: (lambda b=b: b.time(l2_bytes=l2_bytes)) for b in baselines}}

@@ -1,7 +1,7 @@
 """Which dispatch cells `tuner export --check` measures, and what it decides from the timings (no GPU here).
 
-A cell is a dispatch key (dtype, head dim, causal, GQA group, log2 buckets of
-Sq, Sk and batch x heads) measured at one representative shape. Besides every
+A cell is a dispatch key (dtype, head dim, causal, window, softcap, GQA group, log2
+buckets of Sq, Sk and batch x heads) measured at one representative shape. Besides every
 tuned problem, the check covers the shapes a model meets in serving for each
 (dtype, head dim, causal, heads, K/V heads) the export was tuned for: prefill
 batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1 at short
@@ -34,9 +34,11 @@ class CheckCell:
 
 
 def serving_problems(tuned: Problem) -> list[Problem]:
-    """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality and layout."""
+    """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality, layout, window
+    and softcap (a layer kind of the model: its kernels serve only calls of its own window and softcap)."""
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
-                causal=tuned.causal, layout=tuned.layout)
+                causal=tuned.causal, layout=tuned.layout, window_left=tuned.window_left,
+                window_right=tuned.window_right, softcap=tuned.softcap)
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, **base) for s in PREFILL_LENGTHS]
     found += [Problem(batch=b, seq_q=sq, seq_k=ctx, **base) for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
     return found

@@ -20,6 +20,7 @@ from tuner.export.selection import ExportedKernel
 from tuner.runtime.shipped.dispatch import seq_bucket
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import Manifest, load_manifest
+from tuner.kernels.variant import softcap_label
 from tuner.profiles import GpuProfile
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
@@ -33,10 +34,18 @@ def config_of(source: str) -> str:
     return m.group(1)
 
 
+def _mask_of(key: dict[str, Any]) -> tuple[int, int, float]:
+    """An entry key's compiled-in window and softcap (absent before them: none)."""
+    return int(key.get("window_left", -1)), int(key.get("window_right", -1)), float(key.get("softcap", 0.0))
+
+
 def _struct_name(key: dict[str, Any]) -> str:
     causal = "causal" if key["causal"] else "noncausal"
-    return (f"{key['dtype']}_d{key['head_dim']}_{causal}_g{key['group']}_sq{key['sq_bucket']}_sk{key['sk_bucket']}"
-            f"_bh{key.get('bh_bucket', 0)}")
+    left, right, softcap = _mask_of(key)
+    mask = (f"_wl{left}" if left >= 0 else "") + (f"_wr{right}" if right >= 0 else "") \
+        + (f"_sc{softcap_label(softcap)}" if softcap else "")  # the variant names' spelling
+    return (f"{key['dtype']}_d{key['head_dim']}_{causal}{mask}_g{key['group']}_sq{key['sq_bucket']}"
+            f"_sk{key['sk_bucket']}_bh{key.get('bh_bucket', 0)}")
 
 
 def _first_line(name: str) -> str:
@@ -106,6 +115,8 @@ def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template
         "//   my_attention(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(Cfg) }",
         *_launch_lines(template),
         "// Buckets: sq/sk bucket b = ceil(log2 S) holds lengths (2^(b-1), 2^b]; group = H / Hkv.",
+        "// WINDOW_LEFT / WINDOW_RIGHT / SOFTCAP: the window (FlashAttention's window_size, -1 unbounded) and",
+        "// logit softcap (0 off) compiled into the bucket's kernel; a call runs only a kernel of its own.",
         "#pragma once",
         f"#ifndef {guard}",
         f"#define {guard}",
@@ -133,6 +144,9 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
         f"  static constexpr int SQ_BUCKET = {key['sq_bucket']};",
         f"  static constexpr int SK_BUCKET = {key['sk_bucket']};",
         f"  static constexpr int BH_BUCKET = {key.get('bh_bucket', 0)};",
+        f"  static constexpr int WINDOW_LEFT = {_mask_of(key)[0]};",
+        f"  static constexpr int WINDOW_RIGHT = {_mask_of(key)[1]};",
+        f"  static constexpr float SOFTCAP = {_mask_of(key)[2]!r}f;",
     ]
     for pname, value in k.variant.params.items():
         if isinstance(value, str):
@@ -149,7 +163,8 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
     rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
                      f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}, "
-                     f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}}}"
+                     f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}, "
+                     f"{_mask_of(e['key'])[0]}, {_mask_of(e['key'])[1]}, {_mask_of(e['key'])[2]!r}}}"
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
@@ -160,9 +175,13 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         "// A short-query (decode) kernel",
         "// (max_sq >= 0) takes no query past its Sq bucket. One query (sq_bucket 0) is the same computation",
         "// causal or not: it also takes the other causality's buckets, after its own at the same distance.",
+        "// The window and softcap must be the bucket's own (causal: window_right 0 is -1); one query takes the",
+        "// other causality's buckets of its window_left and softcap with no right bound.",
         "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket,",
-        "                          int bh_bucket) {",
-        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; int max_sq; };",
+        "                          int bh_bucket, int window_left = -1, int window_right = -1, double softcap = 0.0) {",
+        "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; int max_sq;",
+        "               int wl, wr; double sc; };",
+        "  const int wr = causal && window_right == 0 ? -1 : window_right;",
         f"  static const Row rows[] = {{{rows}}};",
         "  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));",
         "  int best = -1, best_d = 0, best_w = 0, best_x = 0;",
@@ -170,6 +189,7 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         f"  for (int i = 0; i < {len(chosen)}; ++i) {{",
         "    const Row& r = rows[i];",
         "    if (r.dtype != dtype || r.head_dim != head_dim || (r.causal != causal && sq_bucket != 0)) continue;",
+        "    if (r.wl != window_left || r.sc != softcap || r.wr != (r.causal == causal ? wr : -1)) continue;",
         "    if (r.max_sq >= 0 && sq_bucket > r.max_sq) continue;",
         "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);",
         "    const int x = r.causal != causal ? 1 : 0;",

@@ -28,6 +28,7 @@ _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner 
     from {name} import attention
     out = attention(q, k, v, causal=True)       # q [B, H, Sq, D], k/v [B, Hkv, Sk, D] on CUDA
     out = attention(q, k_cache, v_cache, block_table=table, seq_lens=lens)  # a paged cache (decode)
+    out = attention(q, k, v, causal=True, window_size=(4095, -1), softcap=50.0)  # a sliding window, a softcap
     print(attention.explain(q, k, v, causal=True))
     {name}.register_transformers()             # attn_implementation="tuned_attention" in transformers
 
@@ -99,6 +100,10 @@ def _readme(name: str, manifest: dict[str, Any]) -> str:
     key = chosen[0]["key"] if chosen else {"dtype": "fp16", "head_dim": 64, "causal": False}
     dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
     call = f"causal={key['causal']}"
+    if key.get("window_left", -1) >= 0 or key.get("window_right", -1) >= 0:
+        call += f", window_size=({key['window_left']}, {key['window_right']})"
+    if key.get("softcap"):
+        call += f", softcap={key['softcap']:g}"
     return (f"# {name}\n\nTuned attention kernels for {manifest['gpu']['display_name']} "
             f"({manifest['gpu']['arch']}), exported by FlashCore tuner {manifest['tuner_version']}.\n\n"
             f"```python\nimport torch\nfrom {name} import attention\n"
@@ -127,6 +132,9 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
             files += [pkg / src_rel, pkg / cubin_rel]
             manifest["kernels"][kname] = {
                 "entry": kname, "template": k.variant.template, "params": k.variant.stored_params(),
+                # The problem's mask compiled in (FlashAttention's window_size, -1 unbounded; softcap 0 off).
+                "window_left": k.variant.window_left, "window_right": k.variant.window_right,
+                "softcap": k.variant.softcap,
                 "launch": dataclasses.asdict(k.built.shape),
                 "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from tuner.errors import TunerError
 from tuner.runtime.shipped.dispatch import Key
 from tuner.kernels.manifest import load_manifest
-from tuner.kernels.variant import Variant
+from tuner.kernels.variant import Variant, mask_of
 from tuner.problem import DTYPES, FULL_LENGTHS, Problem, parse_shape
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel, build
@@ -105,9 +105,9 @@ def best_per_round(baselines: list[list[float]]) -> list[float]:
 
 
 def dispatch_key(problem: Problem) -> Key:
-    """The dispatch key calls of `problem`'s shape look up (the shipped dispatch's Key.of)."""
+    """The dispatch key calls of `problem`'s shape, window and softcap look up (the shipped dispatch's Key.of)."""
     return Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
-                  problem.seq_q, problem.seq_k, batch=problem.batch)
+                  problem.seq_q, problem.seq_k, batch=problem.batch, mask=mask_of(problem))
 
 
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
@@ -145,8 +145,9 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
                 "replayed_from": getattr(run, "replayed_from", None)},
         "dispatch": True,
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
-        # slower, so calls of this cell run SDPA (explain() says so).
-        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW else None,
+        # slower, so calls of this cell run SDPA (explain() says so). Not with a softcap: SDPA has none, and
+        # the fallback there (a torch implementation) is no SDPA timing; export --check measures it.
+        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW and not p.softcap else None,
     }
 
 

@@ -14,24 +14,27 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import kernels as _kernels, paged as _paged
+from . import kernels as _kernels, masked as _masked, paged as _paged
 from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads, table
-from .dispatch import Explanation, Key, cell_summary
+from .dispatch import NO_MASK, Explanation, Key, cell_summary, mask_text
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
 from .seq_lens import check_seq_lens, sdpa_with_lens
 
 # The torch.library namespace: the package's import name (an export's folder, e.g. my_attention; nested names
 # joined by "_"), so that two exports in one process register two ops.
 PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")
-# (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket) -> (device index, the kernel's launch_if_fit)
+# (torch dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket, mask) -> (device index, the kernel's
+# launch_if_fit, or None: the fallback)
 _cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
 # The same cells for calls with seq_lens -> (device index, the decode kernel, or None: masked SDPA)
 _lens_cache: dict[tuple, tuple[int, Any]] = {}
+_NO_WINDOW = (-1, -1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: Optional[float] = None, fallback: Optional[str] = None,
-              seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+              seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
+              window_size: Any = _NO_WINDOW, softcap: Optional[float] = 0.0) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
@@ -45,61 +48,69 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     [pages, page_size, Hkv, D] (vLLM's layout; page_size 16 to 256, a power of two) and row b's key n is
     row n % page_size of page block_table[b, n // page_size]. The decode kernels read the pages in
     place; elsewhere the pages are gathered for masked SDPA.
+    window_size (left, right), FlashAttention's sliding window: query i, aligned to the keys' end, sees keys
+    i' - left .. i' + right (-1 or None: unbounded; causal: right 0 or -1). softcap > 0 makes the scores
+    softcap * tanh(scores / softcap) (Gemma-2). Both are compiled into a kernel: a call runs only a kernel
+    tuned with its own window and softcap; elsewhere (with fallback="sdpa", or a routed, decode or paged
+    cell) a window runs SDPA under a boolean mask and a softcap a chunked torch implementation.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
                                   f"{type(v).__name__})")
+    # The default window is this very tuple: the common call skips the keywords' checks (host time per call).
+    plain = window_size is _NO_WINDOW and (softcap is None or (type(softcap) in (int, float) and softcap == 0))
+    mask = NO_MASK if plain else _masked.call_mask(window_size, softcap, causal)
     if torch.compiler.is_compiling():
-        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table)
-    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table)
+        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask)
+    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-           fallback: Optional[str], seq_lens: Optional[torch.Tensor],
-           block_table: Optional[torch.Tensor]) -> torch.Tensor:
-    """The call itself, in each form (also the custom op's implementation)."""
+           fallback: Optional[str], seq_lens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+           mask: tuple = NO_MASK) -> torch.Tensor:
+    """The call itself, in each form (also the custom op's implementation); `mask` is the checked call_mask()."""
     if block_table is not None:
-        return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table)
+        return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
     if seq_lens is not None:
-        return _forward_lens(q, k, v, causal, scale, fallback, seq_lens)
-    return _forward(q, k, v, causal, scale, fallback)
+        return _forward_lens(q, k, v, causal, scale, fallback, seq_lens, mask)
+    return _forward(q, k, v, causal, scale, fallback, mask)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-             fallback: Optional[str]) -> torch.Tensor:
+             fallback: Optional[str], mask: tuple) -> torch.Tensor:
     qs, ks = q.shape, k.shape
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
-        hit = _cache.get(_cell(q.dtype, qs, ks, causal))
+        hit = _cache.get(_cell(q.dtype, qs, ks, causal, mask))
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             if hit[1] is None:  # a cell routed to SDPA: its kernel measured slower there
-                return _sdpa(q, k, v, causal, scale)
+                return _fallback(q, k, v, causal, scale, mask)
             out = torch.empty_like(q)
             if hit[1](q, k, v, out, None, scale):  # the kernel checks the rest (layout cached); torch's stream
                 return out
-    return _slow(q, k, v, causal, scale, fallback)
+    return _slow(q, k, v, causal, scale, fallback, mask)
 
 
 def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-                  fallback: Optional[str], seq_lens: torch.Tensor) -> torch.Tensor:
+                  fallback: Optional[str], seq_lens: torch.Tensor, mask: tuple) -> torch.Tensor:
     qs, ks = q.shape, k.shape
     hit = None
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
-        hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal))
+        hit = _lens_cache.get(_cell(q.dtype, qs, ks, causal, mask))
     if hit is None or fallback not in FALLBACKS or q.get_device() != hit[0] \
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
+        return _slow_lens(q, k, v, causal, scale, fallback, seq_lens, mask)
     check_seq_lens(q, seq_lens)
     if hit[1] is None:
-        return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+        return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)
     out = torch.empty_like(q)
     if hit[1].launch_if_fit(q, k, v, out, None, scale, seq_lens):
         return out
-    return _slow_lens(q, k, v, causal, scale, fallback, seq_lens)
+    return _slow_lens(q, k, v, causal, scale, fallback, seq_lens, mask)
 
 
 def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str],
-               seq_lens: Any) -> torch.Tensor:
+               seq_lens: Any, mask: tuple) -> torch.Tensor:
     """Validate fully, choose the decode kernel (or masked SDPA) and fill the seq_lens dispatch cache."""
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
@@ -107,33 +118,34 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
     if q.dim() == 4:
         check_seq_lens(q, seq_lens)
     try:
-        kernel = _resolve(q, k, v, causal)
+        kernel = _resolve(q, k, v, causal, mask)
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa" and q.dim() == 4:  # seq_lens checked above
-            return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+            return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)
         raise
     if kernel is not None and not kernel.shape.splits:
         kernel = None  # only the decode kernels take seq_lens: this cell runs masked SDPA, as a routed one does
-    _lens_cache[_cell(q.dtype, q.shape, k.shape, causal)] = (q.get_device(), kernel)
+    _lens_cache[_cell(q.dtype, q.shape, k.shape, causal, mask)] = (q.get_device(), kernel)
     if kernel is None:  # a cell routed to SDPA, or without a decode kernel
-        return sdpa_with_lens(q, k, v, causal, scale, seq_lens)
+        return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)
     out = torch.empty_like(q)
     kernel.launch_unchecked(q, k, v, out, None, scale, seq_lens)
     return out
 
 
-def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str]) -> torch.Tensor:
+def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback: Optional[str],
+          mask: tuple) -> torch.Tensor:
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
     check_structure(q, k, v)
     try:
-        kernel = _resolve(q, k, v, causal)
+        kernel = _resolve(q, k, v, causal, mask)
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
-            return _sdpa(q, k, v, causal, scale)
+            return _fallback(q, k, v, causal, scale, mask)
         raise
     if kernel is None:  # routed to SDPA
-        return _sdpa(q, k, v, causal, scale)
+        return _fallback(q, k, v, causal, scale, mask)
     if q.numel() == 0:
         return torch.empty_like(q)
     out = torch.empty_like(q)
@@ -141,27 +153,34 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
     return out
 
 
-def _cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool) -> tuple:
-    """The dispatch cache's key: (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket)."""
+def _cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool, mask: tuple) -> tuple:
+    """The dispatch cache's key: (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket, mask)."""
     return (dtype, qs[3], bool(causal), qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
-            (qs[0] * qs[1] - 1).bit_length())
+            (qs[0] * qs[1] - 1).bit_length(), mask)
 
 
-def _key(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Key:
+def _key(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: tuple = NO_MASK) -> Key:
     b, h, sq, d = q.shape
-    return Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b)
+    return Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b, mask=mask)
 
 
-def _resolve(q: Any, k: Any, v: Any, causal: bool) -> Any:
+def _resolve(q: Any, k: Any, v: Any, causal: bool, mask: tuple) -> Any:
     """Validate fully, choose the kernel, load it and fill the dispatch cache: the kernel (an AttentionKernel),
     or None for a cell routed to SDPA."""
     check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
     refuse_grads(q, k, v)
     if k.shape[2] == 0:
         raise AttentionInputError("k and v must have at least one key (Sk = 0)")
-    kernel = choose_kernel(q, _key(q, k, causal))
-    _cache[_cell(q.dtype, q.shape, k.shape, causal)] = (q.get_device(), kernel.launch_if_fit if kernel else None)
+    kernel = choose_kernel(q, _key(q, k, causal, mask))
+    _cache[_cell(q.dtype, q.shape, k.shape, causal, mask)] = (q.get_device(), kernel.launch_if_fit if kernel else None)
     return kernel
+
+
+def _fallback(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], mask: tuple) -> torch.Tensor:
+    """What runs a call no kernel serves: SDPA, or for a window or softcap masked.fallback."""
+    if mask == NO_MASK:
+        return _sdpa(q, k, v, causal, scale)
+    return _masked.fallback(q, k, v, causal, scale, mask)
 
 
 def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch.Tensor:
@@ -187,14 +206,16 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch
 @torch.library.custom_op(f"{PACKAGE}::attention", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
         fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
-        block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table)
+        block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
+        softcap: float = 0.0) -> torch.Tensor:
+    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, (window_left, window_right, softcap))
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
 def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
              fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
-             block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+             block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
+             softcap: float = 0.0) -> torch.Tensor:
     return torch.empty_like(q)
 
 
@@ -205,57 +226,74 @@ def _device_cc(q: Any) -> Optional[tuple[int, int]]:
     return torch.cuda.get_device_capability(device)
 
 
-def explain(q: Any, k: Any, v: Any, *, causal: bool = False) -> Explanation:
-    """Which kernel attention(q, k, v, causal=...) would run, and why (print() it). Needs no GPU."""
+def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = _NO_WINDOW,
+            softcap: Optional[float] = 0.0) -> Explanation:
+    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=...) would run, and why (print() it).
+    Needs no GPU."""
     errors: list[str] = []  # every limit the inputs break, the device's first
     try:
         check_attention_tensors(q, k, v, q)
     except AttentionInputError as exc:
         errors.append(str(exc))
+    mask = _masked.call_mask(window_size, softcap, causal)
     shapes = (f"q {tuple(getattr(q, 'shape', ()))}, k {tuple(getattr(k, 'shape', ()))}, "
-              f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}")
+              f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}"
+              + ("" if mask == NO_MASK else f", {mask_text(mask)}"))
     lines = [f"{PACKAGE}.attention({shapes})"]
     choice = None
     usable = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
               and q.dtype in DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
-    # check_attention_tensors stops at the first limit (the device, on a CPU): name the others too.
+    errors += _shape_errors(q, k, v)
+    if usable:
+        key = _key(q, k, causal, mask)
+        lines.append(f"  dispatch key: {key.label()}")
+        choice = table().choose(key)
+        if choice is None:
+            errors.append(table().unsupported_reason(key))
+    code = "none"
+    if choice is not None:
+        code = _kernels.code_source(choice.entry["kernel"], _device_cc(q))
+        lines += _choice_lines(choice, mask) + [f"  code: {code}"]
+    error = "; ".join(errors) or None
+    if error:
+        lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)} instead)")
+    return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
+                       bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
+                       "\n".join(lines))
+
+
+def _shape_errors(q: Any, k: Any, v: Any) -> list[str]:
+    """The limits check_attention_tensors did not get to (it stops at the first: the device, on a CPU)."""
+    errors = []
     tensors = [(n, t) for n, t in (("q", q), ("k", k), ("v", v)) if isinstance(t, torch.Tensor)]
     errors += [f"{n} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})" for n, t in tensors if t.dim() != 4]
     if len({t.dtype for _, t in tensors}) > 1:
         errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
     if isinstance(q, torch.Tensor) and q.dtype not in DTYPES:
         errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({table().describe()})")
-    if usable:
-        key = _key(q, k, causal)
-        lines.append(f"  dispatch key: {key.label()}")
-        choice = table().choose(key)
-        if choice is None:
-            errors.append(table().unsupported_reason(key))
-    if choice is not None:
-        e = choice.entry
-        ratio = e.get("ratio_to_best_baseline")
-        vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
-        lines.append(f"  kernel: {e['kernel']}")
-        lines.append(f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}")
-        lines.append(f"  why: {choice.reason}")
-        if choice.cell is not None:
-            checked = _kernels.manifest()["checked"]
-            lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
-                         f"{cell_summary(choice.cell)}")
-        elif e.get("route") == "sdpa":
-            sdpa = e.get("ratio_to_sdpa", ratio)
-            lines.append(f"  routed to SDPA: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
-                         "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
-        code = _kernels.code_source(e["kernel"], _device_cc(q))
-        lines.append(f"  code: {code}")
-    else:
-        code = "none"
-    error = "; ".join(errors) or None
-    if error:
-        lines.append(f"  error: {error} (fallback='sdpa' would run torch SDPA instead)")
-    return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
-                       bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
-                       "\n".join(lines))
+    return errors
+
+
+def _choice_lines(choice: Any, mask: tuple) -> list[str]:
+    """explain()'s lines on the chosen entry: the kernel, where it was tuned, why, and a measured or routed cell."""
+    e = choice.entry
+    ratio = e.get("ratio_to_best_baseline")
+    vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
+    lines = [f"  kernel: {e['kernel']}",
+             f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}",
+             f"  why: {choice.reason}"]
+    if choice.cell is not None:
+        checked = _kernels.manifest()["checked"]
+        lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
+                     f"{cell_summary(choice.cell)}")
+        if choice.route == "sdpa" and mask != NO_MASK:
+            lines.append(f"  routed: calls of this cell run {_masked.fallback_name(mask)}")
+    elif e.get("route") == "sdpa":
+        sdpa = e.get("ratio_to_sdpa", ratio)
+        ran = "SDPA" if mask == NO_MASK else _masked.fallback_name(mask)
+        lines.append(f"  routed to {ran}: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
+                     "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
+    return lines
 
 
 attention.explain = explain  # type: ignore[attr-defined]

@@ -2,7 +2,8 @@
 
 Part of the runtime every export ships (this folder, copied whole); imports
 nothing but the standard library. A problem is keyed on what the compiled
-kernel depends on (dtype, head dim, causal) plus what makes a different
+kernel depends on (dtype, head dim, causal, and its mask: sliding window and
+logit softcap, which must match exactly) plus what makes a different
 variant faster (GQA group, log2 buckets of Sq and Sk, and of batch x heads:
 the work size decides how many waves of tiles fill the card, so a small grid
 wants other tiles than a large one). Between tuned shapes the nearest bucket
@@ -28,6 +29,16 @@ def bucket_range(b: int) -> str:
     return "1" if b == 0 else f"{2 ** (b - 1) + 1}-{2 ** b}"
 
 
+NO_MASK = (-1, -1, 0.0)  # (window_left, window_right, softcap): no window (-1 unbounded), no softcap (0)
+
+
+def mask_text(mask: tuple) -> str:
+    """A kernel's compiled-in mask in words: "no window, no softcap", "window (4095, -1), softcap 50"."""
+    left, right, softcap = mask
+    window = f"window ({left}, {right})" if left >= 0 or right >= 0 else "no window"
+    return f"{window}, {f'softcap {softcap:g}' if softcap else 'no softcap'}"
+
+
 @dataclass(frozen=True)
 class Key:
     dtype: str
@@ -37,21 +48,43 @@ class Key:
     sq_bucket: int
     sk_bucket: int
     bh_bucket: int = 0  # seq_bucket(batch x query heads)
+    # The kernel's compiled-in mask (the tuned problem's): FlashAttention's window_size (-1 unbounded; causal
+    # spells its right bound -1) and the logit softcap (0 off). Absent from manifests before them: no mask.
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.causal and self.window_right == 0:  # causal is a right bound of 0: one spelling, as Problem's
+            object.__setattr__(self, "window_right", -1)
+        object.__setattr__(self, "softcap", float(self.softcap))
 
     @classmethod
     def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int,
-           batch: int = 1) -> "Key":
+           batch: int = 1, mask: tuple = NO_MASK) -> "Key":
+        """The key of a call; `mask` is its (window_left, window_right, softcap)."""
         return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk),
-                   seq_bucket(max(batch * heads, 1)))
+                   seq_bucket(max(batch * heads, 1)), int(mask[0]), int(mask[1]), float(mask[2]))
 
     @property
     def features(self) -> tuple[str, int, bool]:
-        """What is compiled into a kernel: these must match exactly."""
+        """The dtype, head dim and causality compiled into a kernel (with `mask`: what must match exactly)."""
         return (self.dtype, self.head_dim, self.causal)
+
+    @property
+    def mask(self) -> tuple[int, int, float]:
+        """The window and softcap compiled into a kernel: (window_left, window_right, softcap)."""
+        return (self.window_left, self.window_right, self.softcap)
+
+    @property
+    def compiled(self) -> tuple:
+        """Everything compiled into a kernel: a key runs only kernels whose `compiled` is its own."""
+        return self.features + self.mask
 
     def label(self) -> str:
         causal = "causal" if self.causal else "non-causal"
-        return (f"{self.dtype} D{self.head_dim} {causal} group {self.group}, Sq bucket {self.sq_bucket} "
+        mask = f" {mask_text(self.mask)}," if self.mask != NO_MASK else ""
+        return (f"{self.dtype} D{self.head_dim} {causal}{mask} group {self.group}, Sq bucket {self.sq_bucket} "
                 f"({bucket_range(self.sq_bucket)}), Sk bucket {self.sk_bucket} ({bucket_range(self.sk_bucket)}), "
                 f"batch x heads bucket {self.bh_bucket} ({bucket_range(self.bh_bucket)})")
 
@@ -89,8 +122,9 @@ class Choice:
                          f"at log2 distance {self.distance}")
         if self.tuned.group != self.key.group:
             parts.append(f"tuned for GQA group {self.tuned.group}, not {self.key.group} (the kernel takes any group)")
+        mask = f" ({mask_text(self.key.mask)})" if self.key.mask != NO_MASK else ""
         return "; ".join(parts) + work + f"; chosen among {self.candidates} tuned entries for " \
-                                  f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}"
+                                  f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}{mask}"
 
 
 def cell_summary(cell: Mapping[str, Any]) -> str:
@@ -104,9 +138,11 @@ def cell_summary(cell: Mapping[str, Any]) -> str:
 
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
+    """The key of a manifest entry or measured cell (a manifest from before windows and softcaps: no mask)."""
     k = entry["key"]
     return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]),
-               int(k.get("bh_bucket", 0)))
+               int(k.get("bh_bucket", 0)), int(k.get("window_left", -1)), int(k.get("window_right", -1)),
+               float(k.get("softcap", 0.0)))
 
 
 class DispatchTable:
@@ -116,38 +152,41 @@ class DispatchTable:
         self.entries = [e for e in entries if e.get("dispatch", True)]
         self._by_trial = {e["trial_id"]: e for e in entries}  # a measured cell may pick a shadowed entry
         self.cells = {entry_key(c): c for c in cells if c.get("trial_id") in self._by_trial}
-        self._by_features: dict[tuple[str, int, bool], list[tuple[Key, Mapping[str, Any]]]] = {}
+        # Key.compiled (dtype, head dim, causal, window left and right, softcap) -> its entries
+        self._by_compiled: dict[tuple, list[tuple[Key, Mapping[str, Any]]]] = {}
         for e in self.entries:
             key = entry_key(e)
-            self._by_features.setdefault(key.features, []).append((key, e))
+            self._by_compiled.setdefault(key.compiled, []).append((key, e))
 
-    def supported(self) -> list[tuple[str, int, bool]]:
-        return sorted(self._by_features)
+    def supported(self) -> list[tuple]:
+        """Every compiled combination the package has: (dtype, head dim, causal, window left, right, softcap)."""
+        return sorted(self._by_compiled)
 
     def head_dims(self, dtype: str, causal: bool) -> list[int]:
-        return sorted({d for (dt, d, c) in self._by_features if dt == dtype and c == causal})
+        return sorted({c[1] for c in self._by_compiled if c[0] == dtype and c[2] == causal})
 
     def choose(self, key: Key) -> Optional[Choice]:
-        """The entry for `key`, or None when no kernel has its dtype, head dim and causality (and query length)."""
+        """The entry for `key`, or None when no kernel has its dtype, head dim, causality and mask (and query length)."""
         ranked = self.ranked(key)
         if not ranked:
             return None
         cell = self.cells.get(key)
         if cell is None and key.sq_bucket == 0:  # one query: the other causality's measured cell holds too
-            cell = self.cells.get(replace(key, causal=not key.causal))
+            cell = self.cells.get(_other_causality(key))
         tk, e = (entry_key(self._by_trial[cell["trial_id"]]), self._by_trial[cell["trial_id"]]) if cell else ranked[0]
         dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
         exact = (tk.group, tk.sq_bucket, tk.sk_bucket) == (key.group, key.sq_bucket, key.sk_bucket)
         return Choice(e, key, tk, exact, dist, len(ranked), cell)
 
     def ranked(self, key: Key) -> list[tuple[Key, Mapping[str, Any]]]:
-        """The tuned entries that can run `key` (same dtype, head dim, causality), the rule's choice first.
+        """The tuned entries that can run `key` (same dtype, head dim, causality and mask), the rule's choice first.
 
-        One query is the same computation causal or not (bottom-right, it sees every key), so a one-query key
-        also takes the other causality's entries, ranked after its own at the same distance."""
-        feats = [key.features] + ([(key.dtype, key.head_dim, not key.causal)] if key.sq_bucket == 0 else [])
+        One query is the same computation causal or not (bottom-right, it sees every key up to its own; a right
+        window bound adds none), so a one-query key also takes the other causality's entries of its left
+        window and softcap, ranked after its own at the same distance."""
+        wanted = [key.compiled] + ([_other_causality(key).compiled] if key.sq_bucket == 0 else [])
         # An entry of a short-query (decode) kernel takes only queries up to its max_seq_q.
-        cands = [(tk, e) for f in feats for tk, e in self._by_features.get(f, ())
+        cands = [(tk, e) for c in wanted for tk, e in self._by_compiled.get(c, ())
                  if not e.get("max_seq_q") or key.sq_bucket <= seq_bucket(int(e["max_seq_q"]))]
         if not cands:
             return []
@@ -165,21 +204,31 @@ class DispatchTable:
 
     def unsupported_reason(self, key: Key) -> str:
         """Why no kernel fits `key` (names the limit), for errors and explain()."""
-        dts = sorted({dt for dt, _, _ in self._by_features})
+        dts = sorted({c[0] for c in self._by_compiled})
         if key.dtype not in dts:
             return f"dtype {key.dtype} is not supported: this package has kernels for {', '.join(dts)}"
         causal = "causal" if key.causal else "non-causal"
         dims = self.head_dims(key.dtype, key.causal)
         if not dims:
             return f"{causal} attention in {key.dtype} is not supported by this package (tuned: {self.describe()})"
-        if key.head_dim in dims:  # only short-query kernels for these features
-            longest = max(int(e.get("max_seq_q") or 0) for _, e in self._by_features[key.features])
-            return (f"queries of more than {longest} rows are not supported for {causal} {key.dtype} D{key.head_dim}: "
-                    f"this package has only short-query (decode) kernels for it")
-        return f"head dim {key.head_dim} is not supported for {causal} {key.dtype}: tuned head dims are {dims}"
+        if key.head_dim not in dims:
+            return f"head dim {key.head_dim} is not supported for {causal} {key.dtype}: tuned head dims are {dims}"
+        masks = sorted({c[3:] for c in self._by_compiled if c[:3] == key.features})
+        if key.compiled not in self._by_compiled:
+            return (f"{mask_text(key.mask)} is not supported for {causal} {key.dtype} D{key.head_dim}: its kernels here "
+                    f"have {' / '.join(mask_text(m) for m in masks)} (a window and a softcap are compiled in)")
+        longest = max(int(e.get("max_seq_q") or 0) for _, e in self._by_compiled[key.compiled])
+        return (f"queries of more than {longest} rows are not supported for {causal} {key.dtype} D{key.head_dim}: "
+                f"this package has only short-query (decode) kernels for it")
 
     def describe(self) -> str:
-        return ", ".join(f"{dt} D{d}{' causal' if c else ''}" for dt, d, c in self.supported())
+        return ", ".join(f"{c[0]} D{c[1]}{' causal' if c[2] else ''}"
+                         + ("" if c[3:] == NO_MASK else f" ({mask_text(c[3:])})") for c in self.supported())
+
+
+def _other_causality(key: Key) -> Key:
+    """A one-query key's twin of the other causality: the same left window and softcap, no right bound."""
+    return replace(key, causal=not key.causal, window_right=-1)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             return f"kernel {name}'s min_compute_capability is {cc!r}, not [major, minor]"
         if not isinstance(meta.get("launch"), dict):
             return f"kernel {name} has no launch object"
+        wrong = _bad_mask(meta)
+        if wrong:
+            return f"kernel {name}'s {wrong}"
         hashes = [("source_sha256", meta.get("source_sha256"))]
         for arch, cubin in meta["cubins"].items():
             if not isinstance(cubin, dict) or not isinstance(cubin.get("path"), str):
@@ -73,12 +76,30 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         for what, digest in hashes:
             if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
                 return f"kernel {name}'s {what} is {digest!r}, not a sha256"
+    for i, entry in enumerate(data["entries"]):
+        wrong = _bad_mask(entry.get("key")) if isinstance(entry, dict) and isinstance(entry.get("key"), dict) else None
+        if wrong:
+            return f"entry {i}'s key {wrong}"
     headers = data.get("headers", {})
     if not isinstance(headers, dict):
         return "headers must be an object"
     for rel, digest in headers.items():
         if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             return f"header {rel}'s sha256 is {digest!r}, not a sha256"
+    return None
+
+
+def _bad_mask(fields: dict[str, Any]) -> Optional[str]:
+    """What is wrong with the optional mask fields of a kernel or an entry's key (None: absent or well-formed):
+    window_left / window_right integers >= -1 and softcap a number >= 0. A manifest written before them has none
+    (read as no window, no softcap)."""
+    for side in ("window_left", "window_right"):
+        value = fields.get(side, -1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            return f"{side} is {value!r}, not an integer >= -1"
+    softcap = fields.get("softcap", 0.0)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
+        return f"softcap is {softcap!r}, not a number >= 0"
     return None
 
 

@@ -4,7 +4,8 @@ Part of the runtime every export ships. K and V live in pages of a cache
 [pages, page_size, Hkv, D] (vLLM's layout); row b's key n is row n % page_size of page
 block_table[b, n // page_size], and row b uses its first seq_lens[b] keys. The decode kernels read
 the pages in place (the table and the lengths on the GPU: a captured graph replays with new ones);
-any other cell gathers the pages into a dense [B, Hkv, Sk, D] copy for masked SDPA.
+any other cell gathers the pages into a dense [B, Hkv, Sk, D] copy for masked SDPA (a window or a softcap
+runs masked.fallback there: no decode kernel has them yet).
 """
 
 from typing import Any, Optional
@@ -12,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads
-from .dispatch import Key
+from .dispatch import NO_MASK, Key
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors, check_paged_inputs
 from .seq_lens import check_seq_lens, sdpa_with_lens
 
@@ -22,26 +23,27 @@ _paged_cache: dict[tuple, tuple[int, Any]] = {}
 
 def forward_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, causal: bool,
                   scale: Optional[float], fallback: Optional[str], seq_lens: Optional[torch.Tensor],
-                  block_table: torch.Tensor) -> torch.Tensor:
+                  block_table: torch.Tensor, mask: tuple = NO_MASK) -> torch.Tensor:
+    """The paged call; `mask` is its (window_left, window_right, softcap), checked (masked.call_mask)."""
     if seq_lens is None:
         raise AttentionInputError("a paged call needs seq_lens (int32 [B]) with its block_table")
     tensors = (q, k_cache, v_cache, block_table, seq_lens)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         raise AttentionInputError("q, k_cache, v_cache, block_table and seq_lens must be torch.Tensors")
-    layout = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors) + (bool(causal),)
+    layout = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors) + (bool(causal), mask)
     hit = _paged_cache.get(layout)
     if (hit is None or fallback not in FALLBACKS or any(t.data_ptr() % 16 for t in tensors[:3])
             or (torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad))):
-        return _slow_paged(q, k_cache, v_cache, causal, scale, fallback, seq_lens, block_table, layout)
+        return _slow_paged(q, k_cache, v_cache, causal, scale, fallback, seq_lens, block_table, layout, mask)
     if hit[1] is None:
-        return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table)
+        return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table, mask)
     out = torch.empty_like(q)
     hit[1].paged(q, k_cache, v_cache, out, block_table, seq_lens, scale, check=False)
     return out
 
 
 def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optional[float], fallback: Optional[str],
-                seq_lens: Any, block_table: Any, layout: tuple) -> torch.Tensor:
+                seq_lens: Any, block_table: Any, layout: tuple, mask: tuple) -> torch.Tensor:
     """Validate fully, choose the decode kernel (or SDPA) and remember the layout."""
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
@@ -54,11 +56,11 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
         refuse_grads(q, k_cache, v_cache)
         pages_per_seq, page, hkv = block_table.shape[1], k_cache.shape[1], k_cache.shape[2]
         b, h, sq, d = q.shape
-        key = Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(pages_per_seq * page, 1), batch=b)
+        key = Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(pages_per_seq * page, 1), batch=b, mask=mask)
         kernel = choose_kernel(q, key)
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
-            return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table)
+            return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table, mask)
         raise
     if kernel is not None and not kernel.shape.splits:
         kernel = None  # only the decode kernels read pages: SDPA on the gathered pages, as a routed cell does
@@ -66,7 +68,7 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
         _paged_cache.clear()
     _paged_cache[layout] = (q.get_device(), kernel)
     if kernel is None:  # a cell routed to SDPA, or without a decode kernel
-        return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table)
+        return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table, mask)
     out = torch.empty_like(q)
     kernel.paged(q, k_cache, v_cache, out, block_table, seq_lens, scale, check=False)
     return out
@@ -93,7 +95,7 @@ def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor
 
 
 def _sdpa_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optional[float], seq_lens: Any,
-                block_table: Any) -> torch.Tensor:
+                block_table: Any, mask: tuple) -> torch.Tensor:
     lens = seq_lens.clamp(max=block_table.shape[1] * k_cache.shape[1])  # as the kernels clamp
     return sdpa_with_lens(q, gather_pages(k_cache, block_table), gather_pages(v_cache, block_table), causal,
-                          scale, lens)
+                          scale, lens, mask)

@@ -5,14 +5,17 @@ GPU, so a CUDA graph captured once replays with new lengths (a static cache's de
 (no decode kernel for the shape, a cell routed to SDPA) runs torch SDPA under the equivalent boolean mask,
 built on the GPU as well, so that path captures too.
 
-Causal masking aligns to each row's own length: query i of Sq sees keys j < L and j <= L - Sq + i.
+Causal masking aligns to each row's own length: query i of Sq sees keys j < L and j <= L - Sq + i (a window
+aligns the same way: L - Sq + i - left <= j <= L - Sq + i + right).
 """
 
 from typing import Any, Optional
 
 import torch
 
+from .dispatch import NO_MASK
 from .launcher import AttentionInputError
+from .masked import fallback, keys_kept
 
 
 def check_seq_lens(q: Any, seq_lens: Any) -> None:
@@ -25,24 +28,13 @@ def check_seq_lens(q: Any, seq_lens: Any) -> None:
                                   f"{q.device} (got {got})")
 
 
-def lens_mask(seq_lens: torch.Tensor, sq: int, sk: int, causal: bool) -> torch.Tensor:
-    """The boolean mask [B, 1, Sq, Sk] (True: attend) that seq_lens and causal stand for."""
-    lens = seq_lens.view(-1, 1, 1, 1).long()
-    cols = torch.arange(sk, device=seq_lens.device).view(1, 1, 1, sk)
-    mask = cols < lens
-    if causal:
-        rows = torch.arange(sq, device=seq_lens.device).view(1, 1, sq, 1)
-        mask = mask & (cols <= lens - sq + rows)
-    return mask.expand(-1, 1, sq, sk)
+def lens_mask(seq_lens: torch.Tensor, sq: int, sk: int, causal: bool, window: tuple = (-1, -1)) -> torch.Tensor:
+    """The boolean mask [B, 1, Sq, Sk] (True: attend) that seq_lens, causal and a window (left, right) stand for."""
+    return keys_kept(sq, sk, causal, window, seq_lens.device, seq_lens)
 
 
 def sdpa_with_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-                   seq_lens: torch.Tensor) -> torch.Tensor:
-    """torch SDPA under lens_mask; a query that sees no key gives zeros, as the kernels do."""
-    from torch.nn.functional import scaled_dot_product_attention
-
-    mask = lens_mask(seq_lens, q.shape[-2], k.shape[-2], causal)
-    gqa = q.shape[-3] != k.shape[-3]
-    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    out = torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
-    return torch.empty_like(q).copy_(out)  # the layout attention() promises (and its fake implementation)
+                   seq_lens: torch.Tensor, mask: tuple = NO_MASK) -> torch.Tensor:
+    """torch SDPA under lens_mask (with a softcap: the torch softcap implementation, masked.fallback); a query
+    that sees no key gives zeros, as the kernels do. `mask` is the call's (window_left, window_right, softcap)."""
+    return fallback(q, k, v, causal, scale, mask, lens=seq_lens)
