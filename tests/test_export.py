@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from header_build import assert_user_kernel_builds
 
 from tests.cli_helpers import run_tuner
 from tuner.errors import TunerError
@@ -536,17 +537,9 @@ def test_header_instantiates_with_nvcc(export_store, tmp_path) -> None:
     out = tmp_path / "hdr"
     export(ExportOptions(gpu="h100", out=out, db_url=export_store.url, format="header", name="fc_tuned",
                          shapes=("2,8,256,64",)))
-    user = out / "user.cu"
-    user.write_text(
-        '#include "attn_fwd_mma.cu"\n#include "fc_tuned.h"\n'
-        "using Cfg = fc_tuned::h100::fp16_d64_noncausal_g1_sq8_sk8_bh4::Config;\n"
-        'extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) my_attention(ATTN_FWD_PARAMS)'
-        " { ATTN_FWD_BODY(Cfg) }\n"
-        "int pick() { return fc_tuned::h100::nearest_bucket(0, 64, false, 1, 9, 9, 4); }\n")
-    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
-                          "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert b"my_attention" in (out / "user.cubin").read_bytes()
+    assert_user_kernel_builds(out, "attn_fwd_mma.cu", "fc_tuned.h",
+                              "fc_tuned::h100::fp16_d64_noncausal_g1_sq8_sk8_bh4::Config",
+                              "int pick() { return fc_tuned::h100::nearest_bucket(0, 64, false, 1, 9, 9, 4); }\n")
 
 
 # --- --force, staged writes, unwritable --out ---------------------------------------------------

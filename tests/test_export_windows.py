@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+from header_build import assert_user_kernel_builds
 
 from tests.test_export import GPU_NAME, _unique, import_exported
 from tuner.export.run import ExportOptions, export
@@ -218,22 +219,27 @@ def test_windows_and_softcap_trace_under_torch_compile(windows_export) -> None:
     torch.testing.assert_close(compiled(q, k, v), step(q, k, v))
 
 
-def test_a_manifest_from_before_windows_still_loads_as_no_window(windows_export, tmp_path) -> None:
-    """Kernels and keys without window_left / window_right / softcap read as no window, no softcap."""
-    _, report, _, _ = windows_export
-    name = _unique("old")
+def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
+    """A copy of the exported package under a new name, its manifest.json changed by edit(manifest)."""
+    name = _unique(prefix)
     shutil.copytree(report.out / report.package, tmp_path / name)
     path = tmp_path / name / "manifest.json"
     m = json.loads(path.read_text())
     m["package"] = name
-    m["entries"] = [e for e in m["entries"] if e["kernel"] == _variant(PLAIN).name]
-    for e in m["entries"]:
-        for field in ("window_left", "window_right", "softcap"):
-            del e["key"][field]
-    for meta in m["kernels"].values():
-        for field in ("window_left", "window_right", "softcap"):
-            del meta[field]
+    edit(m)
     path.write_text(json.dumps(m))
+    return name
+
+
+def test_a_manifest_from_before_windows_still_loads_as_no_window(windows_export, tmp_path) -> None:
+    """Kernels and keys without window_left / window_right / softcap read as no window, no softcap."""
+    def strip(m: dict) -> None:
+        m["entries"] = [e for e in m["entries"] if e["kernel"] == _variant(PLAIN).name]
+        for record in [e["key"] for e in m["entries"]] + list(m["kernels"].values()):
+            for field in ("window_left", "window_right", "softcap"):
+                del record[field]
+
+    name = _edited_copy(windows_export[1], tmp_path, "old", strip)
     mod = import_exported(tmp_path, name)
     assert mod.explain(*_meta(), causal=True).kernel == _variant(PLAIN).name
     assert mod.explain(*_meta(), causal=True, window_size=(1023, -1)).kernel is None
@@ -244,14 +250,8 @@ def test_a_manifest_from_before_windows_still_loads_as_no_window(windows_export,
 def test_malformed_window_fields_are_an_integrity_error(windows_export, tmp_path, field, value) -> None:
     import sys
 
-    _, report, _, _ = windows_export
-    name = _unique("bad")
-    shutil.copytree(report.out / report.package, tmp_path / name)
-    path = tmp_path / name / "manifest.json"
-    m = json.loads(path.read_text())
-    m["package"] = name
-    next(iter(m["kernels"].values()))[field] = value
-    path.write_text(json.dumps(m))
+    name = _edited_copy(windows_export[1], tmp_path, "bad",
+                        lambda m: next(iter(m["kernels"].values())).__setitem__(field, value))
     code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import {name}"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "IntegrityError" in run.stderr
@@ -306,13 +306,5 @@ def test_the_header_instantiates_a_windowed_softcapped_kernel_with_nvcc(windows_
     _, _, _, url = windows_export
     out = tmp_path / "hdr"
     export(ExportOptions(gpu="h100", out=out, db_url=url, format="header", name="fc_win"))
-    user = out / "user.cu"
-    user.write_text(
-        '#include "attn_fwd_wgmma.cu"\n#include "fc_win.h"\n'
-        "using Cfg = fc_win::h100::bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4::Config;\n"
-        'extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS) my_attention(ATTN_FWD_PARAMS)'
-        " { ATTN_FWD_BODY(Cfg) }\n")
-    run = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O1", "-gencode", "arch=compute_90a,code=sm_90a",
-                          "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert b"my_attention" in (out / "user.cubin").read_bytes()
+    assert_user_kernel_builds(out, "attn_fwd_wgmma.cu", "fc_win.h",
+                              "fc_win::h100::bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4::Config")

@@ -4,10 +4,10 @@ takes the problem, in its own [B, S, H, D] layout, and is left out where it does
 from __future__ import annotations
 
 import sys
-import types
 import warnings
 
 import pytest
+from fa4_fakes import install_fake_fa4, unset_fa4_cache_settings
 
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import log_path, take_counts
@@ -26,21 +26,8 @@ def fake_fa4(monkeypatch):
         calls.append(dict(q=q, k=k, v=v, scale=softmax_scale, causal=causal))
         return q, None
 
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func = flash_attn_func
-    package = types.ModuleType("flash_attn")
-    package.cute = cute
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
-    _unset_fa4_cache_settings(monkeypatch)
+    install_fake_fa4(monkeypatch, flash_attn_func)
     return calls, state
-
-
-def _unset_fa4_cache_settings(monkeypatch) -> None:
-    """Both of FA4's cache variables unset for the test, and absent again after it (fa4_baseline sets them)."""
-    for name in (FA4_CACHE_ENABLED_ENV, FA4_CACHE_DIR_ENV):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
 
 
 def _qkv():
@@ -118,7 +105,7 @@ def fa4_package(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(root))
     for name in ("flash_attn", "flash_attn.cute"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    _unset_fa4_cache_settings(monkeypatch)
+    unset_fa4_cache_settings(monkeypatch)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TUNER_LOG_DIR", str(tmp_path / "log"))
     yield tmp_path

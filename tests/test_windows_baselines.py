@@ -10,6 +10,7 @@ import types
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from fa4_fakes import install_fake_fa4
 
 import tuner.runtime.baselines as baselines
 from tuner.problem import Problem, window_pairs
@@ -26,15 +27,7 @@ def fake_fa4(monkeypatch):
         calls.append(dict(causal=causal, window_size=window_size, softcap=softcap))
         return q, None
 
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func = flash_attn_func
-    package = types.ModuleType("flash_attn")
-    package.cute = cute
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
-    for name in (baselines.FA4_CACHE_ENABLED_ENV, baselines.FA4_CACHE_DIR_ENV):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)  # fa4_baseline sets them; gone again after the test
+    install_fake_fa4(monkeypatch, flash_attn_func)
     return calls
 
 

@@ -209,19 +209,9 @@ def _positive_sum(first: int, count: int) -> int:
 def causal_pairs(seq_q: int, seq_k: int) -> int:
     """(query, key) pairs kept by the bottom-right aligned causal mask: query i sees keys
     0 .. i + Sk - Sq, so row i keeps clamp(i + Sk - Sq + 1, 0, Sk) keys (summed in closed form)."""
-
-    def positive_sum(first: int) -> int:
-        """Sum of max(x, 0) for x = first .. first + Sq - 1."""
-        last = first + seq_q - 1
-        if last <= 0:
-            return 0
-        if first >= 1:
-            return (first + last) * seq_q // 2
-        return last * (last + 1) // 2
-
     start = seq_k - seq_q + 1  # keys row 0 keeps, before clamping to [0, Sk]
     # min(max(x, 0), Sk) = max(x, 0) - max(x - Sk, 0)
-    return positive_sum(start) - positive_sum(start - seq_k)
+    return _positive_sum(start, seq_q) - _positive_sum(start - seq_k, seq_q)
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int, int]:
