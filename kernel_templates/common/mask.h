@@ -5,7 +5,9 @@
 // Rows are aligned to the keys' end (bottom-right): query i is at position
 // i + Sk - Sq among the keys. A row at position p sees key j iff
 //   p - LEFT <= j (LEFT >= 0), j <= p (causal), j <= p + RIGHT (RIGHT >= 0),
-// and j < Sk; -1 is an unbounded side (FlashAttention's window_size).
+// and j < Sk; -1 is an unbounded side (FlashAttention's window_size). The key
+// range functions are host code too: tests/test_mask_logic.py checks them on
+// the CPU against every (row, key) of many shapes.
 #pragma once
 
 namespace fc {
@@ -27,12 +29,12 @@ struct KeyWindow {
   static_assert(!(CAUSAL && RIGHT > 0), "a causal row sees no key right of it");
 
   // First key the row at position p may see (0 without a left bound).
-  __device__ __forceinline__ static int first(int p) {
+  __host__ __device__ __forceinline__ static int first(int p) {
     if constexpr (LEFT >= 0) return p - LEFT > 0 ? p - LEFT : 0;
     return 0;
   }
   // One past the last key the row at position p may see.
-  __device__ __forceinline__ static int end(int p, int sk) {
+  __host__ __device__ __forceinline__ static int end(int p, int sk) {
     if constexpr (CAUSAL || RIGHT >= 0) {
       const int e = p + (CAUSAL ? 0 : RIGHT) + 1;
       return e < sk ? (e > 0 ? e : 0) : sk;
@@ -40,7 +42,7 @@ struct KeyWindow {
     return sk;
   }
   // Whether the keys kv0 .. kv0+n-1 need a mask for some row at positions p_lo .. p_hi.
-  __device__ __forceinline__ static bool partial(int kv0, int n, int p_lo, int p_hi, int sk) {
+  __host__ __device__ __forceinline__ static bool partial(int kv0, int n, int p_lo, int p_hi, int sk) {
     bool part = kv0 + n > sk;
     if constexpr (CAUSAL) part = part || kv0 + n - 1 > p_lo;
     if constexpr (!CAUSAL && RIGHT >= 0) part = part || kv0 + n - 1 > p_lo + RIGHT;
@@ -48,7 +50,7 @@ struct KeyWindow {
     return part;
   }
   // Whether the row at position p does not see key j.
-  __device__ __forceinline__ static bool hidden(int j, int p, int sk) {
+  __host__ __device__ __forceinline__ static bool hidden(int j, int p, int sk) {
     bool out = j >= sk;
     if constexpr (CAUSAL) out = out || j > p;
     if constexpr (!CAUSAL && RIGHT >= 0) out = out || j > p + RIGHT;
