@@ -65,3 +65,19 @@ def test_an_empty_or_missing_recording_is_a_clear_error(tmp_path):
     open_store(url).close()
     with pytest.raises(TunerError, match="holds no trials"):
         ReplayBackend(url)
+
+
+def test_the_committed_recording_replays_as_the_readme_says() -> None:
+    """README (a) replays tests/data/replay_recording.db straight from a fresh clone: it must be at the schema
+    head (after a migration: `tuner --db sqlite:///tests/data/replay_recording.db db upgrade`)."""
+    import sqlalchemy
+
+    from conftest import REPLAY_RECORDING
+    from tuner.store.engine import current_revision, head_revision
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{REPLAY_RECORDING}")
+    try:
+        with engine.connect() as conn:
+            assert current_revision(conn) == head_revision()
+    finally:
+        engine.dispose()
