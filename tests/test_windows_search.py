@@ -147,3 +147,15 @@ def test_warm_start_comes_from_a_problem_with_the_same_window_and_softcap(record
     again = search(db, recording, "--causal", "--window", "128", "--softcap", "30", "--study", "again")
     assert again.exit_code == 0, again.stderr
     assert "warm start from the confirmed winner of B1 H2 S512 D256 fp16 causal window 128 softcap 30" in again.stderr
+
+
+def test_a_masked_variant_s_name_breaks_before_its_window_so_the_problem_keeps_its_width() -> None:
+    from tuner.cli.tables import short_variant
+    from tuner.kernels.variant import short_name
+
+    name = "attn_fwd_wgmma_d128_bf16_m128n80_s2_sw32_r32_pp_p_causal_wl1023_sc30"
+    shown = short_variant(name)
+    assert shown == "m128n80_s2_sw32_r32_pp_p\n_causal_wl1023_sc30"
+    assert shown.replace("\n", "") == short_name(name)  # joined: the name `tuner render` takes
+    plain = "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal"
+    assert short_variant(plain) == short_name(plain)  # causal alone stays on one line

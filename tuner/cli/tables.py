@@ -59,10 +59,17 @@ def space_table(template: str, profile: GpuProfile, problem: Problem, rows: list
     return table
 
 
+_MASK_SUFFIX = re.compile(r"_(?:causal_)?(?:wl|wr|sc)\d.*$")
+
+
 def short_variant(name: str) -> str:
     """The tunables part of a variant name (template, head dim and dtype are in other columns);
-    `tuner render` takes it back (tuner.kernels.variant.short_name)."""
-    return short_name(name)
+    `tuner render` takes it back (tuner.kernels.variant.short_name). A window's or softcap's suffix goes
+    on a second line (the problem column says them too), so the problem's label keeps its width:
+    joined again, the two lines are the name `tuner render` takes."""
+    short = short_name(name)
+    mask = _MASK_SUFFIX.search(short)
+    return short if mask is None else f"{short[:mask.start()]}\n{mask.group(0)}"
 
 
 def mj(joules: Optional[float]) -> str:
