@@ -208,16 +208,13 @@ def binds(window_left: int, keys: int) -> bool:
     return window_left >= 0 and keys > window_left + 1
 
 
-def search_plan(model: ModelShape) -> tuple[list[Phase], list[str]]:
-    """The searches `tuner search --model` runs (prefill phases, then decode), and notes on what it leaves out.
+def search_plan(model: ModelShape) -> list[Phase]:
+    """The searches `tuner search --model` runs: prefill phases, then decode.
 
-    Per layer kind: prefill at PREFILL with the kind's window where it binds (shorter prompts are the windowless
-    problem, tuned without it). Decode: full-attention kinds at DECODE. The decode templates have no window yet,
-    so a sliding kind's decode steps are tuned at the keys a sliding-window cache holds (transformers' keeps the
-    window's last W - 1 keys plus the new ones), without the window where it cannot bind there (one query);
-    steps where it binds (a multi-token verify past the window) are left out, with a note."""
+    Per layer kind, prefill at PREFILL and decode at DECODE, each with the kind's softcap and with its window
+    where the window binds (shorter prompts, and the decode steps of a sliding-window cache, which holds the
+    window's last W - 1 keys plus the new ones, are the windowless problem: tuned without it)."""
     phases: dict[tuple, list[str]] = {}
-    notes: list[str] = []
 
     def add(stage: str, window: tuple[int, int], softcap: float, shape: str) -> None:
         shapes = phases.setdefault((stage, window, softcap), [])
@@ -229,25 +226,12 @@ def search_plan(model: ModelShape) -> tuple[list[Phase], list[str]]:
             window = kind.window if binds(kind.window_left, s) else (-1, -1)
             add("prefill", window, kind.softcap, f"{b},{model.heads},{s},{model.head_dim}")
     for kind in model.kinds:
-        skipped = []
         for b, sq, ctx in DECODE:
             keys = min(ctx, kind.window_left + sq) if kind.window_left >= 0 else ctx
-            if binds(kind.window_left, keys):
-                skipped.append(f"B{b} Sq{sq} Sk{keys}")
-                continue
-            add("decode", (-1, -1), kind.softcap, f"{b},{model.heads},{sq},{keys},{model.head_dim}")
-        if kind.window_left >= 0:
-            notes.append(f"decode of the {kind.label()} layers: the decode templates have no window yet; a "
-                         f"sliding-window cache holds at most {kind.window_left + 1} keys for one query, where the "
-                         "window hides none, so those steps are tuned without it"
-                         + (f"; {', '.join(skipped)} (the window binds) left out: attention() runs them on its "
-                            "fallback (SDPA with a window mask)" if skipped else ""))
-    caps = sorted({k.softcap for k in model.kinds if k.softcap})
-    if caps:
-        notes.append(f"decode with softcap {', '.join(f'{c:g}' for c in caps)}: the decode templates have no softcap "
-                     "yet; the search takes the first template that has it (a prefill one, which computes any Sq)")
+            window = kind.window if binds(kind.window_left, keys) else (-1, -1)
+            add("decode", window, kind.softcap, f"{b},{model.heads},{sq},{keys},{model.head_dim}")
     ordered = sorted(phases.items(), key=lambda item: item[0][0] != "prefill")  # stable: prefill, then decode
-    return [Phase(stage, tuple(shapes), window, softcap) for (stage, window, softcap), shapes in ordered], notes
+    return [Phase(stage, tuple(shapes), window, softcap) for (stage, window, softcap), shapes in ordered]
 
 
 def prefill_shapes(model: ModelShape) -> tuple[str, ...]:
@@ -262,4 +246,4 @@ def decode_shapes(model: ModelShape) -> tuple[str, ...]:
 
 def serving_shapes(model: ModelShape) -> tuple[str, ...]:
     """Every problem `tuner search --model` tunes: prefill, then decode (each shape once, any layer kind)."""
-    return tuple(dict.fromkeys(s for phase in search_plan(model)[0] for s in phase.shapes))
+    return tuple(dict.fromkeys(s for phase in search_plan(model) for s in phase.shapes))

@@ -139,12 +139,10 @@ def search_command(
             raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
                              "with it")
         spec = load_model(model)
-        phases, notes = search_plan(spec)
+        phases = search_plan(spec)
         hkv, dtype, causal = spec.heads_kv, spec.dtype, True
         say(f"model {spec.describe()}: {', then '.join(p.describe() for p in phases)}; each set gets its own "
             "template", stderr=True)
-        for note in notes:
-            say(note, stderr=True)
     budget = parse_duration(time_budget) if time_budget else None
     started = time.monotonic()
     for i, phase in enumerate(phases):

@@ -51,8 +51,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     window_size (left, right), FlashAttention's sliding window: query i, aligned to the keys' end, sees keys
     i' - left .. i' + right (-1 or None: unbounded; causal: right 0 or -1). softcap > 0 makes the scores
     softcap * tanh(scores / softcap) (Gemma-2). Both are compiled into a kernel: a call runs only a kernel
-    tuned with its own window and softcap; elsewhere (with fallback="sdpa", or a routed, decode or paged
-    cell) a window runs SDPA under a boolean mask and a softcap a chunked torch implementation.
+    tuned with its own window and softcap (prefill or decode); elsewhere (with fallback="sdpa", a routed cell,
+    or no kernel of that window and softcap) a window runs SDPA under a boolean mask and a softcap a chunked
+    torch implementation.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "

@@ -1,10 +1,10 @@
 """Sliding windows and logit softcapping in a call: the keywords' rules, and what runs where no tuned kernel has them.
 
 Part of the runtime every export ships (this folder, copied whole). A kernel compiles its window and softcap in,
-so a call runs a kernel only of its own (window, softcap); elsewhere (fallback="sdpa", a cell routed to SDPA, a
-decode or paged call: no decode kernel has them yet) a window runs torch SDPA under an explicit boolean mask, and a
-softcap runs a plain torch implementation (SDPA has no softcap): scores, tanh, softmax, @ v, a chunk of query
-rows at a time so that long sequences fit.
+so a call runs a kernel only of its own (window, softcap), prefill or decode; elsewhere (fallback="sdpa", a cell
+routed to SDPA, a shape with no kernel of that window and softcap) a window runs torch SDPA under an explicit
+boolean mask, and a softcap runs a plain torch implementation (SDPA has no softcap): scores, tanh, softmax, @ v,
+a chunk of query rows at a time so that long sequences fit.
 
 Semantics, FlashAttention's: query i, aligned to the keys' end (i' = i + L - Sq, L the keys in use), sees key j
 iff i' - left <= j <= i' + right (-1 unbounded; causal is right = 0); scores = q k^T * scale become

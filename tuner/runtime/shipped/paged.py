@@ -5,7 +5,7 @@ Part of the runtime every export ships. K and V live in pages of a cache
 block_table[b, n // page_size], and row b uses its first seq_lens[b] keys. The decode kernels read
 the pages in place (the table and the lengths on the GPU: a captured graph replays with new ones);
 any other cell gathers the pages into a dense [B, Hkv, Sk, D] copy for masked SDPA (a window or a softcap
-runs masked.fallback there: no decode kernel has them yet).
+without a decode kernel of its own runs masked.fallback there).
 """
 
 from typing import Any, Optional
