@@ -108,6 +108,14 @@ def test_a_call_runs_only_the_kernel_of_its_window_and_softcap(windows_export, w
     assert "must be a CUDA tensor" in ex.error  # a meta tensor: the device is the only limit
 
 
+def test_a_right_bound_of_0_without_causal_is_the_causal_kernel(windows_export) -> None:
+    """FlashAttention's other spelling of a causal sliding window: window_size=(L, 0), causal=False."""
+    ids, _, mod, _ = windows_export
+    ex = mod.explain(*_meta(), causal=False, window_size=(1023, 0))
+    assert ex.kernel == _variant(WINDOWED).name and ex.trial_id == ids[WINDOWED]
+    assert mod.explain(*_meta(), causal=False, window_size=(-1, 0)).kernel == _variant(PLAIN).name
+
+
 @pytest.mark.parametrize("window_size, softcap, fallback", [
     ((511, -1), 0.0, "torch SDPA with a boolean window mask"),
     ((1023, -1), 30.0, "the torch softcap implementation"),

@@ -56,7 +56,8 @@ def test_bad_windows_and_softcaps_are_one_line_errors(bad: dict) -> None:
 
 def test_causal_spells_its_right_bound_one_way() -> None:
     assert Problem(1, 1, 8, 8, 64, causal=True, window_left=4, window_right=0) == \
-        Problem(1, 1, 8, 8, 64, causal=True, window_left=4)
+        Problem(1, 1, 8, 8, 64, causal=True, window_left=4) == Problem(1, 1, 8, 8, 64, window_left=4, window_right=0)
+    assert Problem(1, 1, 8, 8, 64, window_right=0) == Problem(1, 1, 8, 8, 64, causal=True)
     assert Problem(1, 32, 16384, 16384, 128, causal=True, heads_kv=8, window_left=4096, softcap=50).label == \
         "B1 H32 Hkv8 S16384 D128 fp16 causal window 4096 softcap 50"
 
@@ -70,7 +71,8 @@ def test_masked_variant_names_read_back(template: str, left: int, right: int, ca
     problem = Problem(1, 8, 1, 256, 128, dtype="bf16", causal=causal, window_left=left, window_right=right,
                       softcap=softcap)
     variant = covering_sample(template, problem, load_profile("h100"), seed=0)[0]
-    assert (variant.window_left, variant.window_right, variant.softcap) == (left, right, softcap)
+    assert (variant.causal, variant.window_left, variant.window_right, variant.softcap) == \
+        (causal or right == 0, left, -1 if right == 0 else right, softcap)  # a right bound of 0 is causality
     assert parse_variant_name(variant.name) == variant
     assert type(variant).from_stored(template, variant.stored_params()) == variant
 

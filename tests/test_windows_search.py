@@ -85,7 +85,8 @@ def test_names_of_problems_without_window_or_softcap_stay_as_they_were() -> None
 def test_names_tell_the_window_and_softcap() -> None:
     assert study_name("h100", "attn_fwd_wgmma", CAPPED) == "h100-attn_fwd_wgmma-B1H2S512S512D256-fp16-causal-wl128-sc30"
     assert problem_key(WINDOWED) == "B1H2S512S512D256-fp16-wl64-wr32"
-    assert problem_key(Problem(1, 2, 8, 8, 64, window_right=0, softcap=2.5)) == "B1H2S8S8D64-fp16-wr0-sc2p5"
+    assert problem_key(Problem(1, 2, 8, 8, 64, window_right=3, softcap=2.5)) == "B1H2S8S8D64-fp16-wr3-sc2p5"
+    assert problem_key(Problem(1, 2, 8, 8, 64, window_right=0)) == "B1H2S8S8D64-fp16-causal"  # right 0 is causal
 
 
 _SIDE = st.integers(-1, 1 << 20)

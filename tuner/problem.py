@@ -46,9 +46,10 @@ class Problem:
     def __post_init__(self) -> None:
         if self.heads_kv == 0:
             object.__setattr__(self, "heads_kv", self.heads)
+        if self.window_right == 0:  # a right bound of 0 is causality (FlashAttention folds it the same way):
+            object.__setattr__(self, "causal", True)  # one spelling, causal with -1
+            object.__setattr__(self, "window_right", -1)
         check_window(self.window_left, self.window_right, self.causal)
-        if self.causal and self.window_right == 0:
-            object.__setattr__(self, "window_right", -1)  # causal is a right bound of 0: one spelling
         object.__setattr__(self, "softcap", check_softcap(self.softcap))
         for field_name in ("batch", "heads", "seq_q", "seq_k", "head_dim", "heads_kv"):
             value = getattr(self, field_name)

@@ -25,7 +25,6 @@ using NoMask = Mask<>;
 template <class Mask, bool CAUSAL>
 struct KeyWindow {
   static constexpr int LEFT = Mask::LEFT, RIGHT = Mask::RIGHT;
-  static constexpr bool LOCAL = LEFT >= 0 || RIGHT >= 0;
   static_assert(!(CAUSAL && RIGHT > 0), "a causal row sees no key right of it");
 
   // First key the row at position p may see (0 without a left bound).

@@ -10,7 +10,7 @@ from typing import Iterator, Mapping
 
 from tuner.errors import TunerError
 from tuner.kernels.manifest import Manifest, ParamValue, list_templates, load_manifest
-from tuner.problem import DTYPES, Problem
+from tuner.problem import DTYPES, Problem, check_softcap, check_window
 
 
 @dataclass(frozen=True)
@@ -131,13 +131,13 @@ def validate_variant(variant: Variant, manifest: Manifest | None = None) -> None
         raise TunerError(f"{manifest.name}: sliding windows unsupported")
     if variant.softcap > 0 and not manifest.features.softcap:
         raise TunerError(f"{manifest.name}: logit softcapping unsupported")
-    try:  # the Problem's rules: one spelling of each window
-        Problem(1, 1, 1, 1, variant.head_dim, variant.dtype, variant.causal, window_left=variant.window_left,
-                window_right=variant.window_right, softcap=variant.softcap)
+    try:  # the Problem's rules
+        check_window(variant.window_left, variant.window_right, variant.causal)
+        check_softcap(variant.softcap)
     except TunerError as exc:
         raise TunerError(f"{manifest.name}: {exc}") from None
-    if variant.causal and variant.window_right == 0:
-        raise TunerError(f"{manifest.name}: a causal variant spells its right bound as -1, not 0")
+    if variant.window_right == 0:
+        raise TunerError(f"{manifest.name}: a right bound of 0 is causality: a variant spells it causal with -1")
 
 
 @lru_cache(maxsize=None)

@@ -28,13 +28,13 @@ PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")
 _cache: dict[tuple, tuple[int, Callable[..., bool]]] = {}
 # The same cells for calls with seq_lens -> (device index, the decode kernel, or None: masked SDPA)
 _lens_cache: dict[tuple, tuple[int, Any]] = {}
-_NO_WINDOW = (-1, -1)
+NO_WINDOW = (-1, -1)  # the default window_size: a call with this very tuple skips the keyword checks
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: Optional[float] = None, fallback: Optional[str] = None,
               seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
-              window_size: Any = _NO_WINDOW, softcap: Optional[float] = 0.0) -> torch.Tensor:
+              window_size: Any = NO_WINDOW, softcap: Optional[float] = 0.0) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
@@ -59,8 +59,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
                                   f"{type(v).__name__})")
     # The default window is this very tuple: the common call skips the keywords' checks (host time per call).
-    plain = window_size is _NO_WINDOW and (softcap is None or (type(softcap) in (int, float) and softcap == 0))
-    mask = NO_MASK if plain else _masked.call_mask(window_size, softcap, causal)
+    plain = window_size is NO_WINDOW and (softcap is None or (type(softcap) in (int, float) and softcap == 0))
+    if not plain:
+        causal, mask = _masked.causal_form(causal, _masked.call_mask(window_size, softcap, causal))
+    else:
+        mask = NO_MASK
     if torch.compiler.is_compiling():
         return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask)
     return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
@@ -227,7 +230,7 @@ def _device_cc(q: Any) -> Optional[tuple[int, int]]:
     return torch.cuda.get_device_capability(device)
 
 
-def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = _NO_WINDOW,
+def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = NO_WINDOW,
             softcap: Optional[float] = 0.0) -> Explanation:
     """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=...) would run, and why (print() it).
     Needs no GPU."""
@@ -236,7 +239,11 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
         check_attention_tensors(q, k, v, q)
     except AttentionInputError as exc:
         errors.append(str(exc))
-    mask = _masked.call_mask(window_size, softcap, causal)
+    try:
+        causal, mask = _masked.causal_form(causal, _masked.call_mask(window_size, softcap, causal))
+    except AttentionInputError as exc:
+        errors.append(str(exc))
+        mask = NO_MASK
     shapes = (f"q {tuple(getattr(q, 'shape', ()))}, k {tuple(getattr(k, 'shape', ()))}, "
               f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}"
               + ("" if mask == NO_MASK else f", {mask_text(mask)}"))

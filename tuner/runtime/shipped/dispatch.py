@@ -55,7 +55,8 @@ class Key:
     softcap: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.causal and self.window_right == 0:  # causal is a right bound of 0: one spelling, as Problem's
+        if self.window_right == 0:  # a right bound of 0 is causality: one spelling (causal, -1), as Problem's
+            object.__setattr__(self, "causal", True)
             object.__setattr__(self, "window_right", -1)
         object.__setattr__(self, "softcap", float(self.softcap))
 

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import torch
 
-from .api import attention
+from .api import NO_WINDOW, attention
 from .masked import keys_kept, softcap_attention
 from .seq_lens import lens_mask
 
@@ -166,7 +166,9 @@ def transformers_attention(module: torch.nn.Module, query: torch.Tensor, key: to
         if marker or left >= 0:  # the mask transformers would have built: bottom-right, causal, the window
             attention_mask = keys_kept(query.shape[2], key.shape[2], True, (left, -1), query.device)
         return _sdpa_path(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, kwargs)
-    out = attention(query, key, value, causal=causal, scale=scaling, fallback="sdpa", window_size=(left, -1),
+    # No window: attention()'s own default, whose keyword checks a plain call skips (host time per layer).
+    window = (left, -1) if left >= 0 else NO_WINDOW
+    out = attention(query, key, value, causal=causal, scale=scaling, fallback="sdpa", window_size=window,
                     softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 

@@ -48,6 +48,14 @@ def call_mask(window_size: Any, softcap: Any, causal: bool) -> tuple[int, int, f
     return (sides[0], sides[1], float(cap))
 
 
+def causal_form(causal: bool, mask: tuple) -> tuple[bool, tuple]:
+    """A right bound of 0 is causality (FlashAttention folds it the same way): (causal, mask) with one
+    spelling, causal and right -1, so (L, 0) finds the kernels tuned as causal with window L."""
+    if mask[1] == 0:
+        return True, (mask[0], -1, mask[2])
+    return bool(causal), mask
+
+
 def fallback_name(mask: tuple) -> str:
     """What runs a call of this mask where no tuned kernel does (explain() names it)."""
     if mask[2]:
