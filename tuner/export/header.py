@@ -20,7 +20,7 @@ from tuner.export.selection import ExportedKernel
 from tuner.runtime.shipped.dispatch import seq_bucket
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import Manifest, load_manifest
-from tuner.kernels.variant import softcap_label
+from tuner.kernels.variant import mask_suffix
 from tuner.profiles import GpuProfile
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
@@ -41,9 +41,7 @@ def _mask_of(key: dict[str, Any]) -> tuple[int, int, float]:
 
 def _struct_name(key: dict[str, Any]) -> str:
     causal = "causal" if key["causal"] else "noncausal"
-    left, right, softcap = _mask_of(key)
-    mask = (f"_wl{left}" if left >= 0 else "") + (f"_wr{right}" if right >= 0 else "") \
-        + (f"_sc{softcap_label(softcap)}" if softcap else "")  # the variant names' spelling
+    mask = mask_suffix(*_mask_of(key))  # the variant names' spelling
     return (f"{key['dtype']}_d{key['head_dim']}_{causal}{mask}_g{key['group']}_sq{key['sq_bucket']}"
             f"_sk{key['sk_bucket']}_bh{key.get('bh_bucket', 0)}")
 

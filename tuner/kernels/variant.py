@@ -56,9 +56,7 @@ class Variant:
         manifest = load_manifest(self.template)
         labels = {p: manifest.params[p].label(v) for p, v in self.params.items()}
         suffix = "_causal" if self.causal else ""
-        suffix += f"_wl{self.window_left}" if self.window_left >= 0 else ""
-        suffix += f"_wr{self.window_right}" if self.window_right >= 0 else ""
-        suffix += f"_sc{softcap_label(self.softcap)}" if self.softcap > 0 else ""
+        suffix += mask_suffix(self.window_left, self.window_right, self.softcap)
         return f"{self.template}_d{self.head_dim}_{self.dtype}_{manifest.name_format.format(**labels)}{suffix}"
 
     def stored_params(self) -> dict[str, ParamValue]:
@@ -93,6 +91,13 @@ class Variant:
 
 
 _FEATURES = ("head_dim", "dtype", "causal", "window_left", "window_right", "softcap")
+
+
+def mask_suffix(left: int, right: int, softcap: float, sep: str = "_") -> str:
+    """A window and softcap as names spell them (variant names, study names, header structs): wl<left>,
+    wr<right>, sc<softcap> each after `sep`, where set; "" for neither, so older names stand."""
+    return ((f"{sep}wl{left}" if left >= 0 else "") + (f"{sep}wr{right}" if right >= 0 else "")
+            + (f"{sep}sc{softcap_label(softcap)}" if softcap > 0 else ""))
 
 
 def softcap_label(value: float) -> str:

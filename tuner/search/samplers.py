@@ -15,7 +15,7 @@ from optuna.distributions import CategoricalDistribution
 
 from tuner.errors import TunerError
 from tuner.kernels.manifest import Manifest
-from tuner.kernels.variant import softcap_label
+from tuner.kernels.variant import mask_suffix
 from tuner.problem import Problem
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
@@ -38,13 +38,7 @@ def problem_key(problem: Problem) -> str:
     key = f"B{problem.batch}H{problem.heads}{gqa}S{problem.seq_q}S{problem.seq_k}D{problem.head_dim}-{problem.dtype}"
     if problem.causal:
         key += "-causal"
-    # As the variant names spell them; nothing for a problem without them, so older names stand.
-    if problem.window_left >= 0:
-        key += f"-wl{problem.window_left}"
-    if problem.window_right >= 0:
-        key += f"-wr{problem.window_right}"
-    if problem.softcap:
-        key += f"-sc{softcap_label(problem.softcap)}"
+    key += mask_suffix(problem.window_left, problem.window_right, problem.softcap, sep="-")
     if problem.layout != "bhsd":
         key += f"-{problem.layout}"
     if problem.ragged:
