@@ -8,6 +8,7 @@ is verified against the fp32 reference first.
 
     python benchmarks/ab_ratio.py --shape 8,16,2048,128 --rounds 7 VARIANT [VARIANT ...]
     python benchmarks/ab_ratio.py --shape 1,32,16384,128 --hkv 8 --cubins old=.ab/old VARIANT   # old vs new
+    python benchmarks/ab_ratio.py --shape 1,32,16384,128 --hkv 8 attn_fwd_wgmma_d128_bf16_..._causal_wl4096
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def main() -> None:
     args = ap.parse_args()
     cuda_driver(0)
     first = parse_variant_name(args.variants[0])
-    problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal, heads_kv=args.hkv)
+    # The variants' compiled-in features make the problem: a window or softcap too (FA4 gets them, SDPA the
+    # window as a mask; a softcap has no SDPA baseline).
+    problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal, heads_kv=args.hkv,
+                                 window=(first.window_left, first.window_right), softcap=first.softcap)
     cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
     res = measure(problem, args.variants, args.rounds, cubins)
     print_result(res)

@@ -122,8 +122,9 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None, 
 
 def keys_kept(sq: int, sk: int, used: int, causal: bool, device: Any, window: tuple[int, int] = (-1, -1),
               picked: Any = None) -> Any:
-    """[Sq, Sk] bool: key j is seen by query i (j < used, with causal j <= i + used - Sq, with a window
-    i + used - Sq - left <= j <= i + used - Sq + right); `picked` (a tensor of query rows): those rows only."""
+    """[Sq, Sk] bool (broadcastable: [1, Sk] where only `used` bounds it): key j is seen by query i (j < used,
+    with causal j <= i + used - Sq, with a window i + used - Sq - left <= j <= i + used - Sq + right);
+    `picked` (a tensor of query rows): those rows only."""
     import torch
 
     queries = torch.arange(sq, device=device) if picked is None else picked
