@@ -19,7 +19,9 @@
 //
 // The host encodes one 4-D TMA tensor map per input (D, S, H, B) from the
 // element strides, so BHSD, BSHD and GQA need no copy and rows past Sq/Sk
-// read as zeros. Causal masking is bottom-right aligned: query i sees key j
+// read as zeros. FP8 (e4m3) inputs take V transposed, [B, Hkv, D, Sk'] with
+// the keys of every 16 in wgmma's A-fragment order (config.h, issue_pv), as
+// the launcher copies it, and per-(batch, K/V head) descales; O is bf16. Causal masking is bottom-right aligned: query i sees key j
 // iff j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf.
 
 #include "attn_fwd_wgmma/config.h"
@@ -59,10 +61,17 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS) <name>(ATTN_FWD_PARAMS)
 //   { ATTN_FWD_BODY(TunerCfg) }
 // The three tensor maps come first (64-byte aligned parameters), then the
-// same tensor arguments as the sm_80 template, then heads and batch; q, k, v
-// and their strides are read through the maps only.
+// same tensor arguments as the sm_80 template, then heads and batch, then
+// the three descale pointers (null unless FP8); q, k, v and their strides are
+// read through the maps only.
 #define ATTN_FWD_PARAMS                                                                                        \
   const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_k,                      \
-      const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch
+      const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch,                \
+      const float *q_descale, const float *k_descale, const float *v_descale
 
-#define ATTN_FWD_BODY(CFG) fc::attn_fwd_wgmma<CFG>(tmap_q, tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch));
+#define ATTN_FWD_BODY(CFG)                                        \
+  fc::AttnArgs args = ATTN_FWD_ARGS(heads, batch);                \
+  args.q_descale = q_descale;                                     \
+  args.k_descale = k_descale;                                     \
+  args.v_descale = v_descale;                                     \
+  fc::attn_fwd_wgmma<CFG>(tmap_q, tmap_k, tmap_v, args);

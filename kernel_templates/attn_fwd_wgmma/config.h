@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "../common/mask.h"
@@ -21,15 +22,42 @@ struct IsBf16<__nv_bfloat16> {
   static constexpr bool value = true;
 };
 
+template <class T>
+struct IsFp8 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsFp8<__nv_fp8_e4m3> {
+  static constexpr bool value = true;
+};
+template <class T>
+struct OutputOf {  // the output type of inputs T: T itself, bf16 for e4m3
+  using type = T;
+};
+template <>
+struct OutputOf<__nv_fp8_e4m3> {
+  using type = __nv_bfloat16;
+};
+
 template <class T_, int D_, int BM_, int BN_, int STAGES_, int SWB_, bool OVERLAP_, bool PINGPONG_,
           int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_, class MASK_ = NoMask>
 struct HopperConfig {
-  using T = T_;
+  using T = T_;  // q, k, v
+  // FP8 (e4m3): q, k, v scaled by per-(batch, K/V head) descales, the output bf16. FP8 wgmma reads both
+  // operands K-major, so V comes transposed ([D][keys], from a copy the launcher makes) for P V.
+  static constexpr bool FP8 = IsFp8<T>::value;
+  using TO = typename OutputOf<T>::type;
   static constexpr bool BF16 = IsBf16<T>::value;
   static constexpr int D = D_, BM = BM_, BN = BN_, STAGES = STAGES_;
+  static constexpr int ES = FP8 ? 1 : 2;  // bytes per input element
+  static constexpr int KSTEP = 32 / ES;   // the K of one wgmma: k16 (16-bit), k32 (e4m3)
   static constexpr int SWB = SWB_;        // swizzle width in bytes: 32, 64 or 128
-  static constexpr int E = SWB / 2;       // elements per swizzled row = TMA box width
-  static constexpr int CB = D / E;        // column blocks per tile
+  static constexpr int E = SWB / ES;      // input elements per swizzled row = TMA box width
+  static constexpr int CB = D / E;        // column blocks per Q or K tile
+  static constexpr int CBV = FP8 ? BN / E : CB;  // column blocks per V tile: keys (V^T, FP8), else the head dim
+  // P scaled by 2^P_SHIFT before the e4m3 rounding (P <= 256 < 448): small probabilities keep normal
+  // e4m3 values instead of flushing to zero; O / l cancels it, the log-sum-exp takes it off.
+  static constexpr int P_SHIFT = FP8 ? 8 : 0;
   static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, PERSISTENT = PERSISTENT_, CAUSAL = CAUSAL_;
   using Keys = KeyWindow<MASK_, CAUSAL_>;  // which keys a row sees (common/mask.h)
   using Cap = Softcap<MASK_>;
@@ -49,14 +77,16 @@ struct HopperConfig {
   static_assert(!SPLIT_REGS || 128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * LAUNCH_REGS,
                 "register split exceeds the CTA's register pool");
   static constexpr int Q_ROWS = 64;  // rows of a Q box: each consumer's rows load (and free) on their own
-  static constexpr int Q_BYTES = BM * D * 2;
-  static constexpr int KV_BYTES = BN * D * 2;  // one K or one V tile
-  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + 256;
+  static constexpr int Q_BYTES = BM * D * ES;  // what TMA loads
+  static constexpr int Q_REGION = BM * D * 2;  // the epilogue stages the 16-bit O in the Q rows
+  static constexpr int KV_BYTES = BN * D * ES;  // one K or one V tile
+  static constexpr int SMEM_BYTES = 1024 + Q_REGION + 2 * STAGES * KV_BYTES + 256;
   static_assert((2 * CONSUMERS + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
   static_assert(SWB == 32 || SWB == 64 || SWB == 128, "swizzle is 32, 64 or 128 bytes");
   static_assert(D % E == 0, "head dim must be a multiple of the swizzle width");
+  static_assert(!FP8 || BN % E == 0, "FP8: the key tile must be a multiple of the swizzle width (V^T's box)");
   static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
   static_assert(PRODUCER_REGS >= 24 && PRODUCER_REGS % 8 == 0, "setmaxnreg takes multiples of 8 from 24");
 };
@@ -73,7 +103,7 @@ struct SmemLayout {
     // Swizzled TMA tiles must start on a 1024-byte boundary.
     raw = smem_u32(smem_raw);
     sQ = (raw + 1023) & ~1023u;
-    sK = sQ + C::Q_BYTES;
+    sK = sQ + C::Q_REGION;
     sV = sK + C::STAGES * C::KV_BYTES;
     bars = sV + C::STAGES * C::KV_BYTES;
   }

@@ -17,28 +17,42 @@
 
 namespace fc {
 
-// S = Q K^T for one warpgroup: 64 x BN, D/16 wgmma steps along the head dim.
+// S = Q K^T for one warpgroup: 64 x BN, D/KSTEP wgmma steps along the head dim.
 template <class C>
 __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_base) {
   const uint64_t qd = make_desc<C::SWB>(q_base, 16, 8 * C::SWB), kd = make_desc<C::SWB>(k_base, 16, 8 * C::SWB);
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk) {
-    const uint32_t cb = kk * 16 / C::E, off = (kk * 16) % C::E * 2;  // column block, bytes into its row
+  for (int kk = 0; kk < C::D / C::KSTEP; ++kk) {
+    // column block, bytes into its row
+    const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E * C::ES;
     const uint64_t da = desc_advance(qd, cb * C::BM * C::SWB + off);
     const uint64_t db = desc_advance(kd, cb * C::BN * C::SWB + off);
-    Wgmma<C::BN>::template ss<C::BF16, 0>(s, da, db, kk > 0 ? 1 : 0);
+    if constexpr (C::FP8)
+      Wgmma<C::BN>::ss8(s, da, db, kk > 0 ? 1 : 0);
+    else
+      Wgmma<C::BN>::template ss<C::BF16, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
 }
 
-// O += P V: BN/16 wgmma steps along the keys; V is [BN][D] in the ring,
-// i.e. MN-major for this product (the transpose flag of the instruction).
+// O += P V: BN/KSTEP wgmma steps along the keys. A 16-bit V is [BN][D] in the ring, i.e. MN-major for
+// this product (the transpose flag of the instruction); an FP8 V is V^T, [D][BN] in CBV column blocks of
+// keys: K-major, as FP8 wgmma needs.
 template <class C>
 __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base) {
-  const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
+  if constexpr (C::FP8) {
+    const uint64_t vd = make_desc<C::SWB>(v_base, 16, 8 * C::SWB);
 #pragma unroll
-  for (int kk = 0; kk < C::BN / 16; ++kk) {
-    const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
-    Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, 1);
+    for (int kk = 0; kk < C::BN / C::KSTEP; ++kk) {
+      const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E;
+      Wgmma<C::D>::rs8(o, p[kk], desc_advance(vd, cb * C::D * C::SWB + off), 1);
+    }
+  } else {
+    const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 16; ++kk) {
+      const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
+      Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, 1);
+    }
   }
 }
 
@@ -60,6 +74,7 @@ __device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane,
 template <class C>
 __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], float (&row_sum)[2], float (&corr)[2],
                                              float scale_log2) {
+  constexpr float P_SHIFT = static_cast<float>(C::P_SHIFT);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float m = row_max[i];
@@ -70,11 +85,12 @@ __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], floa
     const float m_scaled = (m == NEG_INF) ? 0.f : m * scale_log2;
     corr[i] = fast_exp2(row_max[i] * scale_log2 - m_scaled);
     row_max[i] = m;
+    const float p_off = m_scaled - P_SHIFT;  // P's exponent: 2^P_SHIFT larger (FP8), else the same
     float sum = 0.f;
 #pragma unroll
     for (int e = 2 * i; e < C::BN / 2; e += 4) {
-      s[e] = fast_exp2(fmaf(s[e], scale_log2, -m_scaled));
-      s[e + 1] = fast_exp2(fmaf(s[e + 1], scale_log2, -m_scaled));
+      s[e] = fast_exp2(fmaf(s[e], scale_log2, -p_off));
+      s[e + 1] = fast_exp2(fmaf(s[e + 1], scale_log2, -p_off));
       sum += s[e] + s[e + 1];
     }
     row_sum[i] = row_sum[i] * corr[i] + sum;  // this thread's columns only; the quad is summed at the end
@@ -87,14 +103,39 @@ __device__ __forceinline__ void rescale_o(float* o, const float (&corr)[2]) {
   for (int e = 0; e < C::D / 2; ++e) o[e] *= corr[(e / 2) % 2];
 }
 
-// The S accumulator of columns 16kk..16kk+15 is exactly the A fragment of
-// the k-step kk of P V (wgmma's register A layout matches its D layout).
+// 16-bit: the S accumulator of columns 16kk..16kk+15 is exactly the A fragment of the k-step kk of P V
+// (wgmma's register A layout matches its D layout).
+// FP8: a k32 A fragment holds, per thread, 4 bytes of columns 4t..4t+3 (t = lane % 4) in registers 0
+// (row r) and 1 (row r + 8), and of 16 + 4t..16 + 4t + 3 in 2 and 3; the S accumulator holds columns
+// 2t, 2t + 1 of each 8. Each register takes the thread's own two pairs of two adjacent 8-column blocks,
+// so fragment column 4t + i of each 16 holds key 2t + i % 2 + 8 (i / 2): the launcher's V^T copy puts
+// its keys in that order (no shuffles here).
 template <class C>
 __device__ __forceinline__ void pack_p(uint32_t (*p)[4], const float* s) {
+  if constexpr (C::FP8) {
 #pragma unroll
-  for (int kk = 0; kk < C::BN / 16; ++kk)
+    for (int kk = 0; kk < C::BN / 32; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) p[kk][r] = pack2<typename C::T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) {
+        const float* x = s + 16 * kk + 8 * (r / 2) + 2 * (r % 2);  // blocks 4kk + 2(r/2), +1; row half r % 2
+        p[kk][r] = pack4_e4m3(x[0], x[1], x[4], x[5]);
+      }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) p[kk][r] = pack2<typename C::T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  }
+}
+
+// q_descale x k_descale of the work item's (batch, K/V head); 1 for 16-bit inputs.
+template <class C>
+__device__ __forceinline__ float qk_descale(const AttnArgs& a, const Work& it) {
+  if constexpr (C::FP8) {
+    const int i = it.b * (a.heads / a.h_per_kv) + it.h / a.h_per_kv;
+    return a.q_descale[i] * a.k_descale[i];
+  }
+  return 1.f;
 }
 
 // Ping-pong turns: consumer c issues its tensor-core work after consumer
@@ -137,8 +178,6 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const float scale_log2 = C::Cap::softmax_scale(a.scale) * LOG2E;  // a softcap folds into it (common/mask.h)
-  const float cap_pre = C::Cap::pre_scale(a.scale);
   const uint32_t q_base = sm.sQ + cw * 64 * C::SWB;
   const Turns<C> turns{cw};
   // The work item holding this CTA's last ping-pong turn (-1: none has any key).
@@ -157,13 +196,17 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     const int m0 = it.m0, n_tiles = it.n_tiles;
     const bool last_work = r == last_busy;
     const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+    // The scores' scale: FP8 descales fold into it, a softcap too (common/mask.h).
+    const float qk_scale = a.scale * qk_descale<C>(a, it);
+    const float scale_log2 = C::Cap::softmax_scale(qk_scale) * LOG2E;
+    const float cap_pre = C::Cap::pre_scale(qk_scale);
 
     float o[C::D / 2];
 #pragma unroll
     for (int e = 0; e < C::D / 2; ++e) o[e] = 0.f;
     float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
     float s[C::BN / 2];
-    uint32_t p[C::BN / 16][4];
+    uint32_t p[C::BN / C::KSTEP][4];
 
     // Tile j of the item is key tile it.n0 + j; a mask where it is partial for this warpgroup's rows.
     const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + a.sk - a.sq;
@@ -250,7 +293,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     ring += n_tiles;
     ++round;
 
-    epilogue<C>(o, row_max, row_sum, sm, a, it, cw, tid, warp, lane, row0);
+    epilogue<C>(o, row_max, row_sum, qk_scale, sm, a, it, cw, tid, warp, lane, row0);
   }
 }
 

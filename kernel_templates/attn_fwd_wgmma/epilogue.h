@@ -16,15 +16,20 @@ namespace fc {
 // has completed), then written as whole 16-byte chunks per row. Chunks are
 // XOR-swizzled by row inside each SWB-byte row, so neither the 4-byte
 // fragment stores nor the 16-byte reads conflict on banks.
+//
+// qk_scale is the scores' scale (FP8: descales included); an FP8 V's descale multiplies O here.
 template <class C>
 __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[2], const float (&row_sum)[2],
-                                         const SmemLayout<C>& sm, const AttnArgs& a, const Work& it, int cw, int tid,
-                                         int warp, int lane, int row0) {
-  using T = typename C::T;
+                                         float qk_scale, const SmemLayout<C>& sm, const AttnArgs& a, const Work& it,
+                                         int cw, int tid, int warp, int lane, int row0) {
+  using T = typename C::TO;
+  constexpr int EO = C::SWB / 2;    // output elements per swizzled row (16-bit)
   constexpr int CPR = C::SWB / 16;  // 16-byte chunks per row of a column block
   uint8_t* stage = sm.raw_ptr + (sm.sQ - sm.raw);
+  float v_scale = 1.f;
+  if constexpr (C::FP8) v_scale = a.v_descale[it.b * (a.heads / a.h_per_kv) + it.h / a.h_per_kv];
   auto chunk_offset = [&](int r, int col) {  // r: row within this warpgroup's 64; col: multiple of 8
-    const int cb = col / C::E, chunk = (col % C::E) / 8;
+    const int cb = col / EO, chunk = (col % EO) / 8;
     return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
   };
   named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
@@ -33,7 +38,7 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
     float l = row_sum[i];
     l += __shfl_xor_sync(0xffffffff, l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? v_scale / l : 0.f;
     const int r = warp * 16 + lane / 4 + 8 * i;
 #pragma unroll
     for (int nb = 0; nb < C::D / 8; ++nb)
@@ -41,7 +46,8 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
           pack2<T>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
     const int row = row0 + 8 * i;
     if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
-      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] = l > 0.f ? row_max[i] * C::Cap::softmax_scale(a.scale) + logf(l) : NEG_INF;
+      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] =
+          l > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + logf(l) - C::P_SHIFT * LN2 : NEG_INF;
   }
   named_sync(4 + cw, 128);
   T* out = reinterpret_cast<T*>(a.o) + it.b * a.o_sb + it.h * a.o_sh;

@@ -21,21 +21,28 @@ template <class C>
 __device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
                                         const SmemLayout<C>& sm, const Work& it, int& ring) {
   const int hk = it.h / a.h_per_kv;
-  auto load = [&](const TmaDesc& t, uint32_t dst, uint32_t empty, uint32_t full, int j) {
+  // A K tile (and a 16-bit V tile): BN rows of keys in CB column blocks of the head dim. An FP8 V tile
+  // comes from V^T: D rows in CBV column blocks of keys.
+  auto load = [&](const TmaDesc& t, uint32_t dst, uint32_t empty, uint32_t full, int j, bool transposed) {
     const uint32_t phase = ((ring + j) / C::STAGES) & 1;
     mbar_wait(empty, phase ^ 1);  // a fresh barrier counts as released
     mbar_expect_tx(full, C::KV_BYTES);
+    const int key0 = (it.n0 + j) * C::BN;
+    if (transposed) {
 #pragma unroll
-    for (int cb = 0; cb < C::CB; ++cb)
-      tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, (it.n0 + j) * C::BN, hk, it.b);
+      for (int cb = 0; cb < C::CBV; ++cb) tma_load(dst + cb * C::D * C::SWB, &t, full, key0 + cb * C::E, 0, hk, it.b);
+    } else {
+#pragma unroll
+      for (int cb = 0; cb < C::CB; ++cb) tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, key0, hk, it.b);
+    }
   };
   auto load_k = [&](int j) {
     const int s = (ring + j) % C::STAGES;
-    load(tk, sm.sK + s * C::KV_BYTES, sm.k_empty(s), sm.k_full(s), j);
+    load(tk, sm.sK + s * C::KV_BYTES, sm.k_empty(s), sm.k_full(s), j, false);
   };
   auto load_v = [&](int j) {
     const int s = (ring + j) % C::STAGES;
-    load(tv, sm.sV + s * C::KV_BYTES, sm.v_empty(s), sm.v_full(s), j);
+    load(tv, sm.sV + s * C::KV_BYTES, sm.v_empty(s), sm.v_full(s), j, C::FP8);
   };
   if (it.n_tiles > 0) load_k(0);
   for (int j = 0; j < it.n_tiles; ++j) {

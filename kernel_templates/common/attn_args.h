@@ -22,6 +22,11 @@ struct AttnArgs {
   int sq, sk, h_per_kv;
   float scale;  // softmax scale (natural units)
   int heads, batch;
+  // FP8 inputs: real = stored x descale, one float per (batch, K/V head), [B, Hkv] contiguous (FlashAttention-3's
+  // q_descale / k_descale / v_descale). Null for 16-bit inputs; ATTN_FWD_ARGS leaves them so.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
 };
 
 }  // namespace fc

@@ -4,12 +4,14 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 namespace fc {
 
 constexpr float NEG_INF = -__builtin_huge_valf();
 constexpr float LOG2E = 1.4426950408889634f;  // softmax in base 2: exp(x) = exp2(x * LOG2E)
+constexpr float LN2 = 0.6931471805599453f;
 
 // The 32-bit shared-window address PTX shared-memory instructions take.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -39,6 +41,14 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Four fp32 values rounded to e4m3 (saturating) in one 32-bit register, a0 in the lowest byte: one
+// FP8 wgmma A-fragment register.
+__device__ __forceinline__ uint32_t pack4_e4m3(float a0, float a1, float a2, float a3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a0, a1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(a2, a3), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
 }
 
 }  // namespace fc

@@ -66,6 +66,11 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
     if "tma_swizzle" in resources:
         lines.append("// Parameters: first one 4-D TMA tensor map (D, S, H, B) per input q, k, v (see the template's "
                      "header comment), then the tensors, then heads and batch.")
+    if "descales" in resources:
+        lines += ["// Then q_descale, k_descale, v_descale (const float*, [B, Hkv] contiguous; nullptr for 16-bit",
+                  "// inputs). e4m3 kernels write bf16 and read V as V^T [B, Hkv, D, Sk rounded up to 16], the keys",
+                  "// of every 16 in the order 0 1 8 9 2 3 10 11 4 5 12 13 6 7 14 15, zero past Sk (the map of v",
+                  "// is that tensor's, boxes of all D rows; tuner/runtime/shipped/fp8.py makes it)."]
     if "workspace_merge" in resources:
         lines += ["// Decode kernels (sm_80+) take, after the tensors: seq_lens (const int*, per-row key lengths, or",
                   "// nullptr), block_table (const int*, [B, pages_per_seq] of a paged K/V cache, or nullptr for dense",

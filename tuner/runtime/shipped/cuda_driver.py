@@ -42,7 +42,8 @@ class TensorMapEncoder:
     and writes each call's addresses into it (`address_free`).
     """
 
-    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9}  # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16}
+    # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16,UINT8}: e4m3 moves as bytes
+    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9, "torch.float8_e4m3fn": 0}
     _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
     _L2_PROMOTION_128B = 2
     CACHE_LIMIT = 256  # cached input layouts per kernel

@@ -24,6 +24,7 @@ from .cuda_driver import (  # noqa: F401 - the errors are this module's API too
     capturing_on,
     stream_getter,
 )
+from .fp8 import check_descales, is_fp8, v_transposed, v_transposed_like
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 # TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
@@ -43,6 +44,8 @@ class LaunchShape:
     persistent: bool = False  # one CTA per SM loops over the (query tile, head, batch) items
     splits: int = 0  # > 0: a decode kernel, grid (row blocks x splits, Hkv, B) over rows = Sq x group
     workspace: bool = False  # a decode kernel whose splits merge through a global workspace (no cluster)
+    descales: bool = False  # the kernel takes q/k/v descale pointers after heads and batch (null unless fp8)
+    fp8: bool = False  # e4m3 q, k, v (bf16 out), per-(batch, K/V head) descales, V read transposed (fp8.py)
 
 
 def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count: int) -> tuple[int, int, int]:
@@ -68,12 +71,16 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
             raise AttentionInputError(f"{name} must be a CUDA tensor (got device {t.device})")
         if t.dim() != 4:
             raise AttentionInputError(f"{name} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})")
-        if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != q.dtype:
-            raise AttentionInputError(f"{name} must be float16 or bfloat16 like q (got {t.dtype}, q is {q.dtype})")
+        want = torch.bfloat16 if name == "out" and is_fp8(q) else q.dtype  # e4m3 inputs write bf16
+        if not (t.dtype in (torch.float16, torch.bfloat16) or is_fp8(t)) or t.dtype != want:
+            raise AttentionInputError(f"{name} must be float16, bfloat16 or float8_e4m3fn like q, out bfloat16 for "
+                                      f"float8_e4m3fn (got {t.dtype}, q is {q.dtype})")
         if t.stride(3) != 1:
             raise AttentionInputError(f"{name} must be contiguous in the head dim (stride {t.stride(3)})")
-        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
-            raise AttentionInputError(f"{name} strides must be multiples of 8 elements and its data 16-byte aligned")
+        align = 16 // t.element_size()
+        if any(s % align for s in t.stride()[:3]) or t.data_ptr() % 16:
+            raise AttentionInputError(f"{name} strides must be multiples of {align} elements (16 bytes) and its data "
+                                      f"16-byte aligned")
     if not (q.device == k.device == v.device == out.device):
         raise AttentionInputError(f"q, k, v and out must be on one device (got {q.device}, {k.device}, {v.device}, "
                                   f"{out.device})")
@@ -139,6 +146,11 @@ def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
     return (f"{first}x" if first else "") + TMA_ARG_FORMAT
 
 
+def _pointers(descales: Any) -> tuple[int, int, int]:
+    """The data pointers of (q_descale, k_descale, v_descale), or nulls."""
+    return (0, 0, 0) if descales is None else tuple(t.data_ptr() for t in descales)
+
+
 def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
     """cache[key] = value, emptying the cache first once it holds CACHE_LIMIT entries; returns value."""
     if len(cache) >= TensorMapEncoder.CACHE_LIMIT:
@@ -159,6 +171,8 @@ class AttentionKernel:
         cluster = 1 if shape.workspace else max(shape.splits, 1)
         self._kernel = DriverKernel(cubin, entry, shape.smem_bytes, ARG_FORMAT, cluster, device)
         self._format = tma_arg_format(self._kernel, entry) if shape.tma_swizzle else ARG_FORMAT
+        if shape.descales:
+            self._format += "PPP"  # q_descale, k_descale, v_descale (float*, null for 16-bit inputs)
         if shape.splits:  # a decode kernel's last parameters: key lengths (int32*, or null) and the paging
             self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
         if shape.workspace:
@@ -176,17 +190,30 @@ class AttentionKernel:
         self._stream = stream_getter()
 
     def __call__(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
-                 check: bool = True, seq_lens: Any = None) -> None:
+                 check: bool = True, seq_lens: Any = None, descales: Any = None) -> None:
         """Launch on torch's current stream. Tensors are logical [B, H, S, D] with any strides.
 
         seq_lens (decode kernels only): int32 [B] on q's device, the keys of each batch row in use
         (k and v hold Sk >= each; read on the GPU, clamped to [0, Sk]; causal aligns to each length).
+        descales (e4m3 kernels only, required there): (q_descale, k_descale, v_descale), float32 [B, Hkv]
+        each: the real inputs are the stored ones times these; out is bfloat16.
         """
         if check:
             check_attention_tensors(q, k, v, out, lse)
             if seq_lens is not None:
                 self._check_seq_lens(q, seq_lens)
-        self.launch_unchecked(q, k, v, out, lse, scale, seq_lens)
+            self._check_dtype(q, k, descales)
+        self.launch_unchecked(q, k, v, out, lse, scale, seq_lens, descales)
+
+    def _check_dtype(self, q: Any, k: Any, descales: Any) -> None:
+        """e4m3 inputs with their descales for an e4m3 kernel; 16-bit ones without, for the others."""
+        if is_fp8(q) != self.shape.fp8:
+            want = "float8_e4m3fn" if self.shape.fp8 else "float16 or bfloat16"
+            raise AttentionInputError(f"{self.entry} takes {want} inputs (got {q.dtype})")
+        if self.shape.fp8:
+            check_descales(q, k, descales)
+        elif descales is not None:
+            raise AttentionInputError(f"{self.entry} takes no descales: they scale float8_e4m3fn inputs")
 
     def _check_seq_lens(self, q: Any, seq_lens: Any) -> None:
         import torch
@@ -214,19 +241,21 @@ class AttentionKernel:
                      paging=(block_table.data_ptr(), k.shape[2].bit_length() - 1, block_table.shape[1]))
 
     def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
-                         seq_lens: Any = None) -> None:
+                         seq_lens: Any = None, descales: Any = None) -> None:
         """The launch alone (inputs already validated)."""
         self._launch(q, k, v, out, lse, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
-                     q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr() if seq_lens is not None else 0)
+                     q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr() if seq_lens is not None else 0,
+                     descales=_pointers(descales))
 
     def launch_if_fit(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
-                      seq_lens: Any = None) -> bool:
+                      seq_lens: Any = None, descales: Any = None) -> bool:
         """Launch if q, k, v have a layout that passed check_attention_tensors before (remembered
         per layout: shapes, strides, dtypes, devices) and 16-byte aligned data; otherwise launch
         nothing and return False (the caller then validates fully, for the precise error).
 
-        out must be torch.empty_like(q); lse is not taken here; seq_lens, when given, the caller has
-        checked (a decode kernel's int32 [B] on q's device). The cheapest checked launch:
+        out must be torch.empty_like(q) (bfloat16 for e4m3 q); lse is not taken here; seq_lens, when given,
+        the caller has checked (a decode kernel's int32 [B] on q's device); descales, an e4m3 kernel's,
+        too (fp8.check_descales). The cheapest checked launch:
         each tensor attribute is read once (each read is a call into torch, a fraction of a
         microsecond that adds up at small problem sizes).
         """
@@ -242,22 +271,26 @@ class AttentionKernel:
             fit = self._remember_fit(layout, q, k, v)
         if fit[0]:
             self._launch(q, k, v, out, None, scale, qshape, kshape, qs, ks, vs, qp, kp, vp, fit[1],
-                         seq_lens.data_ptr() if seq_lens is not None else 0)
+                         seq_lens.data_ptr() if seq_lens is not None else 0, descales=_pointers(descales))
         return fit[0]
 
     def _remember_fit(self, layout: tuple, q: Any, k: Any, v: Any) -> tuple[bool, Any]:
         """(does the layout pass check_attention_tensors, its address-free TMA maps or None)."""
+        import torch
+
         try:
-            check_attention_tensors(q, k, v, q)
-            fits = q.get_device() == k.get_device() == v.get_device() and k.shape[2] > 0
+            check_attention_tensors(q, k, v, q if not is_fp8(q) else q.new_empty(q.shape, dtype=torch.bfloat16))
+            fits = (q.get_device() == k.get_device() == v.get_device() and k.shape[2] > 0
+                    and is_fp8(q) == self.shape.fp8)
         except AttentionInputError:
             fits = False
-        maps = self._maps_for(q, k, v) if fits and self._maps is not None else None
+        vmap = v_transposed_like(v) if fits and self.shape.fp8 else v  # an e4m3 kernel's V map is V^T's
+        maps = self._maps_for(q, k, vmap) if fits and self._maps is not None else None
         return _bounded_put(self._fits, layout, (fits, maps))
 
     def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
                 qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False, lens: int = 0,
-                paging: tuple[int, int, int] = (0, 0, 0)) -> None:
+                paging: tuple[int, int, int] = (0, 0, 0), descales: tuple[int, int, int] = (0, 0, 0)) -> None:
         b, h, sq, d = qshape
         hkv, sk = kshape[1], (paging[2] << paging[1] if paging[0] else kshape[2])  # paged: the table's capacity
         if not b * h * sq:
@@ -272,6 +305,9 @@ class AttentionKernel:
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         os_ = out.stride()
         shape = self.shape
+        if shape.fp8:  # V^T, the layout FP8 P V reads (fp8.py); made on this stream, before the kernel
+            v = v_transposed(v)
+            vs, vp = v.stride(), v.data_ptr()
         grid = launch_grid(shape, b, h, hkv, sq, self._sm_count)
         lp = lse.data_ptr() if lse is not None else 0
         if maps is not None:
@@ -290,6 +326,8 @@ class AttentionKernel:
                 args = (qp, tails[0], kp, tails[1], vp, tails[2])
             args += (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                      vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale, h, b)
+            if shape.descales:
+                args += descales
         else:
             args = (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], sq, sk, h // hkv, scale)
@@ -329,7 +367,8 @@ class AttentionKernel:
         """(name, tensor, box rows) of each input read through a tensor map. In a paged cache (k is then
         [pages, Hkv, page, D]) a K/V box never crosses a page: min(tile, page) rows."""
         kv_rows = min(self.shape.tma_kv_rows, page) if page else self.shape.tma_kv_rows
-        return ("q", q, self.shape.tma_q_rows or self.shape.block_m), ("k", k, kv_rows), ("v", v, kv_rows)
+        v_rows = v.shape[2] if self.shape.fp8 else kv_rows  # V^T [B, Hkv, D, Sk']: a box is all D rows
+        return ("q", q, self.shape.tma_q_rows or self.shape.block_m), ("k", k, kv_rows), ("v", v, v_rows)
 
     def _encode_maps(self, q: Any, k: Any, v: Any, page: int = 0) -> tuple[bytes, ...]:
         swz = self.shape.tma_swizzle
