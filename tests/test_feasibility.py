@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
-from tuner.kernels.feasibility import check, covering_sample, resources, space_report
-from tuner.kernels.manifest import load_manifest
+from tuner.kernels.feasibility import check, covering_sample, expression_names, resources, space_report, supports_problem
+from tuner.kernels.manifest import list_templates, load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import list_profiles, load_profile
@@ -76,6 +76,27 @@ def test_unsupported_problem_features_have_reasons() -> None:
     problem = Problem(1, 1, 64, 64, 64)
     v = next(v for v, f in space_report(TEMPLATE, problem, load_profile("a100")) if f.ok)
     assert "compute capability 8.0+" in check(v, problem, old_card).reason
+
+
+@pytest.mark.parametrize("template", [m.name for m in list_templates() if "e4m3" not in m.features.dtypes])
+def test_an_fp8_problem_is_refused_by_a_template_that_does_not_declare_e4m3(template: str) -> None:
+    manifest = load_manifest(template)
+    head_dim = manifest.features.head_dims[-1]
+    problem = Problem(1, 8, 1, 512, head_dim, dtype="e4m3")
+    why = f"dtype e4m3 unsupported by {template} (supported: {list(manifest.features.dtypes)})"
+    assert supports_problem(manifest, problem) == why
+    with pytest.raises(TunerError, match=r"^dtype e4m3 unsupported by "):
+        space_report(template, problem, load_profile("h100"))
+    params = {name: spec.values[0] for name, spec in manifest.params.items()}
+    assert check(Variant(template, head_dim, "e4m3", False, params), problem, load_profile("h100")).reason == why
+
+
+def test_the_templates_without_an_fp8_path_say_so_and_fp8_elements_are_one_byte() -> None:
+    for template in ("attn_fwd_mma", "attn_decode", "attn_decode_sm80"):
+        assert "e4m3" not in load_manifest(template).features.dtypes, template
+    params = {name: spec.values[0] for name, spec in MANIFEST.params.items()}
+    assert expression_names(Variant(TEMPLATE, 64, "e4m3", False, params))["elem_bytes"] == 1
+    assert expression_names(Variant(TEMPLATE, 64, "bf16", False, params))["elem_bytes"] == 2
 
 
 def test_variant_for_another_problem_is_infeasible() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.problem import LAYOUTS, Problem, causal_pairs
+from tuner.problem import DTYPES, LAYOUTS, Problem, causal_pairs
 
 
 def _kept(seq_q: int, seq_k: int) -> int:
@@ -30,10 +30,19 @@ def test_causal_flops_with_sq_ne_sk_count_the_kept_pairs() -> None:
 
 
 @given(st.builds(Problem, st.integers(1, 64), st.sampled_from([8, 16, 32]), st.integers(1, 9000), st.integers(1, 9000),
-                 st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16"]), st.booleans(),
+                 st.sampled_from([64, 128]), st.sampled_from(DTYPES), st.booleans(),
                  st.sampled_from([1, 2, 8]), st.sampled_from(LAYOUTS)))
 def test_to_dict_round_trips(problem: Problem) -> None:
     assert Problem.from_dict(problem.to_dict()) == problem
+
+
+def test_an_fp8_problem_is_e4m3_with_one_byte_elements() -> None:
+    p = Problem(2, 32, 4096, 4096, 128, dtype="e4m3", causal=True, heads_kv=8)
+    assert p.label == "B2 H32 Hkv8 S4096 D128 e4m3 causal"
+    assert (p.elem_bytes, Problem(1, 1, 1, 1, 64, "bf16").elem_bytes, Problem(1, 1, 1, 1, 64).elem_bytes) == (1, 2, 2)
+    assert p.flops == Problem(2, 32, 4096, 4096, 128, dtype="bf16", causal=True, heads_kv=8).flops
+    with pytest.raises(TunerError, match=r"^unsupported dtype 'fp8'; expected one of fp16, bf16, e4m3$"):
+        Problem(1, 1, 1, 1, 64, dtype="fp8")
 
 
 @given(st.integers(1, 64), st.integers(1, 9000), st.integers(1, 16), st.booleans(), st.data())

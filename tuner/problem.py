@@ -9,7 +9,11 @@ from typing import Any, Mapping
 
 from tuner.errors import TunerError
 
-DTYPES = ("fp16", "bf16")
+# Input dtypes of a problem. e4m3 is FP8 (torch.float8_e4m3fn) q, k and v with float32 descale factors per batch
+# row and K/V head (FlashAttention-3's q_descale, k_descale, v_descale [B, Hkv]: real value = fp8 value * descale)
+# and a bf16 output; fp16 and bf16 problems have inputs and output in that dtype.
+DTYPES = ("fp16", "bf16", "e4m3")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "e4m3": 1}  # bytes of one q, k or v element
 MAX_EXTENT = 2**31 - 1  # a batch, head count or length beyond this fits no CUDA grid (nor a 32-bit index)
 PAGE_SIZES = (16, 32, 64, 128, 256)
 # bhsd / bshd: dense K/V in that order; pagedN: K/V in a paged cache of N-row pages ([pages, N, Hkv, D], vLLM's
@@ -80,6 +84,11 @@ class Problem:
             return (self.seq_k,) * self.batch
         rng = random.Random(LENGTHS_SEED + self.batch * 7919 + self.seq_k)
         return tuple(rng.randint(low, self.seq_k) for _ in range(self.batch))
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes of one q, k or v element (1 for e4m3; its output is bf16, 2 bytes)."""
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def page_size(self) -> int:

@@ -11,10 +11,9 @@ from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, enumerate_space, mask_of
-from tuner.problem import Problem
+from tuner.problem import DTYPE_BYTES, Problem
 from tuner.profiles import GpuProfile
 
-_ELEM_BYTES = {"fp16": 2, "bf16": 2}
 # Registers a thread needs beyond its accumulators (fragments, addresses,
 # softmax state); below accumulators + this, ptxas spills in the inner loop.
 _REGISTER_OVERHEAD = 40
@@ -32,8 +31,8 @@ class Feasibility:
 
 
 def expression_names(variant: Variant) -> dict[str, object]:
-    """The names a manifest expression may use for this variant."""
-    return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": _ELEM_BYTES[variant.dtype],
+    """The names a manifest expression may use for this variant (elem_bytes: 2 for fp16/bf16, 1 for e4m3)."""
+    return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": DTYPE_BYTES[variant.dtype],
             "causal": variant.causal}
 
 
