@@ -21,7 +21,8 @@
 // element strides, so BHSD, BSHD and GQA need no copy and rows past Sq/Sk
 // read as zeros. FP8 (e4m3) inputs take V transposed, [B, Hkv, D, Sk'] with
 // the keys of every 16 in wgmma's A-fragment order (config.h, issue_pv), as
-// the launcher copies it, and per-(batch, K/V head) descales; O is bf16. Causal masking is bottom-right aligned: query i sees key j
+// fc_v_transpose_e4m3 (attn_fwd_wgmma/v_transpose.h) copies it, and
+// per-(batch, K/V head) descales; O is bf16. Causal masking is bottom-right aligned: query i sees key j
 // iff j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf.
 
 #include "attn_fwd_wgmma/config.h"
@@ -29,6 +30,7 @@
 #include "attn_fwd_wgmma/epilogue.h"
 #include "attn_fwd_wgmma/producer.h"
 #include "attn_fwd_wgmma/tile_scheduler.h"
+#include "attn_fwd_wgmma/v_transpose.h"
 #include "common/attn_args.h"
 #include "common/utils.h"
 

@@ -1,17 +1,18 @@
 """FP8 (e4m3) inputs of the Hopper kernels: V's transposed copy and the descale factors' checks.
 
-FP8 wgmma reads both operands K-major, so P V needs V with the keys contiguous: V^T. The launcher copies
-V [B, Hkv, Sk, D] into V^T [B, Hkv, D, Sk'] (Sk' = Sk rounded up to 16, the tail zero) before each launch,
-with the keys of every 16 in the order the kernel's P fragment holds them: fragment column a = 4t + 2h + j
-holds key 8h + 2t + j (attn_fwd_wgmma/consumer_mainloop.h, pack_p), so P needs no shuffles in registers.
-The copy reads and writes B·Hkv·Sk·D bytes once each: about 2% of an S8192 D128 prefill, less with GQA.
+FP8 wgmma reads both operands K-major, so P V needs V with the keys contiguous: V^T. Before each launch the
+launcher has the cubin's own transpose kernel copy V [B, Hkv, Sk, D] into V^T [B, Hkv, D, Sk'] (Sk' = Sk
+rounded up to 16, the tail zero), the keys of every 16 in the order the kernel's P fragment holds them:
+fragment column a = 4t + 2h + j holds key 8h + 2t + j (attn_fwd_wgmma/consumer_mainloop.h, pack_p), so P
+needs no shuffles in registers. The copy reads and writes B·Hkv·Sk·D bytes once each: about 2% of an S8192
+D128 prefill, less with GQA.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .cuda_driver import AttentionInputError
+from .cuda_driver import AttentionInputError, DriverKernel, stream_getter
 
 
 def is_fp8(t: Any) -> bool:
@@ -20,23 +21,31 @@ def is_fp8(t: Any) -> bool:
     return t.dtype == getattr(torch, "float8_e4m3fn", None)
 
 
-def v_transposed(v: Any) -> Any:
-    """V [B, Hkv, Sk, D] (any strides, e4m3) as the kernel reads it: [B, Hkv, D, Sk'] contiguous, the keys
-    of every 16 permuted (this module's docstring), Sk' = Sk rounded up to 16 with zero keys after Sk."""
-    import torch
+class VTransposer:
+    """fc_v_transpose_e4m3 of an e4m3 kernel's cubin (attn_fwd_wgmma/v_transpose.h): V [B, Hkv, Sk, D] (any
+    strides, D contiguous) -> V^T [B, Hkv, D, Sk'] as the kernel reads it, on torch's current stream."""
 
-    b, h, s, d = v.shape
-    s16 = -(-s // 16) * 16
-    x = v.view(torch.uint8)  # same element size: a view at any strides; copies and pads are byte moves
-    if s16 != s:
-        x = torch.nn.functional.pad(x, (0, 0, 0, s16 - s))
-    # key 16g + 8h + 2t + j -> column 16g + 4t + 2h + j
-    x = x.view(b, h, s16 // 16, 2, 4, 2, d).permute(0, 1, 6, 2, 4, 3, 5)
-    return x.reshape(b, h, d, s16).view(v.dtype)
+    ENTRY = "fc_v_transpose_e4m3"
+    KEYS, DIMS, THREADS = 64, 32, 128  # its tile and block (v_transpose.h)
+
+    def __init__(self, cubin: bytes, device: int) -> None:
+        self._kernel = DriverKernel(cubin, self.ENTRY, 0, "PPqqqiiii", 1, device)
+        self._stream = stream_getter()
+        self._device = device
+
+    def __call__(self, v: Any) -> Any:
+        b, h, s, d = v.shape
+        vt = v_transposed_like(v)
+        s16 = vt.shape[3]
+        grid = (-(-s16 // self.KEYS), d // self.DIMS, b * h)
+        vs = v.stride()
+        self._kernel.launch(grid, (self.THREADS, 1, 1), (v.data_ptr(), vt.data_ptr(), vs[0], vs[1], vs[2], h, s, s16, d),
+                            0, self._stream(self._device))
+        return vt
 
 
 def v_transposed_like(v: Any) -> Any:
-    """An uninitialised tensor with v_transposed(v)'s shape and layout (for tensor maps that need a layout)."""
+    """An uninitialised tensor of V^T's shape and layout (VTransposer's output) (for tensor maps that need a layout)."""
     import torch
 
     b, h, s, d = v.shape

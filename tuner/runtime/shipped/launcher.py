@@ -24,7 +24,7 @@ from .cuda_driver import (  # noqa: F401 - the errors are this module's API too
     capturing_on,
     stream_getter,
 )
-from .fp8 import check_descales, is_fp8, v_transposed, v_transposed_like
+from .fp8 import VTransposer, check_descales, is_fp8, v_transposed_like
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 # TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
@@ -173,6 +173,7 @@ class AttentionKernel:
         self._format = tma_arg_format(self._kernel, entry) if shape.tma_swizzle else ARG_FORMAT
         if shape.descales:
             self._format += "PPP"  # q_descale, k_descale, v_descale (float*, null for 16-bit inputs)
+        self._v_transposed = VTransposer(cubin, device) if shape.fp8 else None  # V^T for FP8 P V (fp8.py)
         if shape.splits:  # a decode kernel's last parameters: key lengths (int32*, or null) and the paging
             self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
         if shape.workspace:
@@ -306,7 +307,7 @@ class AttentionKernel:
         os_ = out.stride()
         shape = self.shape
         if shape.fp8:  # V^T, the layout FP8 P V reads (fp8.py); made on this stream, before the kernel
-            v = v_transposed(v)
+            v = self._v_transposed(v)
             vs, vp = v.stride(), v.data_ptr()
         grid = launch_grid(shape, b, h, hkv, sq, self._sm_count)
         lp = lse.data_ptr() if lse is not None else 0
