@@ -11,7 +11,9 @@ from tuner.kernels.feasibility import resources
 from tuner.kernels.manifest import ParamValue, inline_headers, load_manifest
 from tuner.kernels.variant import Variant, validate_variant
 
-_CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16"}
+# A problem dtype as the template's `dtype` argument: its q/k/v element type (e4m3's output is bf16: the
+# template derives that itself).
+_CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3"}
 # Resources the launcher and feasibility act on, and the template constant
 # each must equal: a drift would hang a TMA copy or launch the wrong grid.
 _LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("tma_q_rows", "Q_ROWS"),
