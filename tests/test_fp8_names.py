@@ -86,3 +86,21 @@ def test_the_cli_lists_an_fp8_space_and_renders_its_tunables_part() -> None:
     rendered = run_tuner("render", short_name(names[0]), "--template", PROBE, "--head-dim", "128", "--dtype", "e4m3")
     assert rendered.exit_code == 0, rendered.stderr
     assert f"{names[0]}(ATTN_FWD_PARAMS)" in rendered.stdout
+
+
+def test_a_synthetic_recording_times_fp8_variants_at_the_fp8_peak_and_their_baselines_at_bf16_s(tmp_path) -> None:
+    from tuner.backends.synthetic import write_synthetic_recording
+    from tuner.status import TrialStatus
+    from tuner.store import TrialFilter, open_store
+
+    fp8, bf16 = (Problem(4, 16, 2048, 2048, 128, dtype=d) for d in ("e4m3", "bf16"))
+    url = f"sqlite:///{tmp_path / 'synthetic.db'}"
+    assert write_synthetic_recording(url, [fp8, bf16], template=PROBE) > 0
+    with open_store(url, create=False) as store:
+        best = {r.problem.dtype: r for r in store.best_trials(TrialFilter())}
+        baselines = {d: {b.impl: b.median_us for b in store.baselines_for(best[d].run_id, best[d].problem_id)}
+                     for d in ("e4m3", "bf16")}
+        assert {r.status for r in store.query_trials(TrialFilter(dtype="e4m3"))} >= {TrialStatus.OK}
+    assert best["e4m3"].variant_name.startswith(f"{PROBE}_d128_e4m3_")
+    assert best["e4m3"].median_us < 0.6 * best["bf16"].median_us  # twice the peak, less the launch overhead
+    assert baselines["e4m3"] == baselines["bf16"] and baselines["e4m3"]
