@@ -28,7 +28,8 @@ def fp8_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("fp8-templates")
     shipped = asset_dir("kernel_templates")
     text = (shipped / "attn_fwd_wgmma.toml").read_text()
-    for old, new in (('name = "attn_fwd_wgmma"', f'name = "{PROBE}"'), ('source = "attn_fwd_wgmma.cu"', f'source = "{PROBE}.cu"'),
+    for old, new in (('name = "attn_fwd_wgmma"', f'name = "{PROBE}"'),
+                     ('source = "attn_fwd_wgmma.cu"', f'source = "{PROBE}.cu"'),
                      ('dtypes = ["fp16", "bf16"]', 'dtypes = ["fp16", "bf16", "e4m3"]')):
         assert old in text, old
         text = text.replace(old, new)

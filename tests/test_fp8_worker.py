@@ -16,7 +16,13 @@ from tuner.backends import gpu_child  # noqa: E402
 from tuner.backends.gpu_child import CudaRunner, RequestError, RunnerOptions, kernel_call  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.runtime.baselines import FA4, SDPA_BACKENDS, Baseline, available_baselines, missing_baselines_note  # noqa: E402
+from tuner.runtime.baselines import (  # noqa: E402
+    FA4,
+    SDPA_BACKENDS,
+    Baseline,
+    available_baselines,
+    missing_baselines_note,
+)
 from tuner.runtime.timing import Timing  # noqa: E402
 from tuner.runtime.verify import Descales, dequantized_inputs, expected_output, fp8_inputs  # noqa: E402
 
@@ -165,3 +171,25 @@ def test_the_search_says_an_fp8_problem_s_baselines_are_bf16() -> None:
     assert both == "no SDPA baseline: SDPA has no logit softcapping; no FP8 SDPA or FA4: they run in bf16 on the " \
                    "dequantised inputs"
     assert missing_baselines_note(Problem(1, 2, 16, 16, 64, dtype="bf16")) is None
+
+
+def test_ncu_replays_an_fp8_trial_with_its_descales(monkeypatch) -> None:
+    """tuner profile's child launches an e4m3 kernel as its trials ran: fp8 inputs and their descales."""
+    from tuner.reporting import ncu_replay
+
+    kernel = RecordingKernel()
+    built = types.SimpleNamespace(ok=True, load=lambda device: kernel)
+    monkeypatch.setattr(ncu_replay, "cuda_driver", lambda device: None)
+    monkeypatch.setattr(ncu_replay, "nvtx_available", lambda: True)
+    monkeypatch.setattr(ncu_replay, "build", lambda variant, arch, lineinfo: built)
+    variant = types.SimpleNamespace(name="v")
+    monkeypatch.setattr(ncu_replay.Variant, "from_stored", classmethod(lambda cls, template, params: variant))
+    monkeypatch.setattr(ncu_replay, "fp8_inputs", lambda problem: fp8_inputs(problem, "cpu", seed=4))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **kw: None)
+    assert ncu_replay.replay_trial("t", {}, FP8, "sm_90a", "r/1", launches=2) == "v"
+    assert len(kernel.calls) == 3  # one warm-up, then the two launches in the range
+    descales = fp8_inputs(FP8, "cpu", seed=4)[3]
+    for kind, args, kwargs in kernel.calls:
+        assert kind == "checked" and args[0].dtype == torch.float8_e4m3fn and args[3].dtype == torch.bfloat16
+        assert all(torch.equal(a, b) for a, b in zip(kwargs["descales"], descales))
