@@ -42,8 +42,9 @@ TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
 
 
 def kv_bytes(p: Problem) -> int:
-    """What a decode step must read at least: K and V of each row's keys once (2 bytes an element)."""
-    return 2 * sum(p.key_lengths()) * p.heads_kv * p.head_dim * 2
+    """What a decode step must read at least: K and V of each row's keys once (elem_bytes an element: 2 for
+    fp16/bf16, 1 for e4m3)."""
+    return 2 * sum(p.key_lengths()) * p.heads_kv * p.head_dim * p.elem_bytes
 
 
 def best_trial(store: Any, gpu: str, p: Problem) -> Any:

@@ -82,3 +82,12 @@ def test_no_traceback_leaves_a_store_behind_on_bad_input(tmp_path) -> None:
     for args in (("results", "--shape", f"{HUGE},1,1,64"), ("show", "0")):
         run_tuner("--db", f"sqlite:///{tmp_path / 'sub' / 'x.db'}", *args)
     assert not Path(tmp_path / "sub").exists()
+
+
+def test_an_fp8_problem_on_a_template_without_e4m3_is_refused_with_the_reason() -> None:
+    result = run_tuner("space", "--gpu", "h100", "--shape", "1,8,512,64", "--dtype", "e4m3",
+                       "--template", "attn_fwd_mma")
+    assert_refused(result, "dtype e4m3 unsupported by attn_fwd_mma")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert_refused(run_tuner("space", "--gpu", "h100", "--shape", "1,8,512,64", "--dtype", "fp8"),
+                   "unsupported dtype 'fp8'; expected one of fp16, bf16, e4m3")

@@ -120,6 +120,10 @@ def test_datasheet_figures():
     assert (l4.compute_capability, l4.nvcc_arch, l4.sm_count) == ((8, 9), "sm_89", 58)
     assert l4.max_threads_per_sm == 1536
     assert h100.peak_tflops("bf16") == h100.peak_bf16_tflops
+    assert h100.peak_tflops("e4m3") == h200.peak_tflops("e4m3") == pytest.approx(2 * h100.peak_bf16_tflops, rel=1e-3)
+    assert l4.peak_tflops("e4m3") == pytest.approx(2 * l4.peak_bf16_tflops, rel=1e-2)  # FP8 runs twice as fast
+    with pytest.raises(TunerError, match=r"^GPU profile 'a100' gives no FP8 peak \(peak_fp8_tflops"):
+        a100.peak_tflops("e4m3")  # Ampere has no FP8 tensor cores
     with pytest.raises(TunerError):
         h100.peak_tflops("fp8")
 

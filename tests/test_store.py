@@ -110,23 +110,27 @@ def test_filters(store):
     store.add_trial(trial(h200, BIG, params={"m": 1}, template="other", status="timeout", median_us=None))
     bf16 = Problem(16, 16, 2048, 2048, 64, dtype="bf16")
     store.add_trial(trial(h200, bf16, params={"m": 1}))
+    fp8 = Problem(16, 16, 2048, 2048, 64, dtype="e4m3", heads_kv=4, causal=True)
+    fp8_id = store.add_trial(trial(h200, fp8, params={"m": 1}))
 
     def ids(**kw):
         return len(store.query_trials(TrialFilter(**kw)))
 
-    assert ids() == 4
+    assert ids() == 5
     assert ids(gpu="h100") == 2  # profile, exactly
-    assert ids(gpu="H20") == 2  # part of the GPU name, any case
-    assert ids(gpu="nvidia") == 4
+    assert ids(gpu="H20") == 3  # part of the GPU name, any case
+    assert ids(gpu="nvidia") == 5
     assert ids(gpu="h1") == 2  # substring of "NVIDIA H100 ..."
     assert ids(gpu="100%") == 0  # LIKE wildcards are literal
-    assert ids(shape=(16, 16, 2048, 2048, 64)) == 3
+    assert ids(shape=(16, 16, 2048, 2048, 64)) == 4
     assert ids(shape=(1, 8, 512, 64)) == 1  # B,H,S,D form
     assert ids(dtype="bf16") == 1
-    assert ids(causal=True) == 1 and ids(causal=False) == 3
+    [row] = store.query_trials(TrialFilter(dtype="e4m3"))
+    assert (row.id, row.problem, row.problem.label) == (fp8_id, fp8, "B16 H16 Hkv4 S2048 D64 e4m3 causal")
+    assert ids(causal=True) == 2 and ids(causal=False) == 3
     assert ids(template="other") == 1
-    assert ids(status="timeout") == 1 and ids(status=TrialStatus.OK) == 3
-    assert ids(run_id=h200) == 2
+    assert ids(status="timeout") == 1 and ids(status=TrialStatus.OK) == 4
+    assert ids(run_id=h200) == 3
     assert ids(limit=2) == 2
     assert [r.id for r in store.query_trials(TrialFilter())] == sorted((r.id for r in store.query_trials(TrialFilter())), reverse=True)
 

@@ -150,9 +150,12 @@ def test_upgrade_store_creates_a_new_one(store_url):
 
 # Data a store can hold, and the revision that brought each in: going below it would delete the data.
 SINCE = {"trials": "0001", "ncu": "0002", "journal": "0003", "replayed": "0004", "confirmations": "0005",
-         "ragged": "0006", "energy": "0007"}
+         "ragged": "0006", "energy": "0007", "windows": "0008", "fp8": "0009"}
 NAMED = {"trials": "trials", "ncu": "ncu metrics", "journal": "Optuna journal records",
-         "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution", "energy": "energy or isolated figures of trials"}
+         "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution",
+         "energy": "energy or isolated figures of trials", "windows": "problems with a sliding window or a softcap",
+         "fp8": "problems in e4m3"}
+FP8 = Problem(2, 8, 256, 256, 128, dtype="e4m3", heads_kv=2)
 
 
 def _fill(url: str, kinds: set[str]) -> None:
@@ -176,6 +179,10 @@ def _fill(url: str, kinds: set[str]) -> None:
             store.add_trial(trial(store.start_run(H100), energy=Energy(0.35, 700.0, 1500.0)))
         if "ragged" in kinds:
             store.add_trial(trial(store.start_run(H100), Problem(2, 8, 1, 512, 64, lengths="uniform:16")))
+        if "windows" in kinds:
+            store.add_trial(trial(store.start_run(H100), Problem(1, 8, 512, 512, 64, window_left=128)))
+        if "fp8" in kinds:
+            store.add_trial(trial(store.start_run(H100), FP8))
         if "journal" in kinds:  # a SQLite store's Optuna studies
             store.append_journal(['{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}'])
 
@@ -218,7 +225,7 @@ def test_going_back_to_0001_refuses_to_delete_the_journal_and_the_later_tables(s
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kinds=st.sets(st.sampled_from(sorted(SINCE))),
-       target=st.sampled_from(["base", "0001", "0002", "0003", "0004", "0005", "0006"]))
+       target=st.sampled_from(["base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]))
 def test_a_downgrade_goes_through_exactly_when_it_deletes_nothing(kinds: set[str], target: str) -> None:
     """Refused, changing nothing, iff some data came in with a revision above the target; otherwise the
     store goes down and back up with every row as it was."""
@@ -298,4 +305,28 @@ def test_energy_figures_refuse_a_downgrade_and_a_store_without_them_goes_down_an
     for what in ("energy or isolated figures of trials (1)", "energy or isolated figures of baselines (1)",
                  "energy or isolated figures of confirm_timings (1)", "confirm stages of another objective"):
         assert what in message, message
+    assert store_info(store_url).revision == head_revision() and _contents(store_url) == before
+
+
+def test_e4m3_problems_refuse_a_downgrade_below_0009_and_a_store_without_them_goes_down_and_up(store_url):
+    """0009 only marks the stores that may hold e4m3 problems, which a tuner of 0008 cannot read: a store
+    holding one refuses to go below it, naming them, and changes nothing; one without goes down and up."""
+    with open_store(store_url) as store:
+        run = store.start_run(H100)
+        plain = store.add_trial(trial(run, Problem(2, 8, 256, 256, 128, dtype="bf16", heads_kv=2)))
+    before = _contents(store_url)
+    _migrate(store_url, "0008", downgrade=True)
+    assert store_info(store_url).revision == "0008"
+    _migrate(store_url, "head")
+    assert _contents(store_url) == before
+    with open_store(store_url) as store:
+        fp8 = store.add_trial(trial(store.start_run(H100), FP8))
+        rows = {r.id: r.problem for r in store.query_trials(TrialFilter())}
+    assert rows == {plain: Problem(2, 8, 256, 256, 128, dtype="bf16", heads_kv=2), fp8: FP8}
+    before = _contents(store_url)
+    with pytest.raises(TunerError) as refused:
+        _migrate(store_url, "0008", downgrade=True)
+    message = str(refused.value)
+    assert message == ("the results store cannot go back to revision 0008: that would delete problems in e4m3, which "
+                       "an older tuner cannot read (problems.dtype) (1); nothing was changed")
     assert store_info(store_url).revision == head_revision() and _contents(store_url) == before

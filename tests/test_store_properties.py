@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_factories import H100
 
-from tuner.problem import Problem
+from tuner.problem import DTYPES, Problem
 from tuner.runtime.energy import Energy
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, TrialRecord, canonical_json
@@ -49,7 +49,7 @@ def problems(draw) -> Problem:
         seq_q=draw(st.integers(1, 1 << 17)),
         seq_k=seq_k,
         head_dim=draw(st.sampled_from([32, 64, 96, 128, 256])),
-        dtype=draw(st.sampled_from(["fp16", "bf16"])),
+        dtype=draw(st.sampled_from(DTYPES)),
         causal=draw(st.booleans()),
         heads_kv=heads_kv,
         layout=draw(st.sampled_from(["bhsd", "bshd"])),

@@ -32,6 +32,7 @@ from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import (
     TOLERANCE,
     empty_output,
+    fp8_inputs,
     make_inputs,
     paged_inputs,
     ragged_seq_lens,
@@ -122,7 +123,9 @@ class CudaRunner:
         }
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
-        """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time)."""
+        """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time); an e4m3
+        problem's fp8 q, k, v come with their Descales (entry["descales"]), which the kernel, the reference
+        and the baselines take."""
         entry = self._inputs.get(problem)
         if entry is not None and entry["uses"] < self.options.refresh_every:
             self._inputs.move_to_end(problem)
@@ -132,11 +135,17 @@ class CudaRunner:
         while len(self._inputs) >= 2:  # a big problem's inputs and reference take hundreds of MB
             self._inputs.popitem(last=False)
         seed = self._rng.randrange(1 << 62)
-        q, k, v = make_inputs(problem, "cuda", seed)
+        descales = None
+        if problem.dtype == "e4m3":
+            q, k, v, descales = fp8_inputs(problem, "cuda", seed)
+        else:
+            q, k, v = make_inputs(problem, "cuda", seed)
         scale = 1.0 / math.sqrt(problem.head_dim)
         lengths = problem.key_lengths() if problem.ragged else None
-        ref = expected_output(problem, q, k, v, scale, key_lengths=lengths)  # sampled rows at 128K
+        ref = expected_output(problem, q, k, v, scale, key_lengths=lengths, descales=descales)  # sampled rows at 128K
         entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
+        if descales is not None:
+            entry["descales"] = descales
         if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
             entry.update(paged_inputs(problem, k, v, seed))
         if lengths is not None:  # a ragged batch: each row's keys, read by the kernel on the GPU
@@ -197,7 +206,7 @@ class CudaRunner:
             torch.cuda.synchronize()
             if data["ref"].error(out) < TOLERANCE[problem.dtype]:
                 calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call)
-        for baseline in available_baselines(problem, q, k, v, scale):
+        for baseline in available_baselines(problem, q, k, v, scale, descales=data.get("descales")):
             if wanted is not None and baseline.name not in wanted:
                 continue
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
@@ -215,7 +224,8 @@ class CudaRunner:
         progress("prepare", True)
         data = self._problem_inputs(problem)
         take_counts()  # count this request's warnings only
-        found = available_baselines(problem, data["q"], data["k"], data["v"], data["scale"])
+        found = available_baselines(problem, data["q"], data["k"], data["v"], data["scale"],
+                                    descales=data.get("descales"))
         results = []
         for baseline in found:
             progress(f"{baseline.name}/time", True)
@@ -340,13 +350,20 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
 
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
     """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
-    ragged batch); `checked` validates the inputs first (the verify launch), else the launch alone (what
-    is timed)."""
+    ragged batch, an e4m3 problem's descales); `checked` validates the inputs first (the verify launch),
+    else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all."""
     q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
+    descales = data.get("descales")  # an e4m3 problem's Descales (a (q, k, v) tuple of [B, Hkv] float32)
     if "block_table" in data:
+        if descales is not None:
+            raise RequestError("a paged K/V cache has no FP8 launch: e4m3 problems are dense")
         kc, vc, table, lens = data["k_cache"], data["v_cache"], data["block_table"], data["seq_lens"]
         return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked)
     lens = data.get("seq_lens")  # a ragged batch's lengths (None: every row uses all Sk keys)
+    if descales is not None:
+        if checked:
+            return lambda: kernel(q, k, v, out, None, scale, seq_lens=lens, descales=descales)
+        return lambda: kernel.launch_unchecked(q, k, v, out, None, scale, lens, descales)
     if checked:
         return lambda: kernel(q, k, v, out, None, scale, seq_lens=lens)
     return lambda: kernel.launch_unchecked(q, k, v, out, None, scale, lens)

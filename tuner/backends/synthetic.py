@@ -79,9 +79,11 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
         run_id = store.start_run(synthetic_run_info(gpu_name, profile))
         for problem in problems:
             peak = prof.peak_tflops(problem.dtype)
+            # An e4m3 problem's baselines run in bf16 (tuner.runtime.baselines), at bf16's peak.
+            baseline_peak = prof.peak_tflops("bf16" if problem.dtype == "e4m3" else problem.dtype)
             skipped = sdpa_skipped(problem)  # as a GPU worker would: no SDPA where it cannot express the problem
             for impl, eff in ((i, e) for i, e in _BASELINES.items() if i not in skipped):
-                us = problem.flops / (peak * 1e12 * eff) * 1e6 + _LAUNCH_US
+                us = problem.flops / (baseline_peak * 1e12 * eff) * 1e6 + _LAUNCH_US
                 store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=impl, median_us=us,
                                                   p20_us=us * 0.99, p80_us=us * 1.01,
                                                   **synthetic_figures(impl + problem.label, us, energy, isolated)))

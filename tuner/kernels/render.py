@@ -11,6 +11,8 @@ from tuner.kernels.feasibility import resources
 from tuner.kernels.manifest import ParamValue, inline_headers, load_manifest
 from tuner.kernels.variant import Variant, validate_variant
 
+# A problem dtype as the template's `dtype` argument: its q/k/v element type (e4m3's output is bf16: the
+# template derives that itself).
 _CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3"}
 # Resources the launcher and feasibility act on, and the template constant
 # each must equal: a drift would hang a TMA copy or launch the wrong grid.

@@ -39,6 +39,7 @@ class GpuProfile:
     # section read by other modules), read-only.
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
     source: Path | None = field(default=None, compare=False, repr=False)
+    peak_fp8_tflops: float = 0.0  # dense FP8 (e4m3) tensor-core peak; 0: none (no FP8 tensor cores, e.g. A100)
 
     @property
     def arch(self) -> str:
@@ -51,11 +52,16 @@ class GpuProfile:
         return tuple(self.extra.get("templates", DEFAULT_TEMPLATES))
 
     def peak_tflops(self, dtype: str) -> float:
-        """Dense tensor-core peak for 'fp16' or 'bf16'."""
+        """Dense tensor-core peak for 'fp16', 'bf16' or 'e4m3' (the profile's optional peak_fp8_tflops)."""
         if dtype == "fp16":
             return self.peak_fp16_tflops
         if dtype == "bf16":
             return self.peak_bf16_tflops
+        if dtype == "e4m3" and self.peak_fp8_tflops > 0:
+            return self.peak_fp8_tflops
+        if dtype == "e4m3":
+            raise TunerError(f"GPU profile {self.name!r} gives no FP8 peak (peak_fp8_tflops; a card without FP8 "
+                             "tensor cores has none)")
         raise TunerError(f"no peak figure for dtype {dtype!r} in GPU profile {self.name!r}")
 
     def matches(self, device_name: str) -> bool:
@@ -81,6 +87,7 @@ class GpuProfile:
             "peak_fp16_tflops": self.peak_fp16_tflops,
             "peak_bf16_tflops": self.peak_bf16_tflops,
             "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+            **({"peak_fp8_tflops": self.peak_fp8_tflops} if self.peak_fp8_tflops else {}),
             "problems": [p.to_dict() for p in self.default_problems],
         }
 
@@ -100,6 +107,7 @@ _INT_FIELDS = (
     "l2_bytes",
 )
 _FLOAT_FIELDS = ("peak_fp16_tflops", "peak_bf16_tflops", "mem_bandwidth_gbs")
+_OPTIONAL_FLOAT_FIELDS = ("peak_fp8_tflops",)  # absent: 0 (the card has none)
 _STR_FIELDS = ("name", "display_name", "nvcc_arch")
 REQUIRED_KEYS = (
     "name",
@@ -219,6 +227,9 @@ def profile_from_dict(data: Mapping[str, Any], path: Path | str = "<profile>") -
         values[key] = check.integer(check.get(data, key), key)
     for key in _FLOAT_FIELDS:
         values[key] = check.number(check.get(data, key), key)
+    for key in _OPTIONAL_FLOAT_FIELDS:
+        if key in data:
+            values[key] = check.number(data[key], key)
 
     match = check.get(data, "match")
     if not isinstance(match, list) or not match:
@@ -256,7 +267,7 @@ def profile_from_dict(data: Mapping[str, Any], path: Path | str = "<profile>") -
     if not isinstance(templates, list) or not templates or not all(isinstance(t, str) and t for t in templates):
         raise check.fail("templates", f"must be a non-empty array of template names, got {templates!r}")
 
-    known = set(REQUIRED_KEYS)
+    known = set(REQUIRED_KEYS) | set(_OPTIONAL_FLOAT_FIELDS)
     values["extra"] = MappingProxyType({k: v for k, v in data.items() if k not in known})
     values["source"] = Path(path) if not str(path).startswith("<") else None
     return GpuProfile(**values)

@@ -18,7 +18,7 @@ from tuner.problem import Problem
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.nvtx import annotate, nvtx_available
-from tuner.runtime.verify import empty_output, make_inputs, ragged_seq_lens
+from tuner.runtime.verify import empty_output, fp8_inputs, make_inputs, ragged_seq_lens
 
 DEFAULT_LAUNCHES = 3
 
@@ -43,15 +43,20 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     if not built.ok:
         raise TunerError(f"{variant.name} does not compile for {arch}: {built.compiled.log.strip().splitlines()[-1:]}")
     kernel = built.load(device)
-    q, k, v = make_inputs(problem)
+    # An e4m3 problem's kernel takes its descales too (a 16-bit one's is called without them).
+    extra: dict[str, Any] = {}
+    if problem.dtype == "e4m3":
+        q, k, v, extra["descales"] = fp8_inputs(problem)
+    else:
+        q, k, v = make_inputs(problem)
     out = empty_output(q)
     # A ragged batch's lengths, as its trials ran (the work profiled is the work measured).
     lens = ragged_seq_lens(problem, q.device)
-    kernel(q, k, v, out, seq_lens=lens)
+    kernel(q, k, v, out, seq_lens=lens, **extra)
     torch.cuda.synchronize()
     for _ in range(launches):
         with annotate(nvtx_range):
-            kernel(q, k, v, out, seq_lens=lens)
+            kernel(q, k, v, out, seq_lens=lens, **extra)
     torch.cuda.synchronize()
     return variant.name
 

@@ -1,7 +1,10 @@
 """The baselines a tuned kernel is timed against in the same process, the same way: every torch SDPA
 backend that takes the problem, and FlashAttention-4 (`flash_attn.cute`, an optional extra) where it
 imports and takes the problem. A sliding window reaches SDPA as a boolean mask (its flash backend takes
-none); a softcap cannot reach SDPA at all (sdpa_skipped says so)."""
+none); a softcap cannot reach SDPA at all (sdpa_skipped says so). An e4m3 problem's SDPA and FA4 baselines
+run in bf16 on its dequantised inputs (the same real values): neither has an FP8 path on sm90 (FA4's sm90
+forward takes fp16/bf16 only), and "our FP8 kernel vs the best bf16 attention" is the question an FP8
+kernel answers; native FP8 baselines plug in at fp8_baselines."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import Any, Callable, Collection, Iterable, Optional
 from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import warnings_logged
+from tuner.errors import TunerError
+from tuner.runtime.fp8 import Descales, dequantized_inputs
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_call
 from tuner.runtime.verify import keys_kept
 
@@ -40,12 +45,16 @@ def sdpa_skipped(problem: Problem) -> dict[str, str]:
 
 
 def missing_baselines_note(problem: Problem) -> Optional[str]:
-    """One line naming the SDPA baselines `problem` cannot have, and why (None: every backend is tried)."""
+    """One line naming the SDPA baselines `problem` cannot have, and why, and for e4m3 that the baselines
+    run in bf16 (None: every backend is tried on the problem's own dtype)."""
+    notes = []
     skipped = sdpa_skipped(problem)
-    if not skipped:
-        return None
-    names = "SDPA" if set(skipped) == set(SDPA_BACKENDS) else ", ".join(skipped)
-    return f"no {names} baseline: {'; '.join(dict.fromkeys(skipped.values()))}"
+    if skipped:
+        names = "SDPA" if set(skipped) == set(SDPA_BACKENDS) else ", ".join(skipped)
+        notes.append(f"no {names} baseline: {'; '.join(dict.fromkeys(skipped.values()))}")
+    if problem.dtype == "e4m3":
+        notes.append("no FP8 SDPA or FA4: they run in bf16 on the dequantised inputs")
+    return "; ".join(notes) or None
 
 
 def sdpa_mask(problem: Problem, device: Any) -> Any:
@@ -173,12 +182,31 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
     return Baseline(FA4, run, None)
 
 
+def fp8_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None, descales: Descales) -> list[Baseline]:
+    """Baselines that run an e4m3 problem in FP8 itself, on its fp8 q, k, v and descales (available_baselines
+    adds them after the bf16 ones). None yet: a cuDNN FP8 baseline, in a module of its own, returns here.
+    That module must not import this one (an import cycle): it gives its call (None where it cannot take
+    the problem), wrapped here as Baseline(name, call, None); its name must differ from the bf16 ones'
+    (SDPA_BACKENDS, FA4), which the store keeps as they are."""
+    return []
+
+
 def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
-                        fa4: bool = True) -> list[Baseline]:
+                        fa4: bool = True, descales: Optional[Descales] = None) -> list[Baseline]:
     """Every SDPA backend that runs this problem on this card, and FlashAttention-4 where it runs it
     (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA). A ragged batch or
     a sliding window goes to SDPA as a mask of the keys each query sees (what a model passes it); FA4's
-    dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried."""
+    dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried. An e4m3 problem
+    (fp8 q, k, v) needs its `descales`: SDPA and FA4 get the dequantised values in bf16 (copies made
+    here, outside the timed calls), then come fp8_baselines."""
+    native: list[Baseline] = []
+    if problem.dtype == "e4m3":
+        if descales is None:
+            raise TunerError("the baselines of an e4m3 problem need the descales of its q, k and v (fp8_inputs)")
+        import torch
+
+        native = fp8_baselines(problem, q, k, v, scale, descales)
+        q, k, v = dequantized_inputs(q, k, v, descales, torch.bfloat16)
     skipped = sdpa_skipped(problem)
     mask = sdpa_mask(problem, q.device) if len(skipped) < len(SDPA_BACKENDS) else None
     found = []
@@ -192,4 +220,4 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
     window = (problem.window_left, problem.window_right)
     extra = fa4_baseline(q, k, v, problem.causal, scale, window, problem.softcap) \
         if fa4 and not problem.ragged else None
-    return found + ([extra] if extra is not None else [])
+    return found + ([extra] if extra is not None else []) + native

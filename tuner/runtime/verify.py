@@ -6,10 +6,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from tuner.errors import TunerError
 from tuner.problem import Problem
+# The FP8 helpers live in tuner.runtime.fp8; Descales and dequantized are this module's API too.
+from tuner.runtime.fp8 import Descales, dequantized, dequantized_inputs, quantize  # noqa: F401
 
 # Relative L2 error allowed against the fp32 reference (README, "How a trial runs").
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
+# e4m3: the reference runs on the exact dequantised inputs, so the kernel's own rounding is what shows, and
+# most of it is P: the kernel quantises the softmax probabilities to e4m3 before P.V. Three mantissa bits
+# round each p by up to 2^-4 of itself, about 0.03 rms (relative); the output is a p-weighted mean of the
+# rows of V, so its relative L2 error is about that rms again (the largest p is exact, so a peaked row errs
+# less). The bf16 output adds ~2^-9, the fp8 MMAs' accumulation less. Probabilities below e4m3's smallest
+# normal round coarser: FlashAttention-3 scales P by 2^8 before converting (softmax.h, Max_offset = 8) so
+# that they stay normal. Simulated on a CPU (tests/test_fp8_inputs.py): 0.017-0.027 with that offset from
+# Sk 256 to 128K; without it 0.02 at Sk 256 rising to 0.039 at 128K, close to the limit. 5e-2 leaves ~1.8x
+# room over the offset kernel; a wrong descale is off by 0.4 or more.
+TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "e4m3": 5e-2}
 # Past this many scores per (batch, head) (Sq x Sk; 32768^2), the fp32 reference covers sampled query rows
 # only: at 131072^2 one head's scores alone are 64 GiB.
 FULL_REFERENCE_SCORES = 1 << 30
@@ -17,18 +29,51 @@ SAMPLED_BLOCK = 256  # query rows in each sampled block: the first, two in the m
 
 
 def torch_dtype(dtype: str) -> Any:
+    """The torch dtype of a problem's q, k and v (e4m3: torch.float8_e4m3fn; its output is bf16)."""
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
 
 
 def make_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any]:
-    """Fresh random q, k, v as logical [B, H, S, D] views in the problem's layout."""
+    """Fresh random q, k, v as logical [B, H, S, D] views in the problem's layout. For e4m3 they are
+    fp8_inputs' fp8 tensors without their descales: where a kernel or the reference runs, use fp8_inputs."""
+    if problem.dtype == "e4m3":
+        return fp8_inputs(problem, device, seed)[:3]
+    return _draw(problem, device, _generator(device, seed), torch_dtype(problem.dtype))
+
+
+def fp8_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any, Descales]:
+    """Fresh random e4m3 q, k, v (layout as make_inputs) and their float32 Descales [B, Hkv]: normal data,
+    each (batch row, K/V head) scaled by 2^u (u uniform in [-1, 1]) so that the descales differ (a kernel
+    reading the wrong one fails verification), quantised with descale = amax / 448 per (batch row, K/V
+    head), over the group's q heads for q (tuner.runtime.fp8.quantize)."""
+    import torch
+
+    if problem.dtype != "e4m3":
+        raise TunerError(f"fp8_inputs makes e4m3 inputs, not {problem.dtype} ones (use make_inputs)")
+    gen = _generator(device, seed)
+    group = problem.heads // problem.heads_kv
+    tensors = []
+    for t, heads_per_kv in zip(_draw(problem, device, gen, torch.float32), (group, 1, 1)):
+        magnitude = 2.0 ** (torch.rand(problem.batch, problem.heads_kv, device=device, generator=gen) * 2 - 1)
+        t.mul_(magnitude.repeat_interleave(heads_per_kv, dim=1)[:, :, None, None])
+        tensors.append(quantize(t, heads_per_kv))
+    (q, dq), (k, dk), (v, dv) = tensors
+    return q, k, v, Descales(dq, dk, dv)
+
+
+def _generator(device: str, seed: int | None) -> Any:
     import torch
 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else torch.seed())
-    dt = torch_dtype(problem.dtype)
+    return gen
+
+
+def _draw(problem: Problem, device: str, gen: Any, dt: Any) -> tuple[Any, Any, Any]:
+    """Normal q, k, v in dtype `dt` drawn from `gen`, as [B, H, S, D] views of the problem's layout."""
+    import torch
 
     def tensor(heads: int, seq: int) -> Any:
         if problem.layout == "bshd":
@@ -68,10 +113,13 @@ def paged_cache(t: Any, page: int, table: Any) -> Any:
 
 
 def empty_output(q: Any) -> Any:
-    """An output laid out like q (BSHD stays BSHD), poisoned with NaN so unwritten elements show."""
+    """An output laid out like q (BSHD stays BSHD), poisoned with NaN so unwritten elements show; in q's
+    dtype, bf16 for an fp8 q (an e4m3 problem's output)."""
     import torch
 
-    out = torch.empty_like(q)  # empty_like preserves q's strides for dense permuted tensors
+    fp8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    # empty_like preserves q's strides for dense permuted tensors
+    out = torch.empty_like(q, dtype=torch.bfloat16) if fp8 else torch.empty_like(q)
     out.fill_(float("nan"))
     return out
 
@@ -175,8 +223,13 @@ class Expected:
 
 
 def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
-                    key_lengths: Sequence[int] | None = None) -> Expected:
-    """The problem's reference, on sampled rows where every row would not fit (sampled_rows, by Sq x Sk)."""
+                    key_lengths: Sequence[int] | None = None, descales: Descales | None = None) -> Expected:
+    """The problem's reference, on sampled rows where every row would not fit (sampled_rows, by Sq x Sk).
+    An e4m3 problem's (fp8 q, k, v) needs their `descales`: its reference runs on the dequantised values."""
+    if problem.dtype == "e4m3":
+        if descales is None:
+            raise TunerError("the reference of an e4m3 problem needs the descales of its q, k and v (fp8_inputs)")
+        q, k, v = dequantized_inputs(q, k, v, descales)
     rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
     return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)
 
