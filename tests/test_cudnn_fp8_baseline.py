@@ -165,6 +165,18 @@ def test_reason_when_the_frontend_is_not_installed(fake, monkeypatch) -> None:
     assert "nvidia-cudnn-frontend" in cf.MISSING
 
 
+def test_reason_when_the_frontend_is_there_but_does_not_load(fake, monkeypatch, tmp_path) -> None:
+    package = tmp_path / "site" / "cudnn"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('GLIBCXX_3.4.32 not found (required by _compiled_module)')")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "cudnn")
+    q, k, v = _qkv()
+    assert cf.cudnn_fp8_baseline(q, k, v, _descales(), causal=False) == (
+        "cuDNN frontend does not import here: ImportError: GLIBCXX_3.4.32 not found (required by _compiled_module)")
+    sys.modules.pop("cudnn", None)
+
+
 def test_reason_when_cudnn_declines_the_graph(fake) -> None:
     module, _ = fake
     module.declined_out = {"FP8_E4M3"}

@@ -159,10 +159,10 @@ def _import_cudnn() -> Any:
 
     try:
         import cudnn
-    except ImportError:
-        return MISSING
-    except Exception as exc:  # its compiled module or libcudnn does not load
-        return f"cuDNN frontend does not import here: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # not installed; or its compiled module, or libcudnn, does not load
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "cudnn":
+            return MISSING
+        return f"cuDNN frontend does not import here: {type(exc).__name__}: {_brief(exc)}"
     return cudnn
 
 
