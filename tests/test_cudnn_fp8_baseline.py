@@ -217,3 +217,17 @@ def test_cpu_tensors_are_not_a_baseline(monkeypatch) -> None:
     q, k, v = _qkv()
     assert cf.device_capability(q) is None
     assert cf.cudnn_fp8_baseline(q, k, v, _descales(), causal=False) == "cuDNN FP8 attention needs CUDA tensors"
+
+
+def test_an_e4m3_problem_gets_cudnn_fp8_after_its_bf16_baselines(fake) -> None:
+    """fp8_baselines wires it in for a plain dense e4m3 problem, not where the graph cannot take the mask."""
+    from tuner.problem import Problem
+    from tuner.runtime.baselines import fp8_baselines
+
+    q, k, v = _qkv()
+    plain = Problem(2, 8, 64, 64, 128, dtype="e4m3", heads_kv=2)
+    found = fp8_baselines(plain, q, k, v, None, _descales())
+    assert [b.name for b in found] == ["cudnn_fp8"] and found[0].backend is None
+    for masked in (Problem(2, 8, 64, 64, 128, dtype="e4m3", heads_kv=2, causal=True, window_left=16),
+                   Problem(2, 8, 64, 64, 128, dtype="e4m3", heads_kv=2, softcap=30.0)):
+        assert fp8_baselines(masked, q, k, v, None, _descales()) == []

@@ -14,7 +14,8 @@ import pytest
 from tuner.kernels.feasibility import covering_sample, feasible_space
 from tuner.problem import Problem
 from tuner.runtime.build import build_many
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, problem_reference, relative_error
+from tuner.runtime.fp8 import dequantized_inputs
+from tuner.runtime.verify import TOLERANCE, empty_output, fp8_inputs, make_inputs, problem_reference, relative_error
 
 
 def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:
@@ -32,11 +33,16 @@ def assert_variants_match_reference(variants: list, problem: Problem, profile) -
     for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
         assert built.ok, f"{variant.name} failed to compile:\n{built.compiled.log[-2000:]}"
         kernel = built.load()
-        q, k, v = make_inputs(problem)
-        ref, ref_lse = problem_reference(problem, q, k, v, scale)
+        if problem.dtype == "e4m3":  # the reference on the dequantised values, the kernel given the descales
+            q, k, v, descales = fp8_inputs(problem)
+            ref, ref_lse = problem_reference(problem, *dequantized_inputs(q, k, v, descales), scale)
+        else:
+            q, k, v = make_inputs(problem)
+            descales = None
+            ref, ref_lse = problem_reference(problem, q, k, v, scale)
         out = empty_output(q)  # NaN-poisoned
         lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
-        kernel(q, k, v, out, lse, scale)
+        kernel(q, k, v, out, lse, scale, descales=descales)
         torch.cuda.synchronize()
         assert out.stride() == q.stride()
         err = relative_error(out, ref)

@@ -11,7 +11,7 @@ from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.verify import empty_output, make_inputs
+from tuner.runtime.verify import empty_output, fp8_inputs, make_inputs
 
 CASES = {
     "mma": [
@@ -25,6 +25,9 @@ CASES = {
         ("attn_fwd_wgmma_d128_bf16_m64n64_s2_sw32_r24", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
         ("attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_pp_causal", Problem(1, 2, 260, 200, 128, causal=True)),
         ("attn_fwd_wgmma_d64_fp16_m128n64_s3_sw64_r24_ov_pp_p_causal", Problem(2, 3, 700, 300, 64, causal=True)),
+        ("attn_fwd_wgmma_d128_e4m3_m128n192_s2_sw64_r24_ov_pp", Problem(1, 4, 300, 333, 128, dtype="e4m3", heads_kv=2)),
+        ("attn_fwd_wgmma_d64_e4m3_m128n128_s3_sw64_r24_ov_pp_p_causal", Problem(2, 2, 700, 300, 64, dtype="e4m3",
+                                                                               causal=True)),
     ],
     "decode": [
         ("attn_decode_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
@@ -46,10 +49,10 @@ for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     built = build(variant, arch)
     assert built.ok, built.compiled.log
     kernel = built.load()
-    q, k, v = make_inputs(problem)
+    q, k, v, descales = fp8_inputs(problem) if problem.dtype == "e4m3" else (*make_inputs(problem), None)
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")
-    kernel(q, k, v, out, lse)
+    kernel(q, k, v, out, lse, descales=descales)
     if built.shape.splits:  # decode kernels: ragged lengths, then a paged cache (16-row pages, shuffled)
         lens = torch.arange(problem.batch, dtype=torch.int32, device="cuda") * 7 + 1
         kernel(q, k, v, out, seq_lens=lens)

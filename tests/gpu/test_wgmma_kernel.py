@@ -36,7 +36,36 @@ PROBLEMS = [
     Problem(1, 2, 257, 257, 256, dtype="bf16", causal=True, softcap=50.0),
     Problem(2, 4, 300, 300, 128, dtype="bf16", layout="bshd", softcap=5.0),  # strong capping
     Problem(1, 4, 700, 700, 96, causal=True, window_left=200, softcap=30.0, heads_kv=2),
+    # FP8 (e4m3): V transposed by the launcher (tails past a multiple of 16 keys), descales per (batch, K/V head).
+    Problem(2, 4, 1000, 1000, 128, dtype="e4m3"),
+    Problem(2, 8, 777, 1500, 128, dtype="e4m3", causal=True, heads_kv=2),
+    Problem(1, 4, 300, 200, 64, dtype="e4m3", causal=True, layout="bshd"),  # rows that see no key
+    Problem(1, 2, 257, 257, 256, dtype="e4m3", heads_kv=1),
+    Problem(1, 4, 333, 333, 96, dtype="e4m3"),
+    Problem(1, 4, 600, 600, 128, dtype="e4m3", causal=True, window_left=100, softcap=30.0, heads_kv=2),
 ]
+
+
+def test_v_transpose_puts_the_keys_in_p_fragment_order(hopper) -> None:
+    """fc_v_transpose_e4m3 against torch's permute of the same bytes: V [B, Hkv, Sk, D] (BHSD or BSHD
+    strides) to V^T [B, Hkv, D, Sk rounded up to 16], the keys of every 16 as 0 1 8 9 2 3 10 11 ..., zeros
+    past Sk."""
+    import torch
+
+    from tuner.kernels.variant import parse_variant_name
+    from tuner.runtime.build import build
+    from tuner.runtime.shipped.fp8 import VTransposer
+
+    built = build(parse_variant_name("attn_fwd_wgmma_d128_e4m3_m128n128_s2_sw128_r24_ov_pp"), hopper.nvcc_arch)
+    transpose = VTransposer(built.compiled.cubin, 0)
+    for b, h, s, d in ((2, 3, 1000, 128), (1, 2, 77, 96), (2, 2, 4096, 256), (1, 1, 1, 64)):
+        v = torch.randn(b, h, s, d, device="cuda").to(torch.float8_e4m3fn)
+        s16 = -(-s // 16) * 16
+        x = torch.nn.functional.pad(v.view(torch.uint8), (0, 0, 0, s16 - s))
+        want = x.view(b, h, s16 // 16, 2, 4, 2, d).permute(0, 1, 6, 2, 4, 3, 5).reshape(b, h, d, s16)
+        assert torch.equal(transpose(v).view(torch.uint8), want)
+        bshd = v.transpose(1, 2).contiguous().transpose(1, 2)
+        assert torch.equal(transpose(bshd).view(torch.uint8), want)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)

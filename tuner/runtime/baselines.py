@@ -17,6 +17,7 @@ from typing import Any, Callable, Collection, Iterable, Optional
 from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import warnings_logged
+from tuner.runtime.cudnn_fp8 import cudnn_fp8_baseline
 from tuner.errors import TunerError
 from tuner.runtime.fp8 import Descales, dequantized_inputs
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_call
@@ -184,11 +185,12 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
 
 def fp8_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None, descales: Descales) -> list[Baseline]:
     """Baselines that run an e4m3 problem in FP8 itself, on its fp8 q, k, v and descales (available_baselines
-    adds them after the bf16 ones). None yet: a cuDNN FP8 baseline, in a module of its own, returns here.
-    That module must not import this one (an import cycle): it gives its call (None where it cannot take
-    the problem), wrapped here as Baseline(name, call, None); its name must differ from the bf16 ones'
-    (SDPA_BACKENDS, FA4), which the store keeps as they are."""
-    return []
+    adds them after the bf16 ones): cuDNN's FP8 forward where its frontend imports and takes the problem
+    (tuner.runtime.cudnn_fp8; per-tensor descales, the [0, 0] elements: the same work, a timing baseline)."""
+    if problem.ragged or problem.local or problem.softcap:
+        return []  # its graph is a plain dense call: no key lengths, window or softcap
+    found = cudnn_fp8_baseline(q, k, v, descales, problem.causal, scale)
+    return [] if isinstance(found, str) else [Baseline(found[0], found[1], None)]
 
 
 def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
