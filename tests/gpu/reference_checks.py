@@ -14,7 +14,15 @@ import pytest
 from tuner.kernels.feasibility import covering_sample, feasible_space
 from tuner.problem import Problem
 from tuner.runtime.build import build_many
-from tuner.runtime.verify import TOLERANCE, empty_output, make_inputs, problem_reference, relative_error
+from tuner.runtime.verify import (
+    TOLERANCE,
+    dequantized_inputs,
+    empty_output,
+    fp8_inputs,
+    make_inputs,
+    problem_reference,
+    relative_error,
+)
 
 
 def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:
@@ -25,18 +33,24 @@ def sample_variants(template: str, problem: Problem, profile, extra: int = 3) ->
 
 
 def assert_variants_match_reference(variants: list, problem: Problem, profile) -> None:
-    """Each variant, on fresh inputs, writes every output element and lse within tolerance of fp32."""
+    """Each variant, on fresh inputs, writes every output element and lse within tolerance of fp32 (e4m3:
+    fp8 inputs with their descales, against the fp32 reference of their real values)."""
     import torch
 
     scale = 1.0 / math.sqrt(problem.head_dim)
     for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
         assert built.ok, f"{variant.name} failed to compile:\n{built.compiled.log[-2000:]}"
         kernel = built.load()
-        q, k, v = make_inputs(problem)
-        ref, ref_lse = problem_reference(problem, q, k, v, scale)
-        out = empty_output(q)  # NaN-poisoned
+        extra = {}  # an e4m3 problem's kernel takes its descales; the reference, the real values
+        if problem.dtype == "e4m3":
+            q, k, v, extra["descales"] = fp8_inputs(problem)
+            ref, ref_lse = problem_reference(problem, *dequantized_inputs(q, k, v, extra["descales"]), scale)
+        else:
+            q, k, v = make_inputs(problem)
+            ref, ref_lse = problem_reference(problem, q, k, v, scale)
+        out = empty_output(q)  # NaN-poisoned (bf16 for fp8 q)
         lse = torch.full((problem.batch, problem.heads, problem.seq_q), float("nan"), device="cuda")
-        kernel(q, k, v, out, lse, scale)
+        kernel(q, k, v, out, lse, scale, **extra)
         torch.cuda.synchronize()
         assert out.stride() == q.stride()
         err = relative_error(out, ref)
