@@ -1,45 +1,21 @@
 """e4m3 in names: variant names, their tunables part, stored params and study names read back, and a
-template's source renders for it. A test-only copy of the Hopper manifest that declares e4m3 stands in for
-a template with an FP8 path (found through TUNER_TEMPLATE_PATH)."""
+template's source renders for it (the Hopper template, which has an FP8 path)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.assets import asset_dir
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
 from tuner.kernels.variant import Variant, full_name, parse_variant_name, short_name
 from tuner.problem import DTYPES, Problem
 from tuner.search.samplers import study_name
 
-PROBE = "attn_fp8_probe"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fp8_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """attn_fwd_wgmma's manifest and source under another name, its dtypes with e4m3."""
-    folder = tmp_path_factory.mktemp("fp8-templates")
-    shipped = asset_dir("kernel_templates")
-    text = (shipped / "attn_fwd_wgmma.toml").read_text()
-    for old, new in (('name = "attn_fwd_wgmma"', f'name = "{PROBE}"'),
-                     ('source = "attn_fwd_wgmma.cu"', f'source = "{PROBE}.cu"'),
-                     ('dtypes = ["fp16", "bf16"]', 'dtypes = ["fp16", "bf16", "e4m3"]')):
-        assert old in text, old
-        text = text.replace(old, new)
-    (folder / f"{PROBE}.toml").write_text(text)
-    (folder / f"{PROBE}.cu").write_text((shipped / "attn_fwd_wgmma.cu").read_text())
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TUNER_TEMPLATE_PATH", str(Path(folder)))
-        load_manifest.cache_clear()
-        yield PROBE
-    load_manifest.cache_clear()
+PROBE = "attn_fwd_wgmma"  # the Hopper template: it declares e4m3
 
 
 @st.composite
