@@ -263,6 +263,75 @@ def test_without_fallback_a_cpu_fp8_call_names_the_device(fp8_export) -> None:
         mod.attention(q, k, v, fallback="cudnn", **scales)
 
 
+class _StandIn:
+    """An e4m3 kernel stand-in on the CPU: records how it is launched and writes the dequantised SDPA result."""
+
+    def __init__(self, mod, fits: bool = True) -> None:
+        self.mod, self.fits, self.calls = mod, fits, []
+        self.entry = "stand_in"
+        self.shape = mod._runtime.launcher.LaunchShape(128, 384, 0, descales=True, fp8=True)
+
+    def _run(self, how, q, k, v, out, scale, descales) -> None:
+        self.calls.append((how, descales))
+        fp8 = self.mod._runtime.fp8_call
+        out.copy_(self.mod._runtime.api._sdpa(*fp8.dequantised(q, k, v, descales), False, scale))
+
+    def __call__(self, q, k, v, out, lse=None, scale=None, check=True, seq_lens=None, descales=None) -> None:
+        assert check and lse is None and seq_lens is None
+        self._run("checked", q, k, v, out, scale, descales)
+
+    def launch_if_fit(self, q, k, v, out, lse=None, scale=None, seq_lens=None, descales=None) -> bool:
+        if self.fits:
+            self._run("fast", q, k, v, out, scale, descales)
+        return self.fits
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_the_fp8_dispatch_path_with_a_stand_in_kernel(fp8_export, monkeypatch, routed) -> None:
+    """CPU tensors standing in for CUDA ones: the first call resolves, checks and runs the e4m3 kernel with the
+    descales (bf16 out), the next takes the cached fast path; its descales are still checked; a 16-bit call of
+    the same shape and an FP8 call without descales never reach the e4m3 kernel; a routed cell dequantises."""
+    import torch
+
+    _, _, mod, _ = fp8_export
+    fp8 = mod._runtime.fp8_call
+    kernel = _StandIn(mod)
+    chosen = []
+    monkeypatch.setattr(fp8, "check_attention_tensors", lambda *args: None)  # the device check: CPU here
+    monkeypatch.setattr(fp8, "choose_kernel", lambda q, key: (chosen.append(key), None if routed else kernel)[1])
+    monkeypatch.setattr(fp8, "_fp8_cache", {})
+    q, k, v, scales = _qkv(h=8, hkv=2)
+    descales = tuple(scales.values())
+    want = mod._runtime.api._sdpa(*fp8.dequantised(q, k, v, descales), False, None)
+    for _ in range(2):
+        out = mod.attention(q, k, v, **scales)
+        assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    assert [key.dtype for key in chosen] == ["e4m3"]  # resolved once, then the cache
+    assert kernel.calls == ([] if routed else [("checked", descales), ("fast", descales)])
+    (device, cached), = fp8._fp8_cache.values()
+    assert device == q.get_device() and cached is (None if routed else kernel)
+    with pytest.raises(mod.AttentionInputError, match="v_descale must be a contiguous float32"):
+        mod.attention(q, k, v, **{**scales, "v_descale": scales["v_descale"][:1]})
+    with pytest.raises(mod.AttentionInputError, match="need q_descale, k_descale and v_descale"):
+        mod.attention(q, k, v)
+    with pytest.raises(mod.AttentionInputError, match="must be a CUDA tensor"):
+        mod.attention(q.bfloat16(), k.bfloat16(), v.bfloat16())  # the 16-bit path, its own checks
+    assert len(kernel.calls) == (0 if routed else 2)
+
+
+def test_a_layout_the_kernel_does_not_fit_goes_the_slow_checked_way(fp8_export, monkeypatch) -> None:
+    _, _, mod, _ = fp8_export
+    fp8 = mod._runtime.fp8_call
+    kernel = _StandIn(mod, fits=False)
+    monkeypatch.setattr(fp8, "check_attention_tensors", lambda *args: None)
+    monkeypatch.setattr(fp8, "choose_kernel", lambda q, key: kernel)
+    monkeypatch.setattr(fp8, "_fp8_cache", {})
+    q, k, v, scales = _qkv()
+    for _ in range(2):
+        mod.attention(q, k, v, **scales)
+    assert [how for how, _ in kernel.calls] == ["checked", "checked"]  # launch_if_fit said no: the checked call
+
+
 # --- the dequantising fallback ----------------------------------------------------------------
 
 
