@@ -43,7 +43,7 @@ def _key(p: Problem) -> Key:
 problems = st.builds(
     lambda b, hkv, g, s, d, dt, c: Problem(b, hkv * g, s, s, d, dtype=dt, causal=c, heads_kv=hkv),
     st.integers(1, 32), st.sampled_from([1, 2, 8]), st.sampled_from([1, 4]), st.integers(1, 20000),
-    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16"]), st.booleans())
+    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16", "e4m3"]), st.booleans())
 
 
 @settings(max_examples=60, deadline=None)

@@ -177,7 +177,7 @@ def test_cuda_inputs_it_cannot_take(package) -> None:
     with torch.no_grad():
         with pytest.raises(mod.AttentionInputError, match="rank 4"):
             mod.attention(q[0], k[0], v[0])
-        with pytest.raises(mod.AttentionInputError, match="float16 or bfloat16 like q"):
+        with pytest.raises(mod.AttentionInputError, match="float8_e4m3fn like q"):
             mod.attention(q, k.bfloat16(), v)
         q80 = torch.randn(1, 2, 64, 80, device="cuda", dtype=torch.float16)
         with pytest.raises(mod.AttentionInputError, match="head dim 80 is not supported"):
@@ -395,9 +395,8 @@ def test_export_check_measures_every_cell_and_calls_follow_it(searched, gpu_prof
         torch.cuda.synchronize()
         ref, _ = reference(q, k, v, problem.causal)
         assert relative_error(out, ref) < 2 * TOLERANCE[problem.dtype], r["problem_label"]
-        hit = mod._runtime.api._cache[(q.dtype, problem.head_dim, problem.causal, problem.heads // problem.heads_kv,
-                               (problem.seq_q - 1).bit_length(), (problem.seq_k - 1).bit_length(),
-                               (problem.batch * problem.heads - 1).bit_length())]
+        hit = mod._runtime.api._cache[mod._runtime.choice.cell(q.dtype, q.shape, k.shape, problem.causal,
+                                                               (-1, -1, 0.0))]
         assert (hit[1] is None) == (r["route"] == "sdpa"), r["problem_label"]
         assert "export --check" in str(mod.explain(q, k, v, causal=problem.causal))
 
@@ -615,3 +614,181 @@ def test_the_package_runs_on_two_cards(package) -> None:
     run = _run_fresh(mod, [0, 1])
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert run.stdout.startswith("ok 4 threads"), run.stdout
+
+
+# --- FP8 (e4m3) -------------------------------------------------------------------------------------------
+
+FP8 = Problem(2, 16, 2048, 2048, 128, dtype="e4m3", causal=True, heads_kv=4)
+FP8_PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=False, PINGPONG=False, PRODUCER_REGS=24,
+                  PERSISTENT=False)
+FP8_CASES = [
+    FP8,                                                                        # tuned
+    Problem(1, 32, 3000, 3000, 128, dtype="e4m3", causal=True, heads_kv=16),    # another group, between buckets
+    Problem(2, 8, 300, 777, 128, dtype="e4m3", causal=True, heads_kv=2),        # causal Sq < Sk
+    Problem(1, 16, 1, 4096, 128, dtype="e4m3", causal=True, heads_kv=4),        # one query
+    Problem(2, 16, 1000, 1000, 128, dtype="e4m3", causal=True, heads_kv=4, layout="bshd"),  # BSHD
+]
+
+
+@pytest.fixture(scope="module")
+def fp8_package(hopper, tmp_path_factory):
+    """(module, e4m3 kernel name, store url, folder) of an export of a store holding one e4m3 trial of FP8 as
+    `tuner search` stores it (the variant built here, its cubin's sha256; made-up timings): the FP8 export path
+    end to end, whether or not this branch's search runs e4m3 yet."""
+    from tuner.export.run import ExportOptions, export
+    from tuner.kernels.manifest import load_manifest
+    from tuner.kernels.variant import Variant
+    from tuner.runtime.build import build
+    from tuner.status import TrialStatus
+    from tuner.store import RunInfo, TrialRecord, open_store
+
+    base = tmp_path_factory.mktemp("fp8_export_gpu")
+    url = f"sqlite:///{base / 'results.db'}"
+    variant = Variant("attn_fwd_wgmma", FP8.head_dim, FP8.dtype, FP8.causal, FP8_PARAMS)
+    built = build(variant, hopper.nvcc_arch)
+    assert built.ok, built.compiled.log[-3000:]
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name="test", profile=hopper.name, host="test"))
+        store.add_trial(TrialRecord(
+            run_id=run, problem=FP8, template=variant.template, template_hash=load_manifest(variant.template).source_hash,
+            params=variant.stored_params(), variant_name=variant.name, status=TrialStatus.OK, median_us=100.0,
+            rel_error=2e-2, cubin_sha256=built.compiled.cubin_sha256))
+        store.finish_run(run)
+    name = f"fp8_gpu_{uuid.uuid4().hex[:8]}"
+    export(ExportOptions(gpu=hopper.name, out=base / name, db_url=url))
+    sys.path.insert(0, str(base / name))
+    try:
+        return importlib.import_module(name), variant.name, url, base
+    finally:
+        sys.path.remove(str(base / name))
+
+
+def _fp8_call(problem: Problem, seed: int):
+    """(q, k, v, descales as attention()'s keywords, fp32 reference on the real values)."""
+    from tuner.export.check_fp8 import fp8_inputs, real_values
+
+    q, k, v, descales = fp8_inputs(problem, "cuda", seed)
+    ref, _ = reference(*real_values(q, k, v, descales), problem.causal)
+    return q, k, v, dict(zip(("q_descale", "k_descale", "v_descale"), descales)), ref
+
+
+def _cuda_kernels(call) -> set[str]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("problem", FP8_CASES, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
+def test_fp8_attention_runs_the_e4m3_kernel_within_its_tolerance(fp8_package, problem: Problem) -> None:
+    """float8_e4m3fn q, k, v with their descales: the exported e4m3 kernel runs (not the fallback: the
+    profiler sees it and its V transpose), returns bf16 laid out like q, within 5e-2 of the fp32 reference on
+    the dequantised inputs, on the first (checked) call and on the cached fast path."""
+    import torch
+
+    from tuner.export.check_fp8 import tolerance
+
+    mod, kernel, _, _ = fp8_package
+    q, k, v, scales, ref = _fp8_call(problem, seed=1)
+    ex = mod.explain(q, k, v, causal=True, **scales)
+    assert ex.kernel == kernel and ex.error is None, str(ex)
+    outs = []
+    with torch.no_grad():
+        names = _cuda_kernels(lambda: outs.append(mod.attention(q, k, v, causal=True, **scales)))
+        outs.append(mod.attention(q, k, v, causal=True, **scales))  # the fast path
+    torch.cuda.synchronize()
+    assert kernel in names and "fc_v_transpose_e4m3" in names, sorted(names)[:20]
+    for out in outs:
+        assert out.dtype == torch.bfloat16 and out.stride() == torch.empty_like(q, dtype=torch.bfloat16).stride()
+        err = relative_error(out, ref)
+        print(f"\n{problem.label} {problem.layout}: e4m3 kernel rel error {err:.2e}")
+        assert err < tolerance("e4m3"), f"{problem.label}: {err:.2e}\n{ex}"
+
+
+def test_fp8_calls_without_a_kernel_fall_back_on_dequantised_inputs(fp8_package) -> None:
+    """A window (no e4m3 kernel has one) and seq_lens (no decode kernel takes e4m3) run the fallback on bf16
+    dequantised inputs with fallback='sdpa'; a window without it raises; bad descales raise on the fast path."""
+    import torch
+
+    from tuner.export.check_fp8 import real_values, tolerance
+
+    mod, _, _, _ = fp8_package
+    q, k, v, scales, _ = _fp8_call(FP8, seed=2)
+    real = real_values(q, k, v, tuple(scales.values()))
+    with torch.no_grad():
+        with pytest.raises(mod.AttentionInputError, match="window"):
+            mod.attention(q, k, v, causal=True, window_size=(255, 0), **scales)
+        out = mod.attention(q, k, v, causal=True, window_size=(255, 0), fallback="sdpa", **scales)
+        assert relative_error(out, reference(*real, True, window=(255, -1))[0]) < tolerance("e4m3")
+        lens = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
+        out = mod.attention(q, k, v, causal=True, seq_lens=lens, **scales)
+        assert relative_error(out, reference(*real, True, key_lengths=[700, 2048])[0]) < tolerance("e4m3")
+        mod.attention(q, k, v, causal=True, **scales)  # the cell is cached now
+        with pytest.raises(mod.AttentionInputError, match="q_descale must be a contiguous float32"):
+            mod.attention(q, k, v, causal=True, **{**scales, "q_descale": scales["q_descale"].half()})
+        with pytest.raises(mod.AttentionInputError, match="need q_descale, k_descale and v_descale"):
+            mod.attention(q, k, v, causal=True)
+
+
+def test_fp8_attention_under_torch_compile_and_in_a_cuda_graph(fp8_package) -> None:
+    """torch.compile traces the FP8 call (custom op with the descales) and runs the kernel; a captured call
+    replays on new values and descales copied into the captured tensors."""
+    import torch
+
+    from tuner.export.check_fp8 import tolerance
+
+    mod, kernel, _, _ = fp8_package
+    q, k, v, scales, ref = _fp8_call(FP8, seed=3)
+
+    def step(q, k, v, qd, kd, vd):
+        return mod.attention(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd) * 2.0
+
+    args = (q, k, v, *scales.values())
+    compiled = torch.compile(step, fullgraph=True)
+    with torch.no_grad():
+        got = []
+        names = _cuda_kernels(lambda: got.append(compiled(*args)))
+    assert kernel in names and relative_error(got[0] / 2.0, ref) < tolerance("e4m3")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = step(*args)
+    q2, k2, v2, scales2, ref2 = _fp8_call(FP8, seed=4)
+    for dst, src in zip(args, (q2, k2, v2, *scales2.values())):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(out / 2.0, ref2) < tolerance("e4m3")
+
+
+def test_export_check_of_an_fp8_package(fp8_package, hopper) -> None:
+    """--check measures the e4m3 cells: the kernel verifies with the descales (no candidate error) and is
+    timed against the dequantise + SDPA fallback; calls then follow each cell's route."""
+    import torch
+
+    from tuner.export.check import check_package
+    from tuner.export.check_fp8 import tolerance
+    from tuner.export.selection import ROUTE_BELOW
+
+    mod, kernel, _, base = fp8_package
+    name = mod.MANIFEST["package"]
+    records = check_package(base / name, name, hopper)
+    assert records and all(Problem.from_dict(r["problem"]).dtype == "e4m3" for r in records)
+    for r in records:
+        print(f"\n{r['problem_label']}: {r['route']} {r['kernel']} ratio {r['ratio']} vs {r['sdpa_impl']}")
+        assert [c["error"] for c in r["candidates"]] == [None] and r["kernel"] == kernel, r
+        assert (r["route"] == "kernel") == (r["ratio"] is None or r["ratio"] >= ROUTE_BELOW), r
+    r = records[0]  # the tuned problem
+    problem = Problem.from_dict(r["problem"])
+    q, k, v, scales, ref = _fp8_call(problem, seed=5)
+    with torch.no_grad():
+        out = mod.attention(q, k, v, causal=problem.causal, **scales)
+    assert relative_error(out, ref) < tolerance("e4m3")

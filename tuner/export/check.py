@@ -8,10 +8,13 @@ for a windowed cell), or for a softcapped cell the package's torch softcap imple
 process. The fastest kernel keeps the cell if its median per-round ratio to the best backend reaches
 ROUTE_BELOW; otherwise the cell runs that fallback. The records land in the package's manifest.json under "checked"
 (manifest.json is not among the hashed files: it holds the hashes).
+An e4m3 cell (tuner.export.check_fp8) runs its kernels on FP8 inputs with their descales, checks them against the
+fp32 reference on the real values, and times them against its fallback: dequantise to bfloat16, then SDPA.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import statistics
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.errors import TunerError
+from tuner.export import check_fp8
 from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
@@ -55,36 +59,45 @@ def _import_package(root: Path, name: str) -> Any:
         sys.path.remove(str(root))
 
 
-def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any,
-                 errors: dict[str, str]) -> dict[str, Callable[[], Any]]:
-    """A launch closure per candidate kernel that takes the shape and verifies; why the others do not."""
-    from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
+def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any, errors: dict[str, str],
+                 descales: Any = None) -> dict[str, Callable[[], Any]]:
+    """A launch closure per candidate kernel that takes the shape and verifies; why the others do not.
+    `descales`: an e4m3 cell's (q_descale, k_descale, v_descale); its kernels write bfloat16."""
+    import torch
+
+    from tuner.runtime.verify import empty_output, relative_error
 
     kernels = importlib.import_module(f"{pkg.__name__}._runtime.kernels")
+    limit = check_fp8.tolerance(cell.problem.dtype)
     runs: dict[str, Callable[[], Any]] = {}
     for entry in cell.candidates:
         name = entry["kernel"]
         kernel = kernels.load_kernel(name, q.get_device())
-        out = empty_output(q)
+        out = empty_output(q) if descales is None else torch.empty_like(q, dtype=torch.bfloat16).fill_(float("nan"))
         try:
-            kernel(q, k, v, out)
+            kernel(q, k, v, out, descales=descales)
         except pkg.AttentionInputError as exc:
             errors[name] = f"does not take the shape: {exc}"
             continue
         err = relative_error(out, ref)
-        if not err < TOLERANCE[cell.problem.dtype]:
-            errors[name] = f"relative error {err:.2e} >= {TOLERANCE[cell.problem.dtype]:g}"
+        if not err < limit:
+            errors[name] = f"relative error {err:.2e} >= {limit:g}"
             continue
-        runs[name] = lambda kernel=kernel, out=out: kernel.launch_unchecked(q, k, v, out)
+        runs[name] = lambda kernel=kernel, out=out: kernel.launch_unchecked(q, k, v, out, None, None, None, descales)
     return runs
 
 
-def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any) -> list[Any]:
+def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, descales: Any = None) -> list[Any]:
     """What a routed cell of `problem` runs instead of a kernel, timed as baselines: every SDPA backend that takes
     it (FlashAttention-4 left out: the fallback is SDPA); for a window, each under the package's own window mask;
-    for a softcap, the package's torch softcap implementation (SDPA has none)."""
+    for a softcap, the package's torch softcap implementation (SDPA has none). An e4m3 cell's (FP8 q, k, v with
+    `descales`): the same on the inputs dequantised to bfloat16, the dequantisation inside each timed call."""
     from tuner.runtime.baselines import SDPA_BACKENDS, Baseline, available_baselines, sdpa_baseline
 
+    if descales is not None:
+        buffers = check_fp8.dequantised(pkg, q, k, v, descales)
+        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype="bf16"), *buffers)
+        return check_fp8.dequantising(pkg, found, q, k, v, descales, buffers)
     if not problem.local and not problem.softcap:
         return available_baselines(problem, q, k, v, fa4=False)
     masked = importlib.import_module(f"{pkg.__name__}._runtime.masked")
@@ -113,12 +126,16 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     from tuner.runtime.timing import interleaved_rounds, time_cuda
     from tuner.runtime.verify import make_inputs, problem_reference
 
-    q, k, v = make_inputs(cell.problem, seed=0)
-    ref, _ = problem_reference(cell.problem, q, k, v)  # the cell's window and softcap too
+    if cell.problem.dtype == "e4m3":  # FP8 inputs, their descales, and their real values for the reference
+        q, k, v, descales = check_fp8.fp8_inputs(cell.problem, seed=0)
+        ref, _ = problem_reference(cell.problem, *check_fp8.real_values(q, k, v, descales))
+    else:
+        (q, k, v), descales = make_inputs(cell.problem, seed=0), None
+        ref, _ = problem_reference(cell.problem, q, k, v)  # the cell's window and softcap too
     errors: dict[str, str] = {}
-    runs = _kernel_runs(pkg, cell, q, k, v, ref, errors)
+    runs = _kernel_runs(pkg, cell, q, k, v, ref, errors, descales)
     del ref
-    baselines = fallback_baselines(pkg, cell.problem, q, k, v)  # what a routed cell runs: compare with it
+    baselines = fallback_baselines(pkg, cell.problem, q, k, v, descales)  # what a routed cell runs: compare with it
     calls: dict[str, Callable[[], Any]] = {
         **{name: (lambda fn=fn: time_cuda(fn, l2_bytes=l2_bytes)) for name, fn in runs.items()},
         **{b.name: (lambda b=b: b.time(l2_bytes=l2_bytes)) for b in baselines}}

@@ -24,6 +24,11 @@ from tuner.kernels.variant import mask_suffix
 from tuner.profiles import GpuProfile
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
+# Per dtype: its code in nearest_bucket(), and the C++ types of the inputs and the output (the render's spelling;
+# __nv_fp8_e4m3 is <cuda_fp8.h>'s, which the templates include).
+DTYPE_CODES = {"fp16": 0, "bf16": 1, "e4m3": 2}
+_ELEMENT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3"}
+_OUTPUT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_bfloat16"}
 
 
 def config_of(source: str) -> str:
@@ -141,6 +146,8 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
     lines = [
         f"// {e['problem_label']}: trial {e['trial_id']}, {e['median_us']:.1f} us{ratio}; {e['kernel']}",
         f"struct {_struct_name(key)} {{",
+        f"  using Element = {_ELEMENT[key['dtype']]};  // q, k, v",
+        f"  using Output = {_OUTPUT[key['dtype']]};",
         f"  static constexpr int HEAD_DIM = {key['head_dim']};",
         f"  static constexpr bool CAUSAL = {'true' if key['causal'] else 'false'};",
         f"  static constexpr int GROUP = {key['group']};",
@@ -163,7 +170,7 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
 
 def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
     """nearest_bucket(): the same choice as the Python dispatch, over the structs' keys."""
-    rows = ", ".join(f"{{{0 if e['key']['dtype'] == 'fp16' else 1}, {e['key']['head_dim']}, "
+    rows = ", ".join(f"{{{DTYPE_CODES[e['key']['dtype']]}, {e['key']['head_dim']}, "
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
                      f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}, "
                      f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}, "
@@ -171,7 +178,7 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
-        "// dtype: 0 = fp16, 1 = bf16.",
+        "// dtype: 0 = fp16, 1 = bf16, 2 = e4m3 (__nv_fp8_e4m3 inputs with descales, bf16 output).",
         "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
         "// |d sq| + |d sk| bucket steps, then its own causality, then nearest group in |d log2 group|, then",
         "// nearest batch x heads bucket, then the larger sq, then the larger sk bucket, then the older trial.",

@@ -29,6 +29,7 @@ _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner 
     out = attention(q, k, v, causal=True)       # q [B, H, Sq, D], k/v [B, Hkv, Sk, D] on CUDA
     out = attention(q, k_cache, v_cache, block_table=table, seq_lens=lens)  # a paged cache (decode)
     out = attention(q, k, v, causal=True, window_size=(4095, -1), softcap=50.0)  # a sliding window, a softcap
+    out = attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)  # float8_e4m3fn, descales [B, Hkv]
     print(attention.explain(q, k, v, causal=True))
     {name}.register_transformers()             # attn_implementation="tuned_attention" in transformers
 
@@ -92,23 +93,34 @@ ignore-vcs = true
 """
 
 
+def _example(key: dict[str, Any]) -> str:
+    """The README's example: a call of a tuned combination (its dtype, head dim, causality, window, softcap)."""
+    call = f"causal={key['causal']}"
+    if key.get("window_left", -1) >= 0 or key.get("window_right", -1) >= 0:
+        call += f", window_size=({key['window_left']}, {key['window_right']})"
+    if key.get("softcap"):
+        call += f", softcap={key['softcap']:g}"
+    shape = f"1, 8, 1024, {key['head_dim']}"
+    if key["dtype"] == "e4m3":  # FP8 inputs with their descales (float32 [B, Hkv]: real = stored * descale)
+        return (f"q = k = v = torch.randn({shape}, device=\"cuda\").to(torch.float8_e4m3fn)\n"
+                "one = torch.ones(1, 8, device=\"cuda\")  # float32 [B, Hkv]: real = stored * descale\n"
+                "scales = dict(q_descale=one, k_descale=one, v_descale=one)\n"
+                f"out = attention(q, k, v, {call}, **scales)  # bfloat16\n"
+                f"print(attention.explain(q, k, v, {call}, **scales))\n")
+    dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
+    return (f"q = k = v = torch.randn({shape}, dtype={dtype}, device=\"cuda\")\n"
+            f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n")
+
+
 def _readme(name: str, manifest: dict[str, Any]) -> str:
     chosen = [e for e in manifest["entries"] if e["dispatch"]]
     rows = "\n".join(f"- {e['problem_label']}: `{e['kernel']}` (trial {e['trial_id']}, {e['median_us']:.1f} us)"
                      for e in chosen)
     # The example calls a combination that was tuned (dtype, head dim, causality of the first entry).
     key = chosen[0]["key"] if chosen else {"dtype": "fp16", "head_dim": 64, "causal": False}
-    dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
-    call = f"causal={key['causal']}"
-    if key.get("window_left", -1) >= 0 or key.get("window_right", -1) >= 0:
-        call += f", window_size=({key['window_left']}, {key['window_right']})"
-    if key.get("softcap"):
-        call += f", softcap={key['softcap']:g}"
     return (f"# {name}\n\nTuned attention kernels for {manifest['gpu']['display_name']} "
             f"({manifest['gpu']['arch']}), exported by FlashCore tuner {manifest['tuner_version']}.\n\n"
-            f"```python\nimport torch\nfrom {name} import attention\n"
-            f"q = k = v = torch.randn(1, 8, 1024, {key['head_dim']}, dtype={dtype}, device=\"cuda\")\n"
-            f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n```\n\n"
+            f"```python\nimport torch\nfrom {name} import attention\n{_example(key)}```\n\n"
             f"Tuned problems (other shapes use the nearest tuned one; `fallback=\"sdpa\"` sends what no "
             f"kernel takes to torch SDPA):\n\n{rows}\n\n"
             "Needs torch alone (the NVIDIA driver to run; nvcc only for a GPU no shipped cubin runs on). "

@@ -7,6 +7,7 @@ launch on torch's current stream, so calls order with the caller's streams and
 CUDA graphs capture them. Under torch.compile the call
 goes through the registered custom op (with a fake implementation), so the
 graph traces; the op's real implementation is the same eager path.
+FP8 calls (float8_e4m3fn inputs with their descales) go to fp8_call.py; a 16-bit call never reads a descale.
 """
 # No `from __future__ import annotations`: torch.library reads the op's schema from real annotations.
 
@@ -14,10 +15,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import kernels as _kernels, masked as _masked, paged as _paged
-from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads, table
+from . import fp8_call as _fp8, kernels as _kernels, masked as _masked, paged as _paged
+from .choice import (DTYPES, FALLBACKS, cell as _cell, check_structure, choose_kernel, refuse_grads,
+                     refuse_unscaled_fp8, table)
 from .dispatch import NO_MASK, Explanation, Key, cell_summary, mask_text
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
+# _sdpa: SDPA with the kernels' semantics (the GPU tests compare with it)
+from .masked import fallback_call as _fallback, sdpa as _sdpa  # noqa: F401
 from .seq_lens import check_seq_lens, sdpa_with_lens
 
 # The torch.library namespace: the package's import name (an export's folder, e.g. my_attention; nested names
@@ -34,7 +38,9 @@ NO_WINDOW = (-1, -1)  # the default window_size: a call with this very tuple ski
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: Optional[float] = None, fallback: Optional[str] = None,
               seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
-              window_size: Any = NO_WINDOW, softcap: Optional[float] = 0.0) -> torch.Tensor:
+              window_size: Any = NO_WINDOW, softcap: Optional[float] = 0.0,
+              q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+              v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
@@ -54,6 +60,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     tuned with its own window and softcap (prefill or decode); elsewhere (with fallback="sdpa", a routed cell,
     or no kernel of that window and softcap) a window runs SDPA under a boolean mask and a softcap a chunked
     torch implementation.
+    FP8: q, k and v torch.float8_e4m3fn with q_descale, k_descale and v_descale (float32 [B, Hkv] each, as
+    FlashAttention-3 takes them: real = stored * descale, q's shared by the heads of a GQA group) run the
+    package's e4m3 kernel of the cell and return bfloat16. Where none serves the call (as above; and every
+    seq_lens or paged call) the fallback runs on the inputs dequantised to bfloat16. 16-bit inputs take no descales.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
@@ -65,8 +75,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         mask = NO_MASK
     if torch.compiler.is_compiling():
-        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask)
-    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
+        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale)
+    if q_descale is None and k_descale is None and v_descale is None:
+        return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
+    descales = (q_descale, k_descale, v_descale)
+    return _fp8.forward(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, descales)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
@@ -118,6 +131,7 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
     """Validate fully, choose the decode kernel (or masked SDPA) and fill the seq_lens dispatch cache."""
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+    refuse_unscaled_fp8(q, k, v)
     check_structure(q, k, v)
     if q.dim() == 4:
         check_seq_lens(q, seq_lens)
@@ -141,6 +155,7 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
           mask: tuple) -> torch.Tensor:
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+    refuse_unscaled_fp8(q, k, v)
     check_structure(q, k, v)
     try:
         kernel = _resolve(q, k, v, causal, mask)
@@ -155,12 +170,6 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
     out = torch.empty_like(q)
     kernel.launch_unchecked(q, k, v, out, None, scale)
     return out
-
-
-def _cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool, mask: tuple) -> tuple:
-    """The dispatch cache's key: (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket, mask)."""
-    return (dtype, qs[3], bool(causal), qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
-            (qs[0] * qs[1] - 1).bit_length(), mask)
 
 
 def _key(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: tuple = NO_MASK) -> Key:
@@ -180,46 +189,27 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool, mask: tuple) -> Any:
     return kernel
 
 
-def _fallback(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], mask: tuple) -> torch.Tensor:
-    """What runs a call no kernel serves: SDPA, or for a window or softcap masked.fallback."""
-    if mask == NO_MASK:
-        return _sdpa(q, k, v, causal, scale)
-    return _masked.fallback(q, k, v, causal, scale, mask)
-
-
-def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch.Tensor:
-    """torch SDPA with the kernels' semantics: bottom-right causal alignment, GQA."""
-    from torch.nn.functional import scaled_dot_product_attention
-
-    mask, is_causal = None, False
-    if causal:
-        sq, sk = q.shape[-2], k.shape[-2]
-        if sq == sk:
-            is_causal = True
-        else:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask = causal_lower_right(sq, sk)
-    gqa = q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
-    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
-    if isinstance(q, torch.Tensor) and out.shape == q.shape and out.stride() != torch.empty_like(q).stride():
-        out = torch.empty_like(q).copy_(out)  # the layout the fake implementation promises torch.compile
-    return out
-
-
 @torch.library.custom_op(f"{PACKAGE}::attention", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
         fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
         block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
-        softcap: float = 0.0) -> torch.Tensor:
-    return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, (window_left, window_right, softcap))
+        softcap: float = 0.0, q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+        v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    mask = (window_left, window_right, softcap)
+    if q_descale is None and k_descale is None and v_descale is None:
+        return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
+    descales = (q_descale, k_descale, v_descale)
+    return _fp8.forward(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, descales)
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
 def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
              fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
              block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
-             softcap: float = 0.0) -> torch.Tensor:
+             softcap: float = 0.0, q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+             v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if q.dtype == torch.float8_e4m3fn:  # an FP8 call returns bfloat16, laid out like q
+        return torch.empty_like(q, dtype=torch.bfloat16)
     return torch.empty_like(q)
 
 
@@ -231,14 +221,19 @@ def _device_cc(q: Any) -> Optional[tuple[int, int]]:
 
 
 def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = NO_WINDOW,
-            softcap: Optional[float] = 0.0) -> Explanation:
-    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=...) would run, and why (print() it).
-    Needs no GPU."""
+            softcap: Optional[float] = 0.0, q_descale: Any = None, k_descale: Any = None,
+            v_descale: Any = None) -> Explanation:
+    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., q_descale=..., ...) would run,
+    and why (print() it). Needs no GPU."""
     errors: list[str] = []  # every limit the inputs break, the device's first
+    fp8 = isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8 and q.dim() > 0
     try:
-        check_attention_tensors(q, k, v, q)
+        check_attention_tensors(q, k, v, _fp8.bf16_out_like(q) if fp8 else q)  # FP8 calls write bfloat16
     except AttentionInputError as exc:
         errors.append(str(exc))
+    descales = None if q_descale is None and k_descale is None and v_descale is None else \
+        (q_descale, k_descale, v_descale)
+    errors += _fp8.descale_errors(q, k, v, descales)
     try:
         causal, mask = _masked.causal_form(causal, _masked.call_mask(window_size, softcap, causal))
     except AttentionInputError as exc:
@@ -259,12 +254,13 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
         if choice is None:
             errors.append(table().unsupported_reason(key))
     code = "none"
+    inputs = f" {_fp8.DEQUANTISED}" if fp8 else ""  # what an FP8 call's fallback runs on
     if choice is not None:
         code = _kernels.code_source(choice.entry["kernel"], _device_cc(q))
-        lines += _choice_lines(choice, mask) + [f"  code: {code}"]
+        lines += _choice_lines(choice, mask, inputs) + [f"  code: {code}"]
     error = "; ".join(errors) or None
     if error:
-        lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)} instead)")
+        lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)}{inputs} instead)")
     return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
                        bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
                        "\n".join(lines))
@@ -278,27 +274,31 @@ def _shape_errors(q: Any, k: Any, v: Any) -> list[str]:
     if len({t.dtype for _, t in tensors}) > 1:
         errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
     if isinstance(q, torch.Tensor) and q.dtype not in DTYPES:
-        errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16 ({table().describe()})")
+        errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16, or float8_e4m3fn "
+                      f"with descales ({table().describe()})")
     return errors
 
 
-def _choice_lines(choice: Any, mask: tuple) -> list[str]:
-    """explain()'s lines on the chosen entry: the kernel, where it was tuned, why, and a measured or routed cell."""
+def _choice_lines(choice: Any, mask: tuple, inputs: str = "") -> list[str]:
+    """explain()'s lines on the chosen entry: the kernel, where it was tuned, why, and a measured or routed cell
+    (`inputs`: what a fallback runs on, for an FP8 call)."""
     e = choice.entry
     ratio = e.get("ratio_to_best_baseline")
     vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
     lines = [f"  kernel: {e['kernel']}",
              f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}",
              f"  why: {choice.reason}"]
+    if inputs and choice.route != "sdpa":
+        lines.append("  e4m3: the kernel takes q, k, v as float8_e4m3fn with their descales and writes bfloat16")
     if choice.cell is not None:
         checked = _kernels.manifest()["checked"]
         lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
                      f"{cell_summary(choice.cell)}")
         if choice.route == "sdpa" and mask != NO_MASK:
-            lines.append(f"  routed: calls of this cell run {_masked.fallback_name(mask)}")
+            lines.append(f"  routed: calls of this cell run {_masked.fallback_name(mask)}{inputs}")
     elif e.get("route") == "sdpa":
         sdpa = e.get("ratio_to_sdpa", ratio)
-        ran = "SDPA" if mask == NO_MASK else _masked.fallback_name(mask)
+        ran = ("SDPA" if mask == NO_MASK else _masked.fallback_name(mask)) + inputs
         lines.append(f"  routed to {ran}: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
                      "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
     return lines

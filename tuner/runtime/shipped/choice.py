@@ -21,8 +21,23 @@ def table() -> DispatchTable:
     return DispatchTable(manifest["entries"], manifest.get("checked", {}).get("cells", []))
 
 
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+# The input dtypes a package's table can hold (Problem's names): float8_e4m3fn calls come with descales (fp8_call.py).
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 FALLBACKS = (None, "sdpa")
+
+
+def cell(dtype: torch.dtype, qs: Any, ks: Any, causal: bool, mask: tuple) -> tuple:
+    """A dispatch cache's key: (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket, mask)."""
+    return (dtype, qs[3], bool(causal), qs[1] // ks[1], (qs[2] - 1).bit_length(), (ks[2] - 1).bit_length(),
+            (qs[0] * qs[1] - 1).bit_length(), mask)
+
+
+def refuse_unscaled_fp8(q: Any, k: Any, v: Any) -> None:
+    """float8_e4m3fn inputs mean nothing without their descales: a call without them raises, fallback or not
+    (the 16-bit paths' slow checks call this; calls with descales go to fp8_call.py)."""
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (q, k, v)):
+        raise AttentionInputError("float8_e4m3fn inputs need q_descale, k_descale and v_descale (float32 [B, Hkv] "
+                                  "each: real = stored * descale)")
 
 
 def check_structure(q: Any, k: Any, v: Any) -> None:

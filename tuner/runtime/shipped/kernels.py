@@ -65,6 +65,9 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             return f"kernel {name}'s min_compute_capability is {cc!r}, not [major, minor]"
         if not isinstance(meta.get("launch"), dict):
             return f"kernel {name} has no launch object"
+        for flag in ("descales", "fp8"):  # absent before FP8: False (LaunchShape's defaults)
+            if not isinstance(meta["launch"].get(flag, False), bool):
+                return f"kernel {name}'s launch {flag} is {meta['launch'][flag]!r}, not true or false"
         wrong = _bad_mask(meta)
         if wrong:
             return f"kernel {name}'s {wrong}"
@@ -77,9 +80,13 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
                 return f"kernel {name}'s {what} is {digest!r}, not a sha256"
     for i, entry in enumerate(data["entries"]):
-        wrong = _bad_mask(entry.get("key")) if isinstance(entry, dict) and isinstance(entry.get("key"), dict) else None
+        key = entry.get("key") if isinstance(entry, dict) else None
+        wrong = _bad_mask(key) if isinstance(key, dict) else None
         if wrong:
             return f"entry {i}'s key {wrong}"
+        if isinstance(key, dict) and key.get("dtype") == "e4m3" and \
+                not data["kernels"].get(str(entry.get("kernel")), {}).get("launch", {}).get("fp8"):
+            return f"entry {i} is e4m3, but its kernel {entry.get('kernel')!r} does not launch as one (launch fp8)"
     headers = data.get("headers", {})
     if not isinstance(headers, dict):
         return "headers must be an object"

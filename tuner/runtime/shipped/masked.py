@@ -105,6 +105,33 @@ def fallback(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     return torch.empty_like(q).copy_(out)  # the layout attention() promises (and its fake implementation)
 
 
+def fallback_call(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], mask: tuple) -> torch.Tensor:
+    """What runs a call no kernel serves: SDPA, or for a window or softcap masked.fallback."""
+    if mask == NO_MASK:
+        return sdpa(q, k, v, causal, scale)
+    return fallback(q, k, v, causal, scale, mask)
+
+
+def sdpa(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float]) -> torch.Tensor:
+    """torch SDPA with the kernels' semantics: bottom-right causal alignment, GQA."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    mask, is_causal = None, False
+    if causal:
+        sq, sk = q.shape[-2], k.shape[-2]
+        if sq == sk:
+            is_causal = True
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(sq, sk)
+    gqa = q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+    if isinstance(q, torch.Tensor) and out.shape == q.shape and out.stride() != torch.empty_like(q).stride():
+        out = torch.empty_like(q).copy_(out)  # the layout the fake implementation promises torch.compile
+    return out
+
+
 def softcap_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float], softcap: float,
                       mask_rows: Callable[[int, int], Optional[torch.Tensor]], dropout: float = 0.0) -> torch.Tensor:
     """softmax(softcap * tanh(q k^T * scale / softcap) under a mask) v in fp32, a chunk of query rows at a time.

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads
+from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads, refuse_unscaled_fp8
 from .dispatch import NO_MASK, Key
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors, check_paged_inputs
 from .seq_lens import check_seq_lens, sdpa_with_lens
@@ -49,7 +49,8 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
     if q.dim() != 4:
         raise AttentionInputError(f"q must have rank 4 [B, H, Sq, D] (got shape {tuple(q.shape)})")
-    _check_paged_structure(q, k_cache, v_cache, block_table, seq_lens)
+    refuse_unscaled_fp8(q, k_cache, v_cache)
+    check_paged_structure(q, k_cache, v_cache, block_table, seq_lens)
     try:
         check_attention_tensors(q, q, q, q)
         check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
@@ -74,7 +75,7 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
     return out
 
 
-def _check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
+def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
     """What no implementation can compute, fallback or not: wrong cache shapes, table or lengths."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[3]:
         raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D (q "
