@@ -36,30 +36,17 @@ class ExportedKernel:
         return self.built.source
 
 
-# The dtypes an export ships: its runtime (tuner/runtime/shipped) takes fp16 and bf16 tensors and no descales.
-EXPORTED_DTYPES = ("fp16", "bf16")
-
-
 def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtype: Optional[str]) -> list[TrialRow]:
-    """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart).
-    e4m3 problems are left out (EXPORTED_DTYPES): asked for by --dtype, or all a shape has, a TunerError."""
+    """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart)."""
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    if dtype is not None and dtype not in EXPORTED_DTYPES:
-        raise TunerError(f"an export cannot ship {dtype} kernels yet: its runtime takes "
-                         f"{' and '.join(EXPORTED_DTYPES)} tensors (no descales)")
     filters = [TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype) for s in shapes] or \
               [TrialFilter(gpu=profile.name, dtype=dtype)]
     rows: dict[int, TrialRow] = {}
     for filt in filters:
-        best = [r for r in store.best_trials(filt) if r.profile == profile.name]
-        found = store.prefer_confirmed([r for r in best if r.problem.dtype in EXPORTED_DTYPES])
-        what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
-        if best and not found:
-            raise TunerError(f"the store's ok trials for {profile.name} ({what}) are all "
-                             f"{', '.join(sorted({r.problem.dtype for r in best}))}, which an export cannot ship yet "
-                             f"(its runtime takes {' and '.join(EXPORTED_DTYPES)} tensors)")
+        found = store.prefer_confirmed([r for r in store.best_trials(filt) if r.profile == profile.name])
         if not found:
+            what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
             raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
                              f"run `tuner search --gpu {profile.name}` first")
         rows.update((r.id, r) for r in found)
