@@ -71,7 +71,7 @@ def fp8_export(tmp_path_factory):
 
 def _qkv(b=2, h=4, hkv=2, sq=40, sk=40, d=32, bshd=False, seed=0):
     """Random FP8 q, k, v (CPU) and their descales, each (batch row, K/V head) at its own scale."""
-    from tuner.export.check_fp8 import fp8_inputs
+    from tuner.runtime.verify import fp8_inputs
 
     p = Problem(b, h, sq, sk, d, dtype="e4m3", heads_kv=hkv, layout="bshd" if bshd else "bhsd")
     q, k, v, descales = fp8_inputs(p, "cpu", seed)
@@ -79,9 +79,9 @@ def _qkv(b=2, h=4, hkv=2, sq=40, sk=40, d=32, bshd=False, seed=0):
 
 
 def _real(q, k, v, scales):
-    from tuner.export.check_fp8 import real_values
+    from tuner.runtime.fp8 import Descales, dequantized_inputs
 
-    return real_values(q, k, v, (scales["q_descale"], scales["k_descale"], scales["v_descale"]))
+    return dequantized_inputs(q, k, v, Descales(scales["q_descale"], scales["k_descale"], scales["v_descale"]))
 
 
 def _meta(problem: Problem = FP8):
@@ -414,7 +414,8 @@ def test_an_fp8_call_traces_under_torch_compile(fp8_export) -> None:
 def test_fp8_inputs_carry_distinct_descales_per_batch_row_and_kv_head() -> None:
     import torch
 
-    from tuner.export.check_fp8 import E4M3_MAX, fp8_inputs, real_values
+    from tuner.runtime.fp8 import E4M3_MAX, Descales, dequantized_inputs
+    from tuner.runtime.verify import fp8_inputs
 
     p = Problem(2, 8, 64, 96, 64, dtype="e4m3", heads_kv=2, layout="bshd")
     q, k, v, (dq, dk, dv) = fp8_inputs(p, "cpu", seed=3)
@@ -425,7 +426,7 @@ def test_fp8_inputs_carry_distinct_descales_per_batch_row_and_kv_head() -> None:
         amax = t.float().abs().reshape(2, 2, -1).amax(-1)
         torch.testing.assert_close(amax, torch.full_like(amax, E4M3_MAX))  # each group reaches e4m3's largest
         assert len(set(d.flatten().tolist())) == 4  # each (batch row, K/V head) at its own scale
-    rq, _, _ = real_values(q, k, v, (dq, dk, dv))
+    rq, _, _ = dequantized_inputs(q, k, v, Descales(dq, dk, dv))
     assert rq.shape == q.shape and rq.dtype == torch.float32
 
 
@@ -434,14 +435,16 @@ def test_an_e4m3_cell_checks_its_kernels_with_descales_at_the_e4m3_tolerance(fp8
     a kernel that ignores the descales fails; the runs it keeps relaunch with the descales."""
     import torch
 
-    from tuner.export import check, check_fp8
+    from tuner.export import check
     from tuner.export.check_cells import check_cells
+    from tuner.runtime.fp8 import Descales, dequantized_inputs
+    from tuner.runtime.verify import fp8_inputs
 
     _, _, mod, _ = fp8_export
     cell = next(c for c in check_cells(mod.MANIFEST["entries"]) if c.key.dtype == "e4m3" and c.key.causal)
     problem = dataclasses.replace(cell.problem, batch=1, seq_q=64, seq_k=64)
-    q, k, v, descales = check_fp8.fp8_inputs(problem, "cpu", seed=0)
-    ref, _ = problem_reference(problem, *check_fp8.real_values(q, k, v, descales))
+    q, k, v, descales = fp8_inputs(problem, "cpu", seed=0)
+    ref, _ = problem_reference(problem, *dequantized_inputs(q, k, v, descales))
     launches = []
 
     class Kernel:
@@ -450,7 +453,7 @@ def test_an_e4m3_cell_checks_its_kernels_with_descales_at_the_e4m3_tolerance(fp8
 
         def __call__(self, q, k, v, out, descales=None):
             assert out.dtype == torch.bfloat16 and torch.isnan(out.float()).all() and descales is not None
-            real = check_fp8.real_values(q, k, v, descales if self.use else tuple(torch.ones_like(d) for d in descales))
+            real = dequantized_inputs(q, k, v, descales if self.use else Descales(*(torch.ones_like(d) for d in descales)))
             out.copy_(problem_reference(problem, *real)[0] * (1 + self.off))
 
         def launch_unchecked(self, *args):

@@ -665,10 +665,11 @@ def fp8_package(hopper, tmp_path_factory):
 
 def _fp8_call(problem: Problem, seed: int):
     """(q, k, v, descales as attention()'s keywords, fp32 reference on the real values)."""
-    from tuner.export.check_fp8 import fp8_inputs, real_values
+    from tuner.runtime.fp8 import dequantized_inputs
+    from tuner.runtime.verify import fp8_inputs
 
     q, k, v, descales = fp8_inputs(problem, "cuda", seed)
-    ref, _ = reference(*real_values(q, k, v, descales), problem.causal)
+    ref, _ = reference(*dequantized_inputs(q, k, v, descales), problem.causal)
     return q, k, v, dict(zip(("q_descale", "k_descale", "v_descale"), descales)), ref
 
 
@@ -689,7 +690,6 @@ def test_fp8_attention_runs_the_e4m3_kernel_within_its_tolerance(fp8_package, pr
     the dequantised inputs, on the first (checked) call and on the cached fast path."""
     import torch
 
-    from tuner.export.check_fp8 import tolerance
 
     mod, kernel, _, _ = fp8_package
     q, k, v, scales, ref = _fp8_call(problem, seed=1)
@@ -705,7 +705,7 @@ def test_fp8_attention_runs_the_e4m3_kernel_within_its_tolerance(fp8_package, pr
         assert out.dtype == torch.bfloat16 and out.stride() == torch.empty_like(q, dtype=torch.bfloat16).stride()
         err = relative_error(out, ref)
         print(f"\n{problem.label} {problem.layout}: e4m3 kernel rel error {err:.2e}")
-        assert err < tolerance("e4m3"), f"{problem.label}: {err:.2e}\n{ex}"
+        assert err < TOLERANCE["e4m3"], f"{problem.label}: {err:.2e}\n{ex}"
 
 
 def test_fp8_calls_without_a_kernel_fall_back_on_dequantised_inputs(fp8_package) -> None:
@@ -713,19 +713,19 @@ def test_fp8_calls_without_a_kernel_fall_back_on_dequantised_inputs(fp8_package)
     dequantised inputs with fallback='sdpa'; a window without it raises; bad descales raise on the fast path."""
     import torch
 
-    from tuner.export.check_fp8 import real_values, tolerance
+    from tuner.runtime.fp8 import Descales, dequantized_inputs
 
     mod, _, _, _ = fp8_package
     q, k, v, scales, _ = _fp8_call(FP8, seed=2)
-    real = real_values(q, k, v, tuple(scales.values()))
+    real = dequantized_inputs(q, k, v, Descales(*scales.values()))
     with torch.no_grad():
         with pytest.raises(mod.AttentionInputError, match="window"):
             mod.attention(q, k, v, causal=True, window_size=(255, 0), **scales)
         out = mod.attention(q, k, v, causal=True, window_size=(255, 0), fallback="sdpa", **scales)
-        assert relative_error(out, reference(*real, True, window=(255, -1))[0]) < tolerance("e4m3")
+        assert relative_error(out, reference(*real, True, window=(255, -1))[0]) < TOLERANCE["e4m3"]
         lens = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
         out = mod.attention(q, k, v, causal=True, seq_lens=lens, **scales)
-        assert relative_error(out, reference(*real, True, key_lengths=[700, 2048])[0]) < tolerance("e4m3")
+        assert relative_error(out, reference(*real, True, key_lengths=[700, 2048])[0]) < TOLERANCE["e4m3"]
         mod.attention(q, k, v, causal=True, **scales)  # the cell is cached now
         with pytest.raises(mod.AttentionInputError, match="q_descale must be a contiguous float32"):
             mod.attention(q, k, v, causal=True, **{**scales, "q_descale": scales["q_descale"].half()})
@@ -738,7 +738,6 @@ def test_fp8_attention_under_torch_compile_and_in_a_cuda_graph(fp8_package) -> N
     replays on new values and descales copied into the captured tensors."""
     import torch
 
-    from tuner.export.check_fp8 import tolerance
 
     mod, kernel, _, _ = fp8_package
     q, k, v, scales, ref = _fp8_call(FP8, seed=3)
@@ -751,7 +750,7 @@ def test_fp8_attention_under_torch_compile_and_in_a_cuda_graph(fp8_package) -> N
     with torch.no_grad():
         got = []
         names = _cuda_kernels(lambda: got.append(compiled(*args)))
-    assert kernel in names and relative_error(got[0] / 2.0, ref) < tolerance("e4m3")
+    assert kernel in names and relative_error(got[0] / 2.0, ref) < TOLERANCE["e4m3"]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(side):
@@ -766,7 +765,7 @@ def test_fp8_attention_under_torch_compile_and_in_a_cuda_graph(fp8_package) -> N
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
-    assert relative_error(out / 2.0, ref2) < tolerance("e4m3")
+    assert relative_error(out / 2.0, ref2) < TOLERANCE["e4m3"]
 
 
 def test_export_check_of_an_fp8_package(fp8_package, hopper) -> None:
@@ -775,7 +774,6 @@ def test_export_check_of_an_fp8_package(fp8_package, hopper) -> None:
     import torch
 
     from tuner.export.check import check_package
-    from tuner.export.check_fp8 import tolerance
     from tuner.export.selection import ROUTE_BELOW
 
     mod, kernel, _, base = fp8_package
@@ -791,4 +789,4 @@ def test_export_check_of_an_fp8_package(fp8_package, hopper) -> None:
     q, k, v, scales, ref = _fp8_call(problem, seed=5)
     with torch.no_grad():
         out = mod.attention(q, k, v, causal=problem.causal, **scales)
-    assert relative_error(out, ref) < tolerance("e4m3")
+    assert relative_error(out, ref) < TOLERANCE["e4m3"]

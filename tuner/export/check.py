@@ -65,10 +65,10 @@ def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any, er
     `descales`: an e4m3 cell's (q_descale, k_descale, v_descale); its kernels write bfloat16."""
     import torch
 
-    from tuner.runtime.verify import empty_output, relative_error
+    from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
 
     kernels = importlib.import_module(f"{pkg.__name__}._runtime.kernels")
-    limit = check_fp8.tolerance(cell.problem.dtype)
+    limit = TOLERANCE[cell.problem.dtype]
     runs: dict[str, Callable[[], Any]] = {}
     for entry in cell.candidates:
         name = entry["kernel"]
@@ -124,11 +124,12 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     import torch
 
     from tuner.runtime.timing import interleaved_rounds, time_cuda
-    from tuner.runtime.verify import make_inputs, problem_reference
+    from tuner.runtime.fp8 import dequantized_inputs
+    from tuner.runtime.verify import fp8_inputs, make_inputs, problem_reference
 
     if cell.problem.dtype == "e4m3":  # FP8 inputs, their descales, and their real values for the reference
-        q, k, v, descales = check_fp8.fp8_inputs(cell.problem, seed=0)
-        ref, _ = problem_reference(cell.problem, *check_fp8.real_values(q, k, v, descales))
+        q, k, v, descales = fp8_inputs(cell.problem, seed=0)
+        ref, _ = problem_reference(cell.problem, *dequantized_inputs(q, k, v, descales))
     else:
         (q, k, v), descales = make_inputs(cell.problem, seed=0), None
         ref, _ = problem_reference(cell.problem, q, k, v)  # the cell's window and softcap too
