@@ -66,17 +66,23 @@ def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str
         timed[name] = (lambda b=b: b.time(l2_bytes=profile.l2_bytes, rep_ms=100, meter=meter))
     for name, call in calls.items():
         timed[name] = (lambda call=call: time_cuda(call, l2_bytes=profile.l2_bytes, rep_ms=100, meter=meter))
-    timings = interleaved_timings(timed, rounds)
+    return summarise(problem, interleaved_timings(timed, rounds), rounds, list(calls), list(baselines))
+
+
+def summarise(problem: Problem, timings: dict[str, list[Any]], rounds: int, kernels: list[str],
+              baselines: list[str]) -> dict[str, Any]:
+    """The result of interleaved timings: each implementation's µs and energy per round, TFLOP/s, and the
+    per-round ratios of each of `kernels` to each of `baselines`, in time and (where NVML gave it) energy."""
     times = {n: [t.median_us for t in ts] for n, ts in timings.items()}
     energy = {n: [[t.energy.joules_per_call, t.energy.power_w, t.energy.sm_mhz] if t.energy else None for t in ts]
               for n, ts in timings.items()}
     res = {"problem": problem.label, "gpu": torch.cuda.get_device_name(0), "rounds": rounds, "times_us": times,
            "energy_j_w_mhz": energy,
-           "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in baselines} for n in calls},
+           "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in baselines} for n in kernels},
            "tflops": {n: problem.tflops(statistics.median(t)) for n, t in times.items()}}
     if all(e is not None for es in energy.values() for e in es):
         joules = {n: [e[0] for e in es] for n, es in energy.items()}
-        res["energy_ratios"] = {n: {b: per_round_ratio(joules[b], joules[n]) for b in baselines} for n in calls}
+        res["energy_ratios"] = {n: {b: per_round_ratio(joules[b], joules[n]) for b in baselines} for n in kernels}
     return res
 
 

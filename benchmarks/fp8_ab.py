@@ -17,13 +17,12 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ab_ratio import print_result
+from ab_ratio import print_result, summarise
 from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
@@ -32,7 +31,7 @@ from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.fp8 import dequantized_inputs
-from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
+from tuner.runtime.timing import interleaved_timings, time_cuda
 from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_inputs
 
 
@@ -89,19 +88,9 @@ def measure(problem: Problem, names: list[str], rounds: int) -> dict[str, Any]:
         call, _ = _launcher(kern, inputs, parse_variant_name(name).dtype)
         timed[name] = (lambda call=call: time_cuda(lambda: call(False), l2_bytes=profile.l2_bytes, rep_ms=100,
                                                    meter=meter))
-    timings = interleaved_timings(timed, rounds)
-    times = {n: [t.median_us for t in ts] for n, ts in timings.items()}
-    energy = {n: [[t.energy.joules_per_call, t.energy.power_w, t.energy.sm_mhz] if t.energy else None for t in ts]
-              for n, ts in timings.items()}
     fp8 = [n for n in kernels if parse_variant_name(n).dtype == "e4m3"]
     others = [b.name for b in baselines] + [n for n in kernels if n not in fp8]
-    res = {"problem": problem.label, "gpu": torch.cuda.get_device_name(0), "rounds": rounds, "times_us": times,
-           "energy_j_w_mhz": energy, "ratios": {n: {b: per_round_ratio(times[b], times[n]) for b in others} for n in fp8},
-           "tflops": {n: problem.tflops(statistics.median(t)) for n, t in times.items()}}
-    if all(e is not None for es in energy.values() for e in es):
-        joules = {n: [e[0] for e in es] for n, es in energy.items()}
-        res["energy_ratios"] = {n: {b: per_round_ratio(joules[b], joules[n]) for b in others} for n in fp8}
-    return res
+    return summarise(problem, interleaved_timings(timed, rounds), rounds, fp8, others)
 
 
 def main() -> None:
