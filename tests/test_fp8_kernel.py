@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.test_wgmma_template import SERIALIZED, _sass, needs_nvcc
 from tuner.kernels.compiler import compile_source
 from tuner.kernels.feasibility import feasible_space
 from tuner.kernels.render import render
@@ -21,8 +21,6 @@ from tuner.runtime.build import launch_shape
 from tuner.runtime.shipped.fp8 import VTransposer, check_descales
 from tuner.runtime.shipped.launcher import AttentionInputError, check_attention_tensors
 
-SERIALIZED = "wgmma.mma_async instructions are serialized"
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (CUDA toolkit not installed)")
 FP8_NAMES = [
     "attn_fwd_wgmma_d128_e4m3_m128n192_s2_sw64_r24_ov_pp",          # best measured, D128 (H100)
     "attn_fwd_wgmma_d128_e4m3_m128n128_s2_sw128_r24_ov_pp_causal",
@@ -77,12 +75,6 @@ def test_fp8_tensors_need_16_byte_strides_and_a_bf16_out(monkeypatch: pytest.Mon
     odd = _cpu((1, 2, 32, 72), torch.float8_e4m3fn)[..., :64]  # row stride 72 bytes
     with pytest.raises(AttentionInputError, match="multiples of 16 elements"):
         check_attention_tensors(odd, odd, odd, out)
-
-
-def _sass(cubin: bytes, tmp_path: Path) -> str:
-    path = tmp_path / "k.cubin"
-    path.write_bytes(cubin)
-    return subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.nvcc
