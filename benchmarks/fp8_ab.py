@@ -1,6 +1,8 @@
-"""FP8 (e4m3) against 16-bit, interleaved: e4m3 variants, our bf16 variants on the same real values, and every
-baseline of the e4m3 problem (SDPA and FlashAttention-4 in bf16 on the dequantised inputs, cuDNN's FP8 forward
-where its frontend imports), back to back, with energy (NVML).
+"""FP8 against 16-bit, interleaved: FP8 variants (e4m3 q, k, v; or an FP8 KV cache, *_kv_e4m3: decode), our
+16-bit variants on the same real values, and every baseline of the FP8 problem (SDPA and FlashAttention-4 on
+the dequantised inputs, cuDNN's FP8 forward for e4m3 where its frontend imports), back to back, with energy
+(NVML). The problem's dtype is the first variant's. A decode problem's lines add the bandwidth: the K/V bytes
+each implementation must read (FP8 bytes for the FP8 variants, 16-bit for the others) per second.
 
 Each round times every implementation once (time_cuda: back to back, L2 flushed), the first rotating; a ratio
 is the median of the per-round ratios. Every variant is verified first, on a problem of the same shape with
@@ -17,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,10 +39,10 @@ from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_i
 
 
 def _launcher(kern: Any, fp8: tuple, dtype: str) -> tuple[Callable[[bool], None], Any]:
-    """(call(checked), out) of a kernel on the e4m3 inputs (q, k, v, descales) or their bf16 values."""
+    """(call(checked), out) of a kernel on the FP8 inputs (q, k, v, descales) or their 16-bit values."""
     q, k, v, ds = fp8
-    if dtype != "e4m3":
-        q, k, v = dequantized_inputs(q, k, v, ds, torch.bfloat16)
+    if dtype not in ("e4m3",) and not dtype.endswith("_kv_e4m3"):
+        q, k, v = dequantized_inputs(q, k, v, ds, torch.bfloat16 if dtype == "bf16" else torch.float16)
         ds = None
     out = empty_output(q)
 
@@ -88,24 +91,32 @@ def measure(problem: Problem, names: list[str], rounds: int) -> dict[str, Any]:
         call, _ = _launcher(kern, inputs, parse_variant_name(name).dtype)
         timed[name] = (lambda call=call: time_cuda(lambda: call(False), l2_bytes=profile.l2_bytes, rep_ms=100,
                                                    meter=meter))
-    fp8 = [n for n in kernels if parse_variant_name(n).dtype == "e4m3"]
+    fp8 = [n for n in kernels if parse_variant_name(n).dtype == problem.dtype]
     others = [b.name for b in baselines] + [n for n in kernels if n not in fp8]
-    return summarise(problem, interleaved_timings(timed, rounds), rounds, fp8, others)
+    res = summarise(problem, interleaved_timings(timed, rounds), rounds, fp8, others)
+    if problem.seq_q <= 16:  # decode: bandwidth in the bytes each one reads (K and V once)
+        kv = 2 * problem.batch * problem.heads_kv * problem.seq_k * problem.head_dim
+        res["kv_gbs"] = {n: kv * (1 if n in fp8 else 2) / (statistics.median(t) * 1e3)
+                         for n, t in res["times_us"].items()}
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="+", help="e4m3 variants, and 16-bit ones to compare with (same causality)")
+    ap.add_argument("variants", nargs="+", help="FP8 variants (the first names the dtype), and 16-bit ones to compare "
+                                                "with (same causality)")
     ap.add_argument("--shape", required=True, help="B,H,S,D or B,H,Sq,Sk,D")
     ap.add_argument("--hkv", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None, help="append the result as one JSON line")
     args = ap.parse_args()
     cuda_driver(0)
-    problem = problem_from_shape(args.shape, dtype="e4m3", causal=parse_variant_name(args.variants[0]).causal,
-                                 heads_kv=args.hkv)
+    first = parse_variant_name(args.variants[0])
+    problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal, heads_kv=args.hkv)
     res = measure(problem, args.variants, args.rounds)
     print_result(res)
+    for name, gbs in res.get("kv_gbs", {}).items():
+        print(f"  {name:66s} {gbs:7.0f} GB/s of K/V")
     if args.json:
         with args.json.open("a") as f:
             f.write(json.dumps(res) + "\n")

@@ -30,9 +30,9 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
   mbar_expect_tx(bar, 2 * C::KV_TILE_BYTES);
   if (pg.table == nullptr) {
 #pragma unroll
-    for (int cb = 0; cb < C::D / 64; ++cb) {
-      tma_load(sk + cb * C::KVLayout::BOX_BYTES, &tk, bar, cb * 64, j * C::BN, hk, b);
-      tma_load(sv + cb * C::KVLayout::BOX_BYTES, &tv, bar, cb * 64, j * C::BN, hk, b);
+    for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
+      tma_load(sk + cb * C::KVLayout::BOX_BYTES, &tk, bar, cb * C::KVLayout::COLS, j * C::BN, hk, b);
+      tma_load(sv + cb * C::KVLayout::BOX_BYTES, &tv, bar, cb * C::KVLayout::COLS, j * C::BN, hk, b);
     }
     return;
   }
@@ -45,10 +45,10 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
     const int page = table[min(n >> pg.page_shift, pg.per_seq - 1)];
     const int row = n & ((1 << pg.page_shift) - 1);
 #pragma unroll
-    for (int cb = 0; cb < C::D / 64; ++cb) {
+    for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
       const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
-      tma_load(sk + off, &tk, bar, cb * 64, row, hk, page);  // a page id out of range reads zeros (TMA)
-      tma_load(sv + off, &tv, bar, cb * 64, row, hk, page);
+      tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page);  // a page id out of range reads zeros
+      tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page);
     }
   }
 }
@@ -59,9 +59,9 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
 // slot is refilled by TMA (the async proxy) after these generic-proxy writes.
 template <class C>
 __device__ __forceinline__ void zero_v_rows(unsigned char* tile, int first) {
-  constexpr int CHUNKS = C::KVLayout::ROW_BYTES / 16;  // a row's 16-byte chunks within one 64-column box
+  constexpr int CHUNKS = C::KVLayout::ROW_BYTES / 16;  // a row's 16-byte chunks within one 128-byte box
   const int rows = C::BN - first;  // first >= 1: a tile is only loaded when it holds one of the row's keys
-  for (int i = threadIdx.x; i < rows * CHUNKS * (C::D / 64); i += C::THREADS) {
+  for (int i = threadIdx.x; i < rows * CHUNKS * (C::D / C::KVLayout::COLS); i += C::THREADS) {
     const int c = i % CHUNKS, r = first + (i / CHUNKS) % rows, box = i / (CHUNKS * rows);
     *reinterpret_cast<uint4*>(tile + box * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES + c * 16) =
         make_uint4(0u, 0u, 0u, 0u);
@@ -81,7 +81,7 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   namespace cg = cooperative_groups;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);
+  auto* sQ = reinterpret_cast<typename C::Compute*>(smem_raw);
   const uint32_t sK = smem_u32(smem_raw + C::Q_BYTES);
   const uint32_t sV = sK + C::STAGES * C::KV_TILE_BYTES;
   const uint32_t bars = sV + C::STAGES * C::KV_TILE_BYTES;  // STAGES mbarriers ("tile landed")
@@ -110,7 +110,15 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
       if (s < n_tiles)
         issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
   }
-  load_packed_q<C>(sQ, a, b, hk, m0, rows);
+  // An FP8 cache: Q goes in as fp16 times 2^e (kv_fp8.h), and K's scale and 2^-e join the softmax scale.
+  float scale = a.scale;
+  if constexpr (C::KV_FP8) {
+    const int kv_head = b * (int)gridDim.y + hk;
+    scale *= a.k_descale[kv_head] * load_packed_q_fp16<C>(sQ, a, b, hk, m0, rows,
+                                                          reinterpret_cast<float*>(smem_raw + C::QMAX_OFFSET));
+  } else {
+    load_packed_q<C>(sQ, a, b, hk, m0, rows);
+  }
   __syncthreads();  // Q stored, barriers initialised
 
   const int key_base = warp * C::KEYS_PER_WARP;
@@ -118,12 +126,14 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const uint32_t q_rb = smem_u32(sQ) + q_row0 * QL::ROW_BYTES, q_cb = QL::chunk_bytes(q_row0, lane / 16);
   const int k_row0 = key_base + (lane / 16) * 8 + (lane % 8);
   const uint32_t k_rb = sK + k_row0 * KL::ROW_BYTES, k_cb = KL::chunk_bytes(k_row0, (lane / 8) % 2);
-  const int v_row0 = key_base + ((lane / 8) % 2) * 8 + (lane % 8);
-  const uint32_t v_rb = sV + v_row0 * KL::ROW_BYTES, v_cb = KL::chunk_bytes(v_row0, lane / 16);
+  const int v_row0 = C::KV_FP8 ? key_base + 2 * t : key_base + ((lane / 8) % 2) * 8 + (lane % 8);
+  const uint32_t v_rb = sV + v_row0 * KL::ROW_BYTES;
+  const uint32_t v_cb = C::KV_FP8 ? KL::chunk_bytes(v_row0, g / 4) | (4 * (g % 4))  // warp_pv_kv8's 32-bit loads
+                                  : KL::chunk_bytes(v_row0, lane / 16);
 
   WarpState<C> st;
   st.init();
-  const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, a.scale);
+  const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, scale);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int slot = j % C::STAGES;
@@ -165,14 +175,18 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)
 //   __cluster_dims__(TunerCfg::SPLITS, 1, 1) <name>(ATTN_FWD_PARAMS) { ATTN_FWD_BODY(TunerCfg) }
 // The parameters are the Hopper template's: the tensor maps of q, k, v first (q's is not read: the packed
-// rows come from several heads), then the tensor arguments, heads and batch; then the per-batch key
-// lengths (null: every row uses all Sk keys) and the paging (block_table null: dense K/V; else Sk is the
-// table's capacity, pages_per_seq << page_shift).
+// rows come from several heads), then the tensor arguments, heads, batch and the three descale pointers
+// (q's unused; k's and v's an FP8 cache's scales, float32 [B, Hkv], null for 16-bit K/V); then the
+// per-batch key lengths (null: every row uses all Sk keys) and the paging (block_table null: dense K/V;
+// else Sk is the table's capacity, pages_per_seq << page_shift).
 #define ATTN_FWD_PARAMS                                                                                        \
   const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_k,                      \
       const __grid_constant__ fc::TmaDesc tmap_v, ATTN_FWD_TENSOR_PARAMS, int heads, int batch,                \
-      const int* seq_lens, const int* block_table, int page_shift, int pages_per_seq
+      const float* q_descale, const float* k_descale, const float* v_descale, const int* seq_lens,            \
+      const int* block_table, int page_shift, int pages_per_seq
 
 #define ATTN_FWD_BODY(CFG)                                                                                     \
-  fc::attn_decode<CFG>(tmap_k, tmap_v, ATTN_FWD_ARGS(heads, batch), seq_lens,                                  \
-                       fc::Paging{block_table, page_shift, pages_per_seq});
+  fc::AttnArgs args_ = ATTN_FWD_ARGS(heads, batch);                                                            \
+  args_.k_descale = k_descale;                                                                                 \
+  args_.v_descale = v_descale;                                                                                 \
+  fc::attn_decode<CFG>(tmap_k, tmap_v, args_, seq_lens, fc::Paging{block_table, page_shift, pages_per_seq});

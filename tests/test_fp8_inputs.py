@@ -87,7 +87,7 @@ def test_fp8_inputs_are_e4m3_in_the_problem_s_layout_with_descales_per_batch_row
 
 
 def test_fp8_inputs_are_for_e4m3_problems_only() -> None:
-    with pytest.raises(TunerError, match=r"^fp8_inputs makes e4m3 inputs, not bf16 ones"):
+    with pytest.raises(TunerError, match=r"^fp8_inputs makes FP8 inputs, not bf16 ones"):
         fp8_inputs(Problem(1, 2, 8, 8, 64, dtype="bf16"), "cpu", seed=1)
 
 
@@ -105,7 +105,7 @@ def test_the_reference_of_an_fp8_problem_is_the_fp32_reference_of_its_real_value
     expected = expected_output(problem, q, k, v, 0.125, descales=descales)
     want = problem_reference(problem, *dequantized_inputs(q, k, v, descales), 0.125)[0]
     assert expected.rows is None and torch.equal(expected.out, want)
-    with pytest.raises(TunerError, match=r"^the reference of an e4m3 problem needs the descales"):
+    with pytest.raises(TunerError, match=r"^the reference of a problem in e4m3 needs the scales of its FP8 inputs"):
         expected_output(problem, q, k, v, 0.125)
 
 

@@ -16,27 +16,33 @@ from tuner.problem import DTYPES, Problem
 from tuner.search.samplers import study_name
 
 PROBE = "attn_fwd_wgmma"  # the Hopper template: it declares e4m3
+PROBES = (PROBE, "attn_decode")  # and the decode template: the FP8 KV cache's dtypes
+
+
+def test_every_dtype_has_a_template() -> None:
+    assert set(DTYPES) == {d for p in PROBES for d in load_manifest(p).features.dtypes}
 
 
 @st.composite
 def variants(draw: st.DrawFn) -> Variant:
-    manifest = load_manifest(PROBE)
+    manifest = load_manifest(draw(st.sampled_from(PROBES)))
     params = {name: draw(st.sampled_from(spec.values)) for name, spec in manifest.params.items()}
     causal = draw(st.booleans())
-    return Variant(PROBE, draw(st.sampled_from(manifest.features.head_dims)), draw(st.sampled_from(DTYPES)), causal,
-                   params, draw(st.integers(-1, 70000)), -1 if causal else draw(st.just(-1) | st.integers(1, 70000)),
-                   draw(st.sampled_from([0.0, 30.0, 50.5])))
+    return Variant(manifest.name, draw(st.sampled_from(manifest.features.head_dims)),
+                   draw(st.sampled_from(manifest.features.dtypes)), causal, params, draw(st.integers(-1, 70000)),
+                   -1 if causal else draw(st.just(-1) | st.integers(1, 70000)), draw(st.sampled_from([0.0, 30.0, 50.5])))
 
 
 @settings(max_examples=150, deadline=None)
 @given(variants())
 def test_every_dtype_s_variant_names_read_back(variant: Variant) -> None:
+    """bf16_kv_e4m3 begins like bf16: names still read back whole (the dtypes match longest first)."""
     name = variant.name
     assert f"_d{variant.head_dim}_{variant.dtype}_" in name
     assert parse_variant_name(name) == variant
-    assert full_name(short_name(name), PROBE, variant.head_dim, variant.dtype) == name
-    assert not short_name(name).startswith(variant.dtype)
-    assert Variant.from_stored(PROBE, variant.stored_params()) == variant
+    assert full_name(short_name(name), variant.template, variant.head_dim, variant.dtype) == name
+    assert not short_name(name).startswith(variant.dtype) and not short_name(name).startswith("kv_")
+    assert Variant.from_stored(variant.template, variant.stored_params()) == variant
 
 
 def test_an_fp8_study_has_a_name_of_its_own() -> None:

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import tuner.runtime.baselines as baselines  # noqa: E402
 from tuner.backends import gpu_child  # noqa: E402
-from tuner.backends.gpu_child import CudaRunner, RequestError, RunnerOptions, kernel_call  # noqa: E402
+from tuner.backends.gpu_child import CudaRunner, RunnerOptions, kernel_call  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.runtime.baselines import (  # noqa: E402
@@ -95,10 +95,30 @@ def test_a_16_bit_problem_s_kernel_is_called_as_before() -> None:
     assert kernel.calls == ["checked", "unchecked"]
 
 
-def test_a_paged_fp8_launch_is_refused() -> None:
-    with pytest.raises(RequestError, match="no FP8 launch"):
-        kernel_call(RecordingKernel(), {"q": 1, "k": 2, "v": 3, "scale": 1.0, "block_table": 4, "k_cache": 5,
-                                        "v_cache": 6, "seq_lens": 7, "descales": Descales(1, 2, 3)}, None, True)
+def test_a_paged_fp8_cache_launch_takes_its_scales() -> None:
+    """An FP8 KV cache in pages: the paged launch gets (None, k_scale, v_scale), checked or not."""
+    kernel = RecordingKernel()
+    kernel.paged = lambda *args, **kwargs: kernel.calls.append(("paged", args, kwargs))
+    data = {"q": 1, "k": 2, "v": 3, "scale": 1.0, "block_table": 4, "k_cache": 5, "v_cache": 6, "seq_lens": 7,
+            "descales": Descales(None, 8, 9)}
+    for checked in (True, False):
+        kernel_call(kernel, data, "out", checked)()
+    assert kernel.calls == [("paged", (1, 5, 6, "out", 4, 7, 1.0), {"check": c, "descales": Descales(None, 8, 9)})
+                            for c in (True, False)]
+
+
+FP8_CACHE = Problem(2, 8, 1, 300, 128, dtype="bf16_kv_e4m3", heads_kv=2)
+
+
+def test_an_fp8_cache_problem_s_inputs_are_16_bit_queries_and_e4m3_k_and_v_with_scales(runner) -> None:
+    entry = runner._problem_inputs(FP8_CACHE)
+    q, k, v, descales = entry["q"], entry["k"], entry["v"], entry["descales"]
+    assert q.dtype == torch.bfloat16 and k.dtype == v.dtype == torch.float8_e4m3fn
+    assert descales.q is None and [tuple(d.shape) for d in descales[1:]] == [(2, 2)] * 2
+    real_k = k.float() * descales.k[:, :, None, None]
+    want = expected_output(FP8_CACHE, q.float(), real_k, v.float() * descales.v[:, :, None, None], entry["scale"],
+                           descales=Descales(None, torch.ones(2, 2), torch.ones(2, 2)))
+    assert torch.allclose(entry["ref"].out, want.out)
 
 
 @pytest.fixture
@@ -133,7 +153,7 @@ def test_sdpa_and_fa4_run_an_fp8_problem_in_bf16_on_its_real_values(recorded) ->
         assert given[0].stride() == q.stride()  # BSHD stays BSHD
     qb = recorded.fa4[-1][0]  # FA4 takes [B, S, H, D]
     assert qb.dtype == torch.bfloat16 and torch.allclose(qb.float(), real[0].transpose(1, 2), rtol=2**-8, atol=0)
-    with pytest.raises(TunerError, match=r"^the baselines of an e4m3 problem need the descales"):
+    with pytest.raises(TunerError, match=r"^the baselines of a problem in e4m3 need the scales of its FP8 inputs"):
         available_baselines(FP8, q, k, v, 0.125)
 
 

@@ -41,7 +41,7 @@ def test_an_fp8_problem_is_e4m3_with_one_byte_elements() -> None:
     assert p.label == "B2 H32 Hkv8 S4096 D128 e4m3 causal"
     assert (p.elem_bytes, Problem(1, 1, 1, 1, 64, "bf16").elem_bytes, Problem(1, 1, 1, 1, 64).elem_bytes) == (1, 2, 2)
     assert p.flops == Problem(2, 32, 4096, 4096, 128, dtype="bf16", causal=True, heads_kv=8).flops
-    with pytest.raises(TunerError, match=r"^unsupported dtype 'fp8'; expected one of fp16, bf16, e4m3$"):
+    with pytest.raises(TunerError, match=r"^unsupported dtype 'fp8'; expected one of fp16, bf16, e4m3, fp16_kv_e4m3, bf16_kv_e4m3$"):
         Problem(1, 1, 1, 1, 64, dtype="fp8")
 
 

@@ -112,7 +112,7 @@ def test_a_short_name_no_trial_has_asks_for_every_missing_option(stored) -> None
     url, _ = stored
     assert_one_line_error(tuner(url, "render", DECODE_SHORT, "--gpu", "h100"), "no stored trial matching these options",
                           "give --template (attn_decode or attn_decode_sm80), --head-dim (64 or 128) and --dtype "
-                          "(bf16 or fp16)")
+                          "(bf16, bf16_kv_e4m3, fp16 or fp16_kv_e4m3)")
 
 
 def test_options_complete_a_short_name_without_a_store(tmp_path: Path) -> None:

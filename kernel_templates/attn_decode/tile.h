@@ -10,6 +10,7 @@
 #include "../common/attn_args.h"
 #include "../common/utils.h"
 #include "config.h"
+#include "kv_fp8.h"
 
 namespace fc {
 
@@ -96,7 +97,8 @@ __device__ __forceinline__ TilePlace tile_place(int m0, int group, int rows, int
 
 // One K/V tile (keys n0 .. n0 + BN) for this warp's keys: S = Q K^T (ldmatrix + mma.sync), the masks
 // (keys past n_end, and past each row's causal limit), the online softmax, O += P V. tk_rb / tv_rb: the
-// lane's K and V row bases in the tile's shared memory (k_cb / v_cb their swizzled chunks).
+// lane's K and V row bases in the tile's shared memory (k_cb / v_cb their swizzled chunks; an FP8 cache's V:
+// warp_pv_kv8's).
 template <class C>
 __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& at, uint32_t q_rb, uint32_t q_cb,
                                             uint32_t tk_rb, uint32_t k_cb, uint32_t tv_rb, uint32_t v_cb, int n0) {
@@ -107,9 +109,13 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
 
   // ---- S = Q K^T: every row of the block x this warp's keys of the tile
   float acc_s[C::MT][C::NT][4];
-  warp_qk<T, KL, C::MT, C::NT, C::KD>(
-      acc_s, [&](uint32_t(&f)[4], int mt, int kd) { ldmatrix_x4(f, QL::addr(q_rb, q_cb, mt * 16, kd * 16)); }, tk_rb,
-      k_cb);
+  if constexpr (C::KV_FP8) {
+    warp_qk_kv8<C>(acc_s, q_rb, q_cb, tk_rb, k_cb);
+  } else {
+    warp_qk<T, KL, C::MT, C::NT, C::KD>(
+        acc_s, [&](uint32_t(&f)[4], int mt, int kd) { ldmatrix_x4(f, QL::addr(q_rb, q_cb, mt * 16, kd * 16)); },
+        tk_rb, k_cb);
+  }
 
   C::Cap::template apply<C::MT * C::NT * 4>(&acc_s[0][0][0], at.cap_pre);  // softcap (before the masks)
 
@@ -140,7 +146,8 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
         st.acc_o[mt][dt][2 * r + 1] *= alpha;
       }
     }
-  warp_pv<T, KL, C::MT, C::NT, C::DT>(st.acc_o, acc_s, tv_rb, v_cb);
+  if constexpr (C::KV_FP8) warp_pv_kv8<C>(st.acc_o, acc_s, tv_rb, v_cb);
+  else warp_pv<T, KL, C::MT, C::NT, C::DT>(st.acc_o, acc_s, tv_rb, v_cb);
 }
 
 // The CTA's partial result in shared memory (the K/V ring reused: call after every warp is done with it):
@@ -213,14 +220,21 @@ __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned 
           if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
 #pragma unroll
           for (int dt = 0; dt < C::DT; ++dt) {
-            float2* dst = reinterpret_cast<float2*>(s_acc + row * C::D + dt * 8 + 2 * t);
             const float2 mine = make_float2(st.acc_o[mt][dt][2 * r] * factor[mt][r],
                                             st.acc_o[mt][dt][2 * r + 1] * factor[mt][r]);
-            if (w == 0) {
-              *dst = mine;
+            if constexpr (C::KV_FP8) {  // the accumulators' dims are permuted (o_col): two scalar stores
+              float* d0 = s_acc + row * C::D + o_col<C>(dt, t, 0);
+              float* d1 = s_acc + row * C::D + o_col<C>(dt, t, 1);
+              *d0 = w == 0 ? mine.x : *d0 + mine.x;
+              *d1 = w == 0 ? mine.y : *d1 + mine.y;
             } else {
-              const float2 sum = *dst;
-              *dst = make_float2(sum.x + mine.x, sum.y + mine.y);
+              float2* dst = reinterpret_cast<float2*>(s_acc + row * C::D + dt * 8 + 2 * t);
+              if (w == 0) {
+                *dst = mine;
+              } else {
+                const float2 sum = *dst;
+                *dst = make_float2(sum.x + mine.x, sum.y + mine.y);
+              }
             }
           }
         }
@@ -260,7 +274,9 @@ __device__ __forceinline__ void finish_rows(const AttnArgs& a, int b, int hk, in
       o8[0] += lo.x * w, o8[1] += lo.y * w, o8[2] += lo.z * w, o8[3] += lo.w * w;
       o8[4] += hi.x * w, o8[5] += hi.y * w, o8[6] += hi.z * w, o8[7] += hi.w * w;
     }
-    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    // An FP8 cache's V scale (real V = stored x scale) multiplies O once, here.
+    const float v_scale = C::KV_FP8 ? a.v_descale[(long long)b * (heads / group) + hk] : 1.f;
+    const float inv = l_all > 0.f ? v_scale / l_all : 0.f;
     const int p = gr / group, h = hk * group + gr % group;
     uint4 packed;
     packed.x = pack2<T>(o8[0] * inv, o8[1] * inv);

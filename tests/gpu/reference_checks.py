@@ -33,7 +33,7 @@ def assert_variants_match_reference(variants: list, problem: Problem, profile) -
     for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
         assert built.ok, f"{variant.name} failed to compile:\n{built.compiled.log[-2000:]}"
         kernel = built.load()
-        if problem.dtype == "e4m3":  # the reference on the dequantised values, the kernel given the descales
+        if problem.fp8:  # the reference on the dequantised values, the kernel given the descales
             q, k, v, descales = fp8_inputs(problem)
             ref, ref_lse = problem_reference(problem, *dequantized_inputs(q, k, v, descales), scale)
         else:

@@ -33,6 +33,9 @@ CASES = {
         ("attn_decode_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
         ("attn_decode_d64_fp16_m32n128_w8_sp8_s2_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
         ("attn_decode_d64_fp16_m16n32_w2_sp2_s4_causal", Problem(1, 2, 20, 10, 64, causal=True)),
+        ("attn_decode_d128_bf16_kv_e4m3_m16n64_w2_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16_kv_e4m3", heads_kv=2)),
+        ("attn_decode_d128_fp16_kv_e4m3_m32n128_w8_sp2_s2_causal", Problem(1, 8, 5, 300, 128, dtype="fp16_kv_e4m3",
+                                                                         causal=True, heads_kv=1)),
     ],
     "decode_sm80": [  # the cp.async ring and the workspace merge (the last CTA of a row block)
         ("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
@@ -49,17 +52,17 @@ for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     built = build(variant, arch)
     assert built.ok, built.compiled.log
     kernel = built.load()
-    q, k, v, descales = fp8_inputs(problem) if problem.dtype == "e4m3" else (*make_inputs(problem), None)
+    q, k, v, descales = fp8_inputs(problem) if problem.fp8 else (*make_inputs(problem), None)
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")
     kernel(q, k, v, out, lse, descales=descales)
     if built.shape.splits:  # decode kernels: ragged lengths, then a paged cache (16-row pages, shuffled)
         lens = torch.arange(problem.batch, dtype=torch.int32, device="cuda") * 7 + 1
-        kernel(q, k, v, out, seq_lens=lens)
+        kernel(q, k, v, out, seq_lens=lens, descales=descales)
         b, hkv, sk, d = k.shape
         per_seq = -(-sk // 16)
         table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).view(b, per_seq)
         kc, vc = (torch.randn(b * per_seq, 16, hkv, d, device="cuda").to(k.dtype) for _ in range(2))
-        kernel.paged(q, kc, vc, out, table, torch.full((b,), sk, dtype=torch.int32, device="cuda"))
+        kernel.paged(q, kc, vc, out, table, torch.full((b,), sk, dtype=torch.int32, device="cuda"), descales=descales)
     torch.cuda.synchronize()
 print("sanitize cases ran")

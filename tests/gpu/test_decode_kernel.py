@@ -30,10 +30,27 @@ PROBLEMS = [
 ]
 
 
+# An FP8 KV cache (e4m3 k and v with scales per batch row and K/V head; sm_90 template only).
+FP8_CACHE_PROBLEMS = [
+    Problem(2, 32, 1, 8192, 128, dtype="bf16_kv_e4m3", heads_kv=8),                 # the decode step
+    Problem(1, 16, 4, 1000, 128, dtype="fp16_kv_e4m3", causal=True, heads_kv=4),     # Sq 4, fp16 queries
+    Problem(2, 8, 3, 777, 128, dtype="bf16_kv_e4m3", causal=True, heads_kv=2, layout="bshd"),
+    Problem(1, 8, 16, 2000, 128, dtype="fp16_kv_e4m3", heads_kv=8),                  # group 1, Sq 16
+    Problem(1, 16, 4, 3000, 128, dtype="bf16_kv_e4m3", causal=True, heads_kv=4, window_left=1000, softcap=50.0),
+    Problem(1, 8, 1, 65536, 128, dtype="bf16_kv_e4m3", heads_kv=2),                  # a long context
+    Problem(1, 4, 20, 10, 128, dtype="bf16_kv_e4m3", causal=True),                   # rows that see no key
+]
+
+
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
 def test_variants_match_fp32_reference(problem: Problem, template: str, hopper) -> None:
     assert_variants_match_reference(sample_variants(template, problem, hopper), problem, hopper)
+
+
+@pytest.mark.parametrize("problem", FP8_CACHE_PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
+def test_fp8_cache_variants_match_fp32_reference_of_the_real_values(problem: Problem, hopper) -> None:
+    assert_variants_match_reference(sample_variants("attn_decode", problem, hopper), problem, hopper)
 
 
 @pytest.mark.parametrize("case", ["decode", "decode_sm80"])
@@ -98,17 +115,17 @@ def _poisoned_past(x, lens: list[int]):
     return out
 
 
-def _paged_copy(k, page: int, lens: list[int], seed: int):
+def _paged_copy(k, page: int, lens: list[int], seed: int, nan: float = float("nan")):
     """k [B, Hkv, Sk, D] scattered into shuffled pages of a [pages, page, Hkv, D] cache (vLLM's layout),
-    plus a spare page; every row no sequence holds (a last page's tail, unused pages) is NaN; the block
-    table [B, ceil(Sk / page)] (unused entries -1)."""
+    plus a spare page; every row no sequence holds (a last page's tail, unused pages) is `nan` (an FP8
+    cache's bytes: 0x7f, e4m3's NaN); the block table [B, ceil(Sk / page)] (unused entries -1)."""
     import torch
 
     b, hkv, sk, d = k.shape
     per_seq = (sk + page - 1) // page
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(b * per_seq + 1, generator=gen)
-    cache = torch.full((b * per_seq + 1, page, hkv, d), float("nan"), dtype=k.dtype, device=k.device)
+    cache = torch.full((b * per_seq + 1, page, hkv, d), nan, dtype=k.dtype, device=k.device)
     table = torch.full((b, per_seq), -1, dtype=torch.int32)
     for bi in range(b):
         for pi in range((lens[bi] + page - 1) // page):
@@ -171,6 +188,47 @@ def test_paged_cache_with_shuffled_pages_and_ragged_lengths(hopper, page: int, s
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         with pytest.raises(AttentionInputError, match="page_size must be 16, 32, 64, 128 or 256"):
             kernel.paged(q, kc[:, :8], vc[:, :8], out, table, seq_lens)
+
+
+@pytest.mark.parametrize("page", [16, 128])
+def test_an_fp8_cache_in_pages_with_ragged_lengths(hopper, page: int) -> None:
+    """e4m3 k and v with their scales, dense with seq_lens and in shuffled pages whose unused rows hold e4m3
+    NaNs: the reference of the real values over each row's keys; a 16-bit k is refused by name."""
+    import torch
+
+    from tuner.kernels.feasibility import covering_sample
+    from tuner.runtime.build import build_many
+    from tuner.runtime.fp8 import dequantized
+    from tuner.runtime.shipped.launcher import AttentionInputError
+    from tuner.runtime.verify import TOLERANCE, empty_output, fp8_inputs, reference, relative_error
+
+    problem = Problem(3, 8, 1, 700, 128, dtype="bf16_kv_e4m3", heads_kv=2)
+    q, k, v, ds = fp8_inputs(problem, seed=4)
+    kr, vr = dequantized(k, ds.k), dequantized(v, ds.v)
+    lens = [700, 1, 333]
+    want = torch.zeros_like(q, dtype=torch.float32)
+    for b, n in enumerate(lens):
+        want[b:b + 1] = reference(q[b:b + 1].float(), kr[b:b + 1, :, :n], vr[b:b + 1, :, :n], False)[0]
+    kc, table = _paged_copy(k.view(torch.uint8), page, lens, seed=page, nan=0x7F)
+    vc, _ = _paged_copy(v.view(torch.uint8), page, lens, seed=page, nan=0x7F)
+    kc, vc = kc.view(torch.float8_e4m3fn), vc.view(torch.float8_e4m3fn)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for built in build_many(covering_sample("attn_decode", problem, hopper, seed=page)[:3], hopper.nvcc_arch):
+        assert built.ok, built.compiled.log[-2000:]
+        kernel = built.load()
+        for call in ("dense", "paged"):
+            out = empty_output(q)
+            if call == "dense":
+                kernel(q, k, v, out, seq_lens=seq_lens, descales=(None, ds.k, ds.v))
+            else:
+                kernel.paged(q, kc, vc, out, table, seq_lens, descales=(None, ds.k, ds.v))
+            torch.cuda.synchronize()
+            err = relative_error(out, want)
+            assert err < TOLERANCE[problem.dtype], f"{built.variant.name} {call}: rel error {err:.2e}"
+        with pytest.raises(AttentionInputError, match="takes float16 or bfloat16 q with float8_e4m3fn k and v"):
+            kernel(q, kr.bfloat16(), vr.bfloat16(), empty_output(q))
+        with pytest.raises(AttentionInputError, match=r"descales=\(None, k_scale, v_scale\)"):
+            kernel(q, k, v, empty_output(q))
 
 
 def test_a_paged_problem_is_searched_through_the_paged_launch(hopper, tmp_path) -> None:

@@ -136,7 +136,7 @@ class CudaRunner:
             self._inputs.popitem(last=False)
         seed = self._rng.randrange(1 << 62)
         descales = None
-        if problem.dtype == "e4m3":
+        if problem.fp8:
             q, k, v, descales = fp8_inputs(problem, "cuda", seed)
         else:
             q, k, v = make_inputs(problem, "cuda", seed)
@@ -350,15 +350,13 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
 
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
     """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
-    ragged batch, an e4m3 problem's descales); `checked` validates the inputs first (the verify launch),
+    ragged batch, FP8 inputs' descales); `checked` validates the inputs first (the verify launch),
     else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all."""
     q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
-    descales = data.get("descales")  # an e4m3 problem's Descales (a (q, k, v) tuple of [B, Hkv] float32)
+    descales = data.get("descales")  # FP8 inputs' Descales (a (q, k, v) tuple of [B, Hkv] float32; q None: a cache)
     if "block_table" in data:
-        if descales is not None:
-            raise RequestError("a paged K/V cache has no FP8 launch: e4m3 problems are dense")
         kc, vc, table, lens = data["k_cache"], data["v_cache"], data["block_table"], data["seq_lens"]
-        return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked)
+        return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked, descales=descales)
     lens = data.get("seq_lens")  # a ragged batch's lengths (None: every row uses all Sk keys)
     if descales is not None:
         if checked:

@@ -55,7 +55,7 @@ def profiles_command(
 def space_command(
     gpu: Annotated[str, typer.Option(help="GPU profile name (h100, h200, a100, l4) or auto.")],
     shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
-    dtype: Annotated[str, typer.Option(help="fp16, bf16 or e4m3 (FP8).")] = "fp16",
+    dtype: Annotated[str, typer.Option(help="fp16, bf16, e4m3 (FP8), fp16_kv_e4m3 or bf16_kv_e4m3 (FP8 KV cache).")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, or paged16 ... paged256 (a paged K/V cache).")] = "bhsd",
@@ -100,7 +100,7 @@ def render_command(
         "first arch); with a tunables part, only trials on it resolve the name."))] = None,
     template: Annotated[Optional[str], typer.Option(help="With a tunables part: the kernel template.")] = None,
     head_dim: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="With a tunables part: the head dim.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="With a tunables part: fp16, bf16 or e4m3.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="With a tunables part: fp16, bf16, e4m3, fp16_kv_e4m3 or bf16_kv_e4m3.")] = None,
     db: DbOption = None,
 ) -> None:
     """Print the CUDA source of one variant as one file nvcc compiles alone (its headers inlined);

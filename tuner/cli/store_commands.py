@@ -31,7 +31,7 @@ from tuner.store.redact import redact_url
 def results_command(
     gpu: Annotated[Optional[str], typer.Option(help="GPU profile name, or part of the GPU name.")] = None,
     shape: Annotated[Optional[str], typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="fp16, bf16 or e4m3.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="fp16, bf16, e4m3, fp16_kv_e4m3 or bf16_kv_e4m3.")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Only causal / non-causal.")] = None,
     template: Annotated[Optional[str], typer.Option(help="Kernel template name.")] = None,
     status: Annotated[

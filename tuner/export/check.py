@@ -127,7 +127,7 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     from tuner.runtime.fp8 import dequantized_inputs
     from tuner.runtime.verify import fp8_inputs, make_inputs, problem_reference
 
-    if cell.problem.dtype == "e4m3":  # FP8 inputs, their descales, and their real values for the reference
+    if cell.problem.fp8:  # FP8 inputs, their descales, and their real values for the reference
         q, k, v, descales = fp8_inputs(cell.problem, seed=0)
         ref, _ = problem_reference(cell.problem, *dequantized_inputs(q, k, v, descales))
     else:

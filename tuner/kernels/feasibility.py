@@ -11,7 +11,7 @@ from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, enumerate_space, mask_of
-from tuner.problem import DTYPE_BYTES, Problem
+from tuner.problem import DTYPE_BYTES, KV_E4M3, Problem
 from tuner.profiles import GpuProfile
 
 # Registers a thread needs beyond its accumulators (fragments, addresses,
@@ -31,9 +31,10 @@ class Feasibility:
 
 
 def expression_names(variant: Variant) -> dict[str, object]:
-    """The names a manifest expression may use for this variant (elem_bytes: 2 for fp16/bf16, 1 for e4m3)."""
+    """The names a manifest expression may use for this variant (elem_bytes: of a k or v element, 2 for
+    fp16/bf16, 1 for e4m3 and an FP8 KV cache; kv_fp8: 1 for an FP8 KV cache with 16-bit queries)."""
     return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": DTYPE_BYTES[variant.dtype],
-            "causal": variant.causal}
+            "kv_fp8": int(variant.dtype.endswith(KV_E4M3)), "causal": variant.causal}
 
 
 def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Iterator, Mapping
 
 from tuner.errors import TunerError
 from tuner.kernels.manifest import Manifest, ParamValue, list_templates, load_manifest
-from tuner.problem import DTYPES, Problem, check_softcap, check_window
+from tuner.problem import Problem, check_softcap, check_window, dtype_pattern
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,8 @@ def _tunables_pattern(template: str) -> str:
 
 @lru_cache(maxsize=None)
 def _name_regex(template: str) -> re.Pattern[str]:
-    dtypes = "|".join(DTYPES)
-    return re.compile(rf"^{re.escape(template)}_d(?P<head_dim>\d+)_(?P<dtype>{dtypes})_{_tunables_pattern(template)}$")
+    return re.compile(rf"^{re.escape(template)}_d(?P<head_dim>\d+)_(?P<dtype>{dtype_pattern()})_"
+                      rf"{_tunables_pattern(template)}$")
 
 
 def parse_variant_name(name: str) -> Variant:
@@ -180,7 +180,7 @@ def parse_variant_name(name: str) -> Variant:
     raise TunerError(f"not a variant name: {name!r}")
 
 
-_SHORT_PREFIX = re.compile(rf"^[A-Za-z0-9_]+?_d\d+_(?:{'|'.join(DTYPES)})_")
+_SHORT_PREFIX = re.compile(rf"^[A-Za-z0-9_]+?_d\d+_(?:{dtype_pattern()})_")
 
 
 def short_name(name: str) -> str:

@@ -52,8 +52,9 @@ class GpuProfile:
         return tuple(self.extra.get("templates", DEFAULT_TEMPLATES))
 
     def peak_tflops(self, dtype: str) -> float:
-        """Dense tensor-core peak for 'fp16', 'bf16' or 'e4m3' (the profile's optional peak_fp8_tflops)."""
-        if dtype == "fp16":
+        """Dense tensor-core peak for 'fp16', 'bf16' or 'e4m3' (the profile's optional peak_fp8_tflops); an FP8
+        KV cache's kernels compute in fp16 (attn_decode/kv_fp8.h), at its peak."""
+        if dtype == "fp16" or dtype.endswith("_kv_e4m3"):
             return self.peak_fp16_tflops
         if dtype == "bf16":
             return self.peak_bf16_tflops

@@ -45,7 +45,7 @@ def replay_trial(template: str, params: Mapping[str, Any], problem: Problem, arc
     kernel = built.load(device)
     # An e4m3 problem's kernel takes its descales too (a 16-bit one's is called without them).
     extra: dict[str, Any] = {}
-    if problem.dtype == "e4m3":
+    if problem.fp8:
         q, k, v, extra["descales"] = fp8_inputs(problem)
     else:
         q, k, v = make_inputs(problem)

@@ -55,6 +55,8 @@ def missing_baselines_note(problem: Problem) -> Optional[str]:
         notes.append(f"no {names} baseline: {'; '.join(dict.fromkeys(skipped.values()))}")
     if problem.dtype == "e4m3":
         notes.append("no FP8 SDPA or FA4: they run in bf16 on the dequantised inputs")
+    elif problem.fp8_kv:
+        notes.append("no FP8 KV cache in SDPA or FA4: they run on k and v dequantised to q's dtype")
     return "; ".join(notes) or None
 
 
@@ -198,17 +200,20 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
     """Every SDPA backend that runs this problem on this card, and FlashAttention-4 where it runs it
     (`fa4=False`: SDPA only, e.g. where the question is whether to fall back to SDPA). A ragged batch or
     a sliding window goes to SDPA as a mask of the keys each query sees (what a model passes it); FA4's
-    dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried. An e4m3 problem
-    (fp8 q, k, v) needs its `descales`: SDPA and FA4 get the dequantised values in bf16 (copies made
-    here, outside the timed calls), then come fp8_baselines."""
+    dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried. A problem with FP8
+    inputs needs their `descales`: SDPA and FA4 get the dequantised values (e4m3: in bf16, then come
+    fp8_baselines; an FP8 KV cache: k and v in q's dtype), copies made here, outside the timed calls."""
     native: list[Baseline] = []
-    if problem.dtype == "e4m3":
+    if problem.fp8:
         if descales is None:
-            raise TunerError("the baselines of an e4m3 problem need the descales of its q, k and v (fp8_inputs)")
+            raise TunerError(f"the baselines of a problem in {problem.dtype} need the scales of its FP8 inputs "
+                             f"(fp8_inputs)")
         import torch
 
-        native = fp8_baselines(problem, q, k, v, scale, descales)
-        q, k, v = dequantized_inputs(q, k, v, descales, torch.bfloat16)
+        if problem.dtype == "e4m3":
+            native = fp8_baselines(problem, q, k, v, scale, descales)
+        # e4m3's in bf16; an FP8 KV cache's in q's dtype (the unquantised model's attention)
+        q, k, v = dequantized_inputs(q, k, v, descales, torch.bfloat16 if problem.dtype == "e4m3" else q.dtype)
     skipped = sdpa_skipped(problem)
     mask = sdpa_mask(problem, q.device) if len(skipped) < len(SDPA_BACKENDS) else None
     found = []

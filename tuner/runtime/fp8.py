@@ -53,7 +53,11 @@ def dequantized(t: Any, descale: Any, heads_per_kv: int = 1, dtype: Any = None) 
 
 
 def dequantized_inputs(q: Any, k: Any, v: Any, descales: Descales, dtype: Any = None) -> tuple[Any, Any, Any]:
-    """dequantized() of q, k and v (q's group size from the head counts): the problem's real values."""
+    """dequantized() of q, k and v (q's group size from the head counts): the problem's real values. An FP8
+    KV cache's q (Descales.q None) is real already: converted to `dtype` (float32 by default) alone."""
+    import torch
+
     group = q.shape[1] // k.shape[1]
-    return (dequantized(q, descales.q, group, dtype), dequantized(k, descales.k, 1, dtype),
-            dequantized(v, descales.v, 1, dtype))
+    real_q = q.to(torch.float32 if dtype is None else dtype) if descales.q is None else \
+        dequantized(q, descales.q, group, dtype)
+    return real_q, dequantized(k, descales.k, 1, dtype), dequantized(v, descales.v, 1, dtype)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import Problem, query_dtype
 # The FP8 helpers live in tuner.runtime.fp8; Descales and dequantized are this module's API too.
 from tuner.runtime.fp8 import Descales, dequantized, dequantized_inputs, quantize  # noqa: F401
 
@@ -21,7 +21,10 @@ from tuner.runtime.fp8 import Descales, dequantized, dequantized_inputs, quantiz
 # that they stay normal. Simulated on a CPU (tests/test_fp8_inputs.py): 0.017-0.027 with that offset from
 # Sk 256 to 128K; without it 0.02 at Sk 256 rising to 0.039 at 128K, close to the limit. 5e-2 leaves ~1.8x
 # room over the offset kernel; a wrong descale is off by 0.4 or more.
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "e4m3": 5e-2}
+# An FP8 KV cache (*_kv_e4m3): K and V widen to fp16 exactly and the reference sees their real values, so only
+# the 16-bit kernel's own rounding is left (P in fp16, Q as fp16 times a power of two: no coarser than the
+# query dtype's): its query dtype's tolerance.
+TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "e4m3": 5e-2, "fp16_kv_e4m3": 2e-3, "bf16_kv_e4m3": 1e-2}
 # Past this many scores per (batch, head) (Sq x Sk; 32768^2), the fp32 reference covers sampled query rows
 # only: at 131072^2 one head's scores alone are 64 GiB.
 FULL_REFERENCE_SCORES = 1 << 30
@@ -29,36 +32,39 @@ SAMPLED_BLOCK = 256  # query rows in each sampled block: the first, two in the m
 
 
 def torch_dtype(dtype: str) -> Any:
-    """The torch dtype of a problem's q, k and v (e4m3: torch.float8_e4m3fn; its output is bf16)."""
+    """The torch dtype of a problem's q (e4m3: torch.float8_e4m3fn, its output bf16; an FP8 KV cache's: its
+    query dtype, k and v being float8_e4m3fn)."""
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[query_dtype(dtype)]
 
 
 def make_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any]:
-    """Fresh random q, k, v as logical [B, H, S, D] views in the problem's layout. For e4m3 they are
-    fp8_inputs' fp8 tensors without their descales: where a kernel or the reference runs, use fp8_inputs."""
-    if problem.dtype == "e4m3":
+    """Fresh random q, k, v as logical [B, H, S, D] views in the problem's layout. With FP8 inputs they are
+    fp8_inputs' tensors without their scales: where a kernel or the reference runs, use fp8_inputs."""
+    if problem.fp8:
         return fp8_inputs(problem, device, seed)[:3]
     return _draw(problem, device, _generator(device, seed), torch_dtype(problem.dtype))
 
 
 def fp8_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any, Descales]:
-    """Fresh random e4m3 q, k, v (layout as make_inputs) and their float32 Descales [B, Hkv]: normal data,
-    each (batch row, K/V head) scaled by 2^u (u uniform in [-1, 1]) so that the descales differ (a kernel
-    reading the wrong one fails verification), quantised with descale = amax / 448 per (batch row, K/V
-    head), over the group's q heads for q (tuner.runtime.fp8.quantize)."""
+    """Fresh random FP8 inputs (layout as make_inputs) and their float32 Descales [B, Hkv]: normal data, each
+    (batch row, K/V head) scaled by 2^u (u uniform in [-1, 1]) so that the descales differ (a kernel reading
+    the wrong one fails verification), quantised with descale = amax / 448 per (batch row, K/V head), over
+    the group's q heads for q (tuner.runtime.fp8.quantize). e4m3: q, k and v; an FP8 KV cache: k and v, q in
+    its query dtype and Descales.q None."""
     import torch
 
-    if problem.dtype != "e4m3":
-        raise TunerError(f"fp8_inputs makes e4m3 inputs, not {problem.dtype} ones (use make_inputs)")
+    if not problem.fp8:
+        raise TunerError(f"fp8_inputs makes FP8 inputs, not {problem.dtype} ones (use make_inputs)")
     gen = _generator(device, seed)
     group = problem.heads // problem.heads_kv
     tensors = []
-    for t, heads_per_kv in zip(_draw(problem, device, gen, torch.float32), (group, 1, 1)):
+    for i, (t, heads_per_kv) in enumerate(zip(_draw(problem, device, gen, torch.float32), (group, 1, 1))):
         magnitude = 2.0 ** (torch.rand(problem.batch, problem.heads_kv, device=device, generator=gen) * 2 - 1)
         t.mul_(magnitude.repeat_interleave(heads_per_kv, dim=1)[:, :, None, None])
-        tensors.append(quantize(t, heads_per_kv))
+        tensors.append((t.to(torch_dtype(problem.dtype)), None) if i == 0 and problem.fp8_kv
+                       else quantize(t, heads_per_kv))
     (q, dq), (k, dk), (v, dv) = tensors
     return q, k, v, Descales(dq, dk, dv)
 
@@ -106,10 +112,11 @@ def paged_cache(t: Any, page: int, table: Any) -> Any:
 
     b, hkv, sk, d = t.shape
     per_seq = table.shape[1]
-    cache = torch.zeros(table.numel() + 1, page, hkv, d, device=t.device, dtype=t.dtype)
-    padded = torch.nn.functional.pad(t, (0, 0, 0, per_seq * page - sk))  # [B, Hkv, per_seq * page, D]
+    raw = t.view(torch.uint8) if t.element_size() == 1 else t  # fp8 moves as bytes (torch pads no fp8)
+    cache = torch.zeros(table.numel() + 1, page, hkv, d, device=t.device, dtype=raw.dtype)
+    padded = torch.nn.functional.pad(raw, (0, 0, 0, per_seq * page - sk))  # [B, Hkv, per_seq * page, D]
     cache[table.reshape(-1).long()] = padded.transpose(1, 2).reshape(b * per_seq, page, hkv, d)
-    return cache
+    return cache.view(t.dtype)
 
 
 def empty_output(q: Any) -> Any:
@@ -225,10 +232,11 @@ class Expected:
 def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | None = None,
                     key_lengths: Sequence[int] | None = None, descales: Descales | None = None) -> Expected:
     """The problem's reference, on sampled rows where every row would not fit (sampled_rows, by Sq x Sk).
-    An e4m3 problem's (fp8 q, k, v) needs their `descales`: its reference runs on the dequantised values."""
-    if problem.dtype == "e4m3":
+    A problem with FP8 inputs needs their `descales`: its reference runs on the dequantised values."""
+    if problem.fp8:
         if descales is None:
-            raise TunerError("the reference of an e4m3 problem needs the descales of its q, k and v (fp8_inputs)")
+            raise TunerError(f"the reference of a problem in {problem.dtype} needs the scales of its FP8 inputs "
+                             f"(fp8_inputs)")
         q, k, v = dequantized_inputs(q, k, v, descales)
     rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
     return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)

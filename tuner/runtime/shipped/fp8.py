@@ -52,17 +52,19 @@ def v_transposed_like(v: Any) -> Any:
     return torch.empty(b, h, d, -(-s // 16) * 16, dtype=v.dtype, device=v.device)
 
 
-def check_descales(q: Any, k: Any, descales: Any) -> tuple[int, int, int]:
-    """The data pointers of (q_descale, k_descale, v_descale), after checking each is a contiguous float32
-    [B, Hkv] tensor on q's device; AttentionInputError names the first that is not."""
+def check_descales(q: Any, k: Any, descales: Any, kv_only: bool = False) -> None:
+    """Check that each of (q_descale, k_descale, v_descale) is a contiguous float32 [B, Hkv] tensor on q's
+    device (kv_only, an FP8 KV cache's: q_descale None, k's and v's the cache's k_scale and v_scale);
+    AttentionInputError names the first that is not. k: [B or pages, Hkv, ...]."""
     import torch
 
-    if not isinstance(descales, (tuple, list)) or len(descales) != 3:
-        raise AttentionInputError("e4m3 kernels take descales=(q_descale, k_descale, v_descale), float32 [B, Hkv] each")
+    names = ("q_descale", "k_descale", "v_descale") if not kv_only else ("q_descale", "k_scale", "v_scale")
+    if not isinstance(descales, (tuple, list)) or len(descales) != 3 or (kv_only and descales[0] is not None):
+        what = "descales=(q_descale, k_descale, v_descale)" if not kv_only else "descales=(None, k_scale, v_scale)"
+        raise AttentionInputError(f"{'FP8 KV-cache' if kv_only else 'e4m3'} kernels take {what}, float32 [B, Hkv] each")
     want = (q.shape[0], k.shape[1])
-    for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
+    for name, t in list(zip(names, descales))[1 if kv_only else 0:]:
         if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != want
                 or not t.is_contiguous() or t.device != q.device):
             raise AttentionInputError(f"{name} must be a contiguous float32 tensor of shape {want} (batch, K/V heads) "
                                       f"on {q.device}")
-    return descales[0].data_ptr(), descales[1].data_ptr(), descales[2].data_ptr()

@@ -65,7 +65,7 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             return f"kernel {name}'s min_compute_capability is {cc!r}, not [major, minor]"
         if not isinstance(meta.get("launch"), dict):
             return f"kernel {name} has no launch object"
-        for flag in ("descales", "fp8"):  # absent before FP8: False (LaunchShape's defaults)
+        for flag in ("descales", "fp8", "kv_fp8"):  # absent before FP8: False (LaunchShape's defaults)
             if not isinstance(meta["launch"].get(flag, False), bool):
                 return f"kernel {name}'s launch {flag} is {meta['launch'][flag]!r}, not true or false"
         wrong = _bad_mask(meta)

@@ -46,6 +46,7 @@ class LaunchShape:
     workspace: bool = False  # a decode kernel whose splits merge through a global workspace (no cluster)
     descales: bool = False  # the kernel takes q/k/v descale pointers after heads and batch (null unless fp8)
     fp8: bool = False  # e4m3 q, k, v (bf16 out), per-(batch, K/V head) descales, V read transposed (fp8.py)
+    kv_fp8: bool = False  # an FP8 KV cache: 16-bit q and out, e4m3 k and v with scales [B, Hkv] (k's, v's descales)
 
 
 def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count: int) -> tuple[int, int, int]:
@@ -72,15 +73,12 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
         if t.dim() != 4:
             raise AttentionInputError(f"{name} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})")
         want = torch.bfloat16 if name == "out" and is_fp8(q) else q.dtype  # e4m3 inputs write bf16
-        if not (t.dtype in (torch.float16, torch.bfloat16) or is_fp8(t)) or t.dtype != want:
-            raise AttentionInputError(f"{name} must be float16, bfloat16 or float8_e4m3fn like q, out bfloat16 for "
-                                      f"float8_e4m3fn (got {t.dtype}, q is {q.dtype})")
-        if t.stride(3) != 1:
-            raise AttentionInputError(f"{name} must be contiguous in the head dim (stride {t.stride(3)})")
-        align = 16 // t.element_size()
-        if any(s % align for s in t.stride()[:3]) or t.data_ptr() % 16:
-            raise AttentionInputError(f"{name} strides must be multiples of {align} elements (16 bytes) and its data "
-                                      f"16-byte aligned")
+        fp8_cache = name in ("k", "v") and is_fp8(t) and not is_fp8(q) and is_fp8(k) and is_fp8(v)
+        if not (t.dtype in (torch.float16, torch.bfloat16) or is_fp8(t)) or (t.dtype != want and not fp8_cache):
+            raise AttentionInputError(f"{name} must be float16, bfloat16 or float8_e4m3fn like q (k and v may both be "
+                                      f"float8_e4m3fn: an FP8 KV cache), out bfloat16 for float8_e4m3fn q (got "
+                                      f"{t.dtype}, q is {q.dtype})")
+        check_strides(name, t)
     if not (q.device == k.device == v.device == out.device):
         raise AttentionInputError(f"q, k, v and out must be on one device (got {q.device}, {k.device}, {v.device}, "
                                   f"{out.device})")
@@ -96,6 +94,17 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
         raise AttentionInputError(f"lse must be a contiguous float32 tensor of shape {(b, h, sq)}")
 
 
+def check_strides(name: str, t: Any) -> None:
+    """The strides a kernel reads a rank-4 tensor through: the last dim contiguous, the others and the data
+    16-byte aligned (TMA's and the 16-byte loads' rule)."""
+    if t.stride(3) != 1:
+        raise AttentionInputError(f"{name} must be contiguous in the head dim (stride {t.stride(3)})")
+    align = 16 // t.element_size()
+    if any(s % align for s in t.stride()[:3]) or t.data_ptr() % 16:
+        raise AttentionInputError(f"{name} strides must be multiples of {align} elements (16 bytes) and its data "
+                                  f"16-byte aligned")
+
+
 def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
     """Raise AttentionInputError naming the first limit a paged call breaks: k_cache and v_cache
     [pages, page_size, Hkv, D] (vLLM's layout, page_size a power of two from 16 to 256), block_table
@@ -106,10 +115,12 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise AttentionInputError(f"{name} must be a rank-4 tensor [pages, page_size, Hkv, D]")
     pages, page, hkv, d = k_cache.shape
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or k_cache.device != q.device \
-            or v_cache.device != q.device:
-        raise AttentionInputError(f"k_cache and v_cache must have q's dtype and device ({q.dtype} on {q.device}; got "
-                                  f"{k_cache.dtype} on {k_cache.device}, {v_cache.dtype} on {v_cache.device})")
+    fp8_cache = is_fp8(k_cache) and is_fp8(v_cache) and not is_fp8(q)  # an FP8 KV cache with 16-bit queries
+    if (k_cache.dtype != v_cache.dtype or (k_cache.dtype != q.dtype and not fp8_cache) or k_cache.device != q.device
+            or v_cache.device != q.device):
+        raise AttentionInputError(f"k_cache and v_cache must have q's dtype (or both float8_e4m3fn: an FP8 cache) and "
+                                  f"device ({q.dtype} on {q.device}; got {k_cache.dtype} on {k_cache.device}, "
+                                  f"{v_cache.dtype} on {v_cache.device})")
     if v_cache.shape != k_cache.shape or d != q.shape[-1] or q.shape[1] % max(hkv, 1):
         raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D and Hkv dividing "
                                   f"q's heads (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
@@ -126,8 +137,8 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
         raise AttentionInputError(f"a paged cache needs at least one page (block_table {tuple(block_table.shape)}, "
                                   f"k_cache {tuple(k_cache.shape)})")
     # The kernel reads pages through k_cache.transpose(1, 2): [pages, Hkv, page_size, D], a strided 4-D tensor.
-    check_attention_tensors(k_cache.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                            k_cache.transpose(1, 2))
+    check_strides("k_cache", k_cache.transpose(1, 2))
+    check_strides("v_cache", v_cache.transpose(1, 2))
 
 
 def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
@@ -147,8 +158,8 @@ def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
 
 
 def _pointers(descales: Any) -> tuple[int, int, int]:
-    """The data pointers of (q_descale, k_descale, v_descale), or nulls."""
-    return (0, 0, 0) if descales is None else tuple(t.data_ptr() for t in descales)
+    """The data pointers of (q_descale, k_descale, v_descale), or nulls (an FP8 cache has no q_descale)."""
+    return (0, 0, 0) if descales is None else tuple(0 if t is None else t.data_ptr() for t in descales)
 
 
 def _bounded_put(cache: dict, key: Any, value: Any) -> Any:
@@ -207,12 +218,15 @@ class AttentionKernel:
         self.launch_unchecked(q, k, v, out, lse, scale, seq_lens, descales)
 
     def _check_dtype(self, q: Any, k: Any, descales: Any) -> None:
-        """e4m3 inputs with their descales for an e4m3 kernel; 16-bit ones without, for the others."""
-        if is_fp8(q) != self.shape.fp8:
-            want = "float8_e4m3fn" if self.shape.fp8 else "float16 or bfloat16"
-            raise AttentionInputError(f"{self.entry} takes {want} inputs (got {q.dtype})")
-        if self.shape.fp8:
-            check_descales(q, k, descales)
+        """e4m3 inputs with their descales for an e4m3 kernel, an e4m3 k and v with their scales for an FP8
+        cache's; 16-bit ones without, for the others."""
+        if is_fp8(q) != self.shape.fp8 or is_fp8(k) != (self.shape.fp8 or self.shape.kv_fp8):
+            want = ("float8_e4m3fn q, k and v" if self.shape.fp8 else
+                    "float16 or bfloat16 q with float8_e4m3fn k and v" if self.shape.kv_fp8 else
+                    "float16 or bfloat16 inputs")
+            raise AttentionInputError(f"{self.entry} takes {want} (got q {q.dtype}, k {k.dtype})")
+        if self.shape.fp8 or self.shape.kv_fp8:
+            check_descales(q, k, descales, kv_only=self.shape.kv_fp8)
         elif descales is not None:
             raise AttentionInputError(f"{self.entry} takes no descales: they scale float8_e4m3fn inputs")
 
@@ -228,18 +242,21 @@ class AttentionKernel:
                                       f"{q.device}")
 
     def paged(self, q: Any, k_cache: Any, v_cache: Any, out: Any, block_table: Any, seq_lens: Any,
-              scale: float | None = None, check: bool = True) -> None:
+              scale: float | None = None, check: bool = True, descales: Any = None) -> None:
         """Decode kernels: attention over a paged K/V cache (check_paged_inputs: vLLM's layout). Row b
-        uses its first seq_lens[b] keys, found through block_table[b]; causal aligns to that length."""
+        uses its first seq_lens[b] keys, found through block_table[b]; causal aligns to that length. An FP8
+        cache's kernel takes descales=(None, k_scale, v_scale), float32 [B, Hkv]."""
+        if check and not self.shape.splits:
+            raise AttentionInputError(f"{self.entry} takes no paged cache: paging is a decode kernel's")
+        k, v = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [pages, Hkv, page_size, D]
         if check:
-            if not self.shape.splits:
-                raise AttentionInputError(f"{self.entry} takes no paged cache: paging is a decode kernel's")
             check_attention_tensors(q, q, q, out)
             check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
-        k, v = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [pages, Hkv, page_size, D]
+            self._check_dtype(q, k, descales)
         self._launch(q, k, v, out, None, scale, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
                      q.data_ptr(), k.data_ptr(), v.data_ptr(), lens=seq_lens.data_ptr(),
-                     paging=(block_table.data_ptr(), k.shape[2].bit_length() - 1, block_table.shape[1]))
+                     paging=(block_table.data_ptr(), k.shape[2].bit_length() - 1, block_table.shape[1]),
+                     descales=_pointers(descales))
 
     def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                          seq_lens: Any = None, descales: Any = None) -> None:
