@@ -94,7 +94,8 @@ def test_paged_inputs_that_would_read_the_wrong_memory_are_refused() -> None:
     q = torch.zeros(2, 4, 1, 64, dtype=torch.float16)
     kc = torch.zeros(5, 16, 2, 64, dtype=torch.float16)
     table, lens = torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
-    with pytest.raises(AttentionInputError, match="k_cache and v_cache must have q's dtype and device"):
+    with pytest.raises(AttentionInputError,
+                       match=r"k_cache and v_cache must have q's dtype \(or both float8_e4m3fn: an FP8 cache\) and device"):
         check_paged_inputs(q, kc.bfloat16(), kc.bfloat16(), table, lens)
     with pytest.raises(AttentionInputError, match="at least one page"):
         check_paged_inputs(q, kc, kc, table[:, :0], lens)

@@ -26,9 +26,12 @@ from tuner.profiles import GpuProfile
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
 # Per dtype: its code in nearest_bucket(), and the C++ types of the inputs and the output (the render's spelling;
 # __nv_fp8_e4m3 is <cuda_fp8.h>'s, which the templates include).
-DTYPE_CODES = {"fp16": 0, "bf16": 1, "e4m3": 2}
-_ELEMENT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3"}
-_OUTPUT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_bfloat16"}
+# An FP8 KV cache's Element is q's type (k and v are __nv_fp8_e4m3: the decode template's KvE4m3 config).
+DTYPE_CODES = {"fp16": 0, "bf16": 1, "e4m3": 2, "fp16_kv_e4m3": 3, "bf16_kv_e4m3": 4}
+_ELEMENT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3", "fp16_kv_e4m3": "half",
+            "bf16_kv_e4m3": "__nv_bfloat16"}
+_OUTPUT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_bfloat16", "fp16_kv_e4m3": "half",
+           "bf16_kv_e4m3": "__nv_bfloat16"}
 
 
 def config_of(source: str) -> str:
@@ -71,7 +74,11 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
     if "tma_swizzle" in resources:
         lines.append("// Parameters: first one 4-D TMA tensor map (D, S, H, B) per input q, k, v (see the template's "
                      "header comment), then the tensors, then heads and batch.")
-    if "descales" in resources:
+    if "descales" in resources and "kv_fp8" in resources:
+        lines += ["// Then q_descale, k_descale, v_descale (const float*; nullptr, nullptr, nullptr for 16-bit K/V).",
+                  "// An FP8 KV cache's kernels (dtype *_kv_e4m3: __nv_fp8_e4m3 k and v, q and o of Element) take",
+                  "// nullptr and the cache's k_scale and v_scale, float [B, Hkv] contiguous (real = stored * scale)."]
+    elif "descales" in resources:
         lines += ["// Then q_descale, k_descale, v_descale (const float*, [B, Hkv] contiguous; nullptr for 16-bit",
                   "// inputs). e4m3 kernels write bf16 and read V as V^T [B, Hkv, D, Sk rounded up to 16], the keys",
                   "// of every 16 in the order 0 1 8 9 2 3 10 11 4 5 12 13 6 7 14 15, zero past Sk (the map of v",
@@ -87,7 +94,7 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
                   "// rows are (query, head of the GQA group) pairs; no cluster; block Cfg::THREADS, dynamic shared",
                   "// memory Cfg::SMEM_BYTES"]
     elif "splits" in resources:
-        lines += ["// Decode kernels take four more parameters after batch: seq_lens (const int*, per-row key",
+        lines += ["// Decode kernels take four more parameters after the descales: seq_lens (const int*, per-row key",
                   "// lengths, or nullptr), block_table (const int*, [B, pages_per_seq] of a paged K/V cache, or",
                   "// nullptr for dense K/V), log2 of the page size, pages_per_seq; dense without lengths: nullptr,",
                   "// nullptr, 0, 0.",
@@ -178,7 +185,8 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
-        "// dtype: 0 = fp16, 1 = bf16, 2 = e4m3 (__nv_fp8_e4m3 inputs with descales, bf16 output).",
+        "// dtype: 0 = fp16, 1 = bf16, 2 = e4m3 (__nv_fp8_e4m3 inputs with descales, bf16 output), 3 / 4 = an",
+        "// FP8 KV cache with fp16 / bf16 q and output (__nv_fp8_e4m3 k and v with k_scale and v_scale).",
         "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
         "// |d sq| + |d sk| bucket steps, then its own causality, then nearest group in |d log2 group|, then",
         "// nearest batch x heads bucket, then the larger sq, then the larger sk bucket, then the older trial.",

@@ -107,6 +107,13 @@ def _example(key: dict[str, Any]) -> str:
                 "scales = dict(q_descale=one, k_descale=one, v_descale=one)\n"
                 f"out = attention(q, k, v, {call}, **scales)  # bfloat16\n"
                 f"print(attention.explain(q, k, v, {call}, **scales))\n")
+    if key["dtype"].endswith("_kv_e4m3"):  # an FP8 KV cache: 16-bit q, e4m3 k and v with their scales (decode)
+        dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"][:4]]
+        return (f"q = torch.randn(1, 32, 1, {key['head_dim']}, dtype={dtype}, device=\"cuda\")\n"
+                f"k = v = torch.randn(1, 8, 4096, {key['head_dim']}, device=\"cuda\").to(torch.float8_e4m3fn)\n"
+                "one = torch.ones((), device=\"cuda\")  # float32: one, [Hkv] or [B, Hkv]; real = stored * scale\n"
+                f"out = attention(q, k, v, {call}, k_scale=one, v_scale=one)\n"
+                f"print(attention.explain(q, k, v, {call}, k_scale=one, v_scale=one))\n")
     dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
     return (f"q = k = v = torch.randn({shape}, dtype={dtype}, device=\"cuda\")\n"
             f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n")

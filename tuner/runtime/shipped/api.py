@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import fp8_call as _fp8, kernels as _kernels, masked as _masked, paged as _paged
+from . import fp8_cache as _fp8_cache, fp8_call as _fp8, kernels as _kernels, masked as _masked, paged as _paged
 from .choice import (DTYPES, FALLBACKS, cell as _cell, check_structure, choose_kernel, refuse_grads,
                      refuse_unscaled_fp8, table)
 from .dispatch import NO_MASK, Explanation, Key, cell_summary, mask_text
@@ -40,7 +40,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               seq_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
               window_size: Any = NO_WINDOW, softcap: Optional[float] = 0.0,
               q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
-              v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+              v_descale: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+              v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax(q k^T * scale) v for logical [B, H, S, D] CUDA tensors (any strides; BSHD as x.transpose(1, 2)).
 
     k and v are [B, Hkv, Sk, D] with H % Hkv == 0 (GQA); causal masking is
@@ -64,6 +65,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     FlashAttention-3 takes them: real = stored * descale, q's shared by the heads of a GQA group) run the
     package's e4m3 kernel of the cell and return bfloat16. Where none serves the call (as above; and every
     seq_lens or paged call) the fallback runs on the inputs dequantised to bfloat16. 16-bit inputs take no descales.
+    An FP8 KV cache (vLLM's): float16 or bfloat16 q with float8_e4m3fn k and v (dense, seq_lens or paged) and
+    k_scale, v_scale (float32: one, [Hkv] or [B, Hkv]; real = stored * scale) runs the package's FP8-cache decode
+    kernel of the cell and returns q's dtype; elsewhere k and v are dequantised to q's dtype for SDPA.
     """
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise AttentionInputError(f"q, k and v must be torch.Tensors (got {type(q).__name__}, {type(k).__name__}, "
@@ -75,10 +79,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         mask = NO_MASK
     if torch.compiler.is_compiling():
-        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale)
-    if q_descale is None and k_descale is None and v_descale is None:
+        return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale,
+                   k_scale, v_scale)
+    return _call(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, (q_descale, k_descale, v_descale),
+                 (k_scale, v_scale))
+
+
+def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+          fallback: Optional[str], seq_lens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+          mask: tuple, descales: tuple, scales: tuple) -> torch.Tensor:
+    """The form of a call: FP8 KV cache (k_scale, v_scale; or fp8 k with 16-bit q), FP8 (descales), 16-bit."""
+    if scales != (None, None) or (k.dtype == _fp8.FP8 and q.dtype != _fp8.FP8):
+        if descales != (None, None, None):
+            raise AttentionInputError("an FP8 KV cache takes k_scale and v_scale, not q/k/v descales (those scale "
+                                      "float8_e4m3fn q, k and v)")
+        return _fp8_cache.forward(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, *scales)
+    if descales == (None, None, None):
         return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
-    descales = (q_descale, k_descale, v_descale)
     return _fp8.forward(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, descales)
 
 
@@ -194,12 +211,10 @@ def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: 
         fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
         block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
         softcap: float = 0.0, q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
-        v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    mask = (window_left, window_right, softcap)
-    if q_descale is None and k_descale is None and v_descale is None:
-        return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
-    descales = (q_descale, k_descale, v_descale)
-    return _fp8.forward(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, descales)
+        v_descale: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+        v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _call(q, k, v, causal, scale, fallback, seq_lens, block_table, (window_left, window_right, softcap),
+                 (q_descale, k_descale, v_descale), (k_scale, v_scale))
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention")
@@ -207,7 +222,8 @@ def _op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
              fallback: Optional[str], seq_lens: Optional[torch.Tensor] = None,
              block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
              softcap: float = 0.0, q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
-             v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+             v_descale: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+             v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     if q.dtype == torch.float8_e4m3fn:  # an FP8 call returns bfloat16, laid out like q
         return torch.empty_like(q, dtype=torch.bfloat16)
     return torch.empty_like(q)
@@ -222,18 +238,19 @@ def _device_cc(q: Any) -> Optional[tuple[int, int]]:
 
 def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = NO_WINDOW,
             softcap: Optional[float] = 0.0, q_descale: Any = None, k_descale: Any = None,
-            v_descale: Any = None) -> Explanation:
-    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., q_descale=..., ...) would run,
-    and why (print() it). Needs no GPU."""
+            v_descale: Any = None, k_scale: Any = None, v_scale: Any = None) -> Explanation:
+    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., q_descale=..., ..., k_scale=...,
+    v_scale=...) would run, and why (print() it). Needs no GPU."""
     errors: list[str] = []  # every limit the inputs break, the device's first
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8 and q.dim() > 0
+    cache = _fp8_cache.is_fp8_cache(q, k, v) or k_scale is not None or v_scale is not None
     try:
         check_attention_tensors(q, k, v, _fp8.bf16_out_like(q) if fp8 else q)  # FP8 calls write bfloat16
     except AttentionInputError as exc:
         errors.append(str(exc))
     descales = None if q_descale is None and k_descale is None and v_descale is None else \
         (q_descale, k_descale, v_descale)
-    errors += _fp8.descale_errors(q, k, v, descales)
+    errors += _fp8_cache.scale_errors(q, k, v, k_scale, v_scale) if cache else _fp8.descale_errors(q, k, v, descales)
     try:
         causal, mask = _masked.causal_form(causal, _masked.call_mask(window_size, softcap, causal))
     except AttentionInputError as exc:
@@ -246,18 +263,22 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
     choice = None
     usable = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
               and q.dtype in DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
-    errors += _shape_errors(q, k, v)
+    errors += _shape_errors(q, k, v, cache)
     if usable:
-        key = _key(q, k, causal, mask)
+        key = _fp8_cache.cache_key(q, k, causal, mask) if cache else _key(q, k, causal, mask)
         lines.append(f"  dispatch key: {key.label()}")
         choice = table().choose(key)
         if choice is None:
             errors.append(table().unsupported_reason(key))
     code = "none"
-    inputs = f" {_fp8.DEQUANTISED}" if fp8 else ""  # what an FP8 call's fallback runs on
+    # what an FP8 call's fallback runs on, and what its kernel takes
+    inputs = f" {_fp8.DEQUANTISED}" if fp8 else " on k and v dequantised to q's dtype" if cache else ""
+    takes = ("e4m3: the kernel takes q, k, v as float8_e4m3fn with their descales and writes bfloat16" if fp8 else
+             "FP8 KV cache: the kernel reads k and v as float8_e4m3fn with k_scale and v_scale and writes q's dtype"
+             if cache else "")
     if choice is not None:
         code = _kernels.code_source(choice.entry["kernel"], _device_cc(q))
-        lines += _choice_lines(choice, mask, inputs) + [f"  code: {code}"]
+        lines += _choice_lines(choice, mask, inputs, takes) + [f"  code: {code}"]
     error = "; ".join(errors) or None
     if error:
         lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)}{inputs} instead)")
@@ -266,12 +287,13 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
                        "\n".join(lines))
 
 
-def _shape_errors(q: Any, k: Any, v: Any) -> list[str]:
-    """The limits check_attention_tensors did not get to (it stops at the first: the device, on a CPU)."""
+def _shape_errors(q: Any, k: Any, v: Any, cache: bool = False) -> list[str]:
+    """The limits check_attention_tensors did not get to (it stops at the first: the device, on a CPU); `cache`:
+    an FP8 KV-cache call (its dtypes: scale_errors)."""
     errors = []
     tensors = [(n, t) for n, t in (("q", q), ("k", k), ("v", v)) if isinstance(t, torch.Tensor)]
     errors += [f"{n} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})" for n, t in tensors if t.dim() != 4]
-    if len({t.dtype for _, t in tensors}) > 1:
+    if len({t.dtype for _, t in tensors}) > 1 and not cache:
         errors.append(f"q, k and v must have one dtype (got {', '.join(str(t.dtype) for _, t in tensors)})")
     if isinstance(q, torch.Tensor) and q.dtype not in DTYPES:
         errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16, or float8_e4m3fn "
@@ -279,17 +301,17 @@ def _shape_errors(q: Any, k: Any, v: Any) -> list[str]:
     return errors
 
 
-def _choice_lines(choice: Any, mask: tuple, inputs: str = "") -> list[str]:
+def _choice_lines(choice: Any, mask: tuple, inputs: str = "", takes: str = "") -> list[str]:
     """explain()'s lines on the chosen entry: the kernel, where it was tuned, why, and a measured or routed cell
-    (`inputs`: what a fallback runs on, for an FP8 call)."""
+    (`inputs`: what a fallback runs on, `takes`: what the kernel takes, for an FP8 call)."""
     e = choice.entry
     ratio = e.get("ratio_to_best_baseline")
     vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
     lines = [f"  kernel: {e['kernel']}",
              f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}",
              f"  why: {choice.reason}"]
-    if inputs and choice.route != "sdpa":
-        lines.append("  e4m3: the kernel takes q, k, v as float8_e4m3fn with their descales and writes bfloat16")
+    if takes and choice.route != "sdpa":
+        lines.append(f"  {takes}")
     if choice.cell is not None:
         checked = _kernels.manifest()["checked"]
         lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "

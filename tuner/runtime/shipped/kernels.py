@@ -84,9 +84,12 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         wrong = _bad_mask(key) if isinstance(key, dict) else None
         if wrong:
             return f"entry {i}'s key {wrong}"
-        if isinstance(key, dict) and key.get("dtype") == "e4m3" and \
-                not data["kernels"].get(str(entry.get("kernel")), {}).get("launch", {}).get("fp8"):
+        launch = data["kernels"].get(str(entry.get("kernel")), {}).get("launch", {}) if isinstance(key, dict) else {}
+        if isinstance(key, dict) and key.get("dtype") == "e4m3" and not launch.get("fp8"):
             return f"entry {i} is e4m3, but its kernel {entry.get('kernel')!r} does not launch as one (launch fp8)"
+        if isinstance(key, dict) and str(key.get("dtype")).endswith("_kv_e4m3") and not launch.get("kv_fp8"):
+            return (f"entry {i} is an FP8 KV cache's, but its kernel {entry.get('kernel')!r} does not launch as one "
+                    f"(launch kv_fp8)")
     headers = data.get("headers", {})
     if not isinstance(headers, dict):
         return "headers must be an object"

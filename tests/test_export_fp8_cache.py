@@ -1,0 +1,158 @@
+"""An FP8 KV cache in an export (CPU): the manifest of a bf16_kv_e4m3 decode kernel, attention()'s k_scale /
+v_scale rules (one, per K/V head or per batch row and K/V head), explain() naming the FP8-cache kernel, and the
+dequantising fallback (dense, seq_lens and paged) against the fp32 reference of the real values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.test_export import GPU_NAME, _unique, import_exported
+from tuner.export.run import ExportOptions, export
+from tuner.kernels.variant import Variant
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.runtime.verify import reference, relative_error
+from tuner.status import TrialStatus
+from tuner.store import RunInfo, TrialRecord, open_store
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (export recompiles cubins)")
+
+PARAMS = dict(BLOCK_M=16, BLOCK_N=128, NUM_WARPS=4, SPLITS=2, STAGES=2)
+CACHE = Problem(8, 32, 1, 8192, 128, dtype="bf16_kv_e4m3", heads_kv=8)
+TOLERANCE = 1.5e-2  # SDPA in bf16 on the dequantised k and v against fp32: bf16 rounding, not a wrong scale
+
+
+def _variant(p: Problem) -> Variant:
+    return Variant("attn_decode", p.head_dim, p.dtype, p.causal, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def cache_export(tmp_path_factory):
+    """(report, imported package) of an export of one FP8-cache decode trial."""
+    from tuner.kernels.manifest import load_manifest
+    from tuner.runtime.build import build
+
+    root = tmp_path_factory.mktemp("kv8")
+    url = f"sqlite:///{root / 'r.db'}"
+    with open_store(url) as store:
+        run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
+        v = _variant(CACHE)
+        built = build(v, load_profile("h100").nvcc_arch)
+        assert built.ok, built.compiled.log[-2000:]
+        store.add_trial(TrialRecord(run_id=run, problem=CACHE, template="attn_decode",
+                                    template_hash=load_manifest("attn_decode").source_hash, params=v.stored_params(),
+                                    variant_name=v.name, status=TrialStatus.OK, median_us=52.9, rel_error=2e-3,
+                                    cubin_sha256=built.compiled.cubin_sha256))
+        store.finish_run(run)
+    name = _unique("kv8")
+    report = export(ExportOptions(gpu="h100", out=root / name, db_url=url))
+    return report, import_exported(root / name, name)
+
+
+def _inputs(b=2, h=8, hkv=2, sq=1, sk=300, seed=0):
+    """bf16 q (CPU) and an e4m3 k, v with their [B, Hkv] scales (tuner.runtime.verify.fp8_inputs)."""
+    from tuner.runtime.verify import fp8_inputs
+
+    q, k, v, ds = fp8_inputs(Problem(b, h, sq, sk, 128, dtype="bf16_kv_e4m3", heads_kv=hkv), "cpu", seed)
+    return q, k, v, ds.k, ds.v
+
+
+def _real(t, s):
+    return t.float() * s[:, :, None, None]
+
+
+def test_the_manifest_holds_the_fp8_cache_entry_and_its_launch(cache_export) -> None:
+    from tuner.runtime.build import launch_shape
+    from tuner.runtime.shipped.launcher import LaunchShape
+
+    report, _ = cache_export
+    m = json.loads((report.out / report.package / "manifest.json").read_text())
+    (entry,) = m["entries"]
+    assert entry["key"]["dtype"] == "bf16_kv_e4m3" and "_bf16_kv_e4m3_" in entry["kernel"]
+    launch = m["kernels"][entry["kernel"]]["launch"]
+    assert launch["kv_fp8"] and launch["descales"] and not launch["fp8"]
+    assert LaunchShape(**launch) == launch_shape(_variant(CACHE))
+
+
+def test_explain_names_the_fp8_cache_kernel(cache_export) -> None:
+    import torch
+
+    _, mod = cache_export
+    q = torch.empty(8, 32, 1, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(8, 8, 8192, 128, dtype=torch.float8_e4m3fn, device="meta")
+    s = torch.ones(8, device="meta")
+    text = str(mod.explain(q, k, k, k_scale=s, v_scale=s))
+    assert "bf16_kv_e4m3 D128" in text and _variant(CACHE).name in text
+    assert "FP8 KV cache: the kernel reads k and v as float8_e4m3fn with k_scale and v_scale" in text
+    plain = str(mod.explain(q, k.to(torch.bfloat16), k.to(torch.bfloat16)))
+    assert _variant(CACHE).name not in plain  # a bf16 cache is another key: this package has no kernel for it
+
+
+@pytest.mark.parametrize("form", ["one", "per_head", "per_row"])
+def test_the_fallback_runs_sdpa_on_the_dequantised_cache(cache_export, form: str) -> None:
+    """On a CPU (no kernel can run) fallback="sdpa" dequantises k and v with each scale form and runs SDPA."""
+    _, mod = cache_export
+    q, k, v, ks, vs = _inputs(seed=1)
+    if form == "one":
+        ks, vs = ks[0, 0].reshape(()), vs[0, 0].reshape(())
+        full_k, full_v = ks.expand(2, 2), vs.expand(2, 2)
+    elif form == "per_head":
+        ks, vs = ks[0], vs[0]
+        full_k, full_v = ks.expand(2, 2), vs.expand(2, 2)
+    else:
+        full_k, full_v = ks, vs
+    out = mod.attention(q, k, v, k_scale=ks, v_scale=vs, fallback="sdpa")
+    want = reference(q.float(), _real(k, full_k), _real(v, full_v), False)[0]
+    assert out.dtype == q.dtype and relative_error(out, want) < TOLERANCE
+
+
+def test_the_fallback_of_a_paged_fp8_cache_with_lengths(cache_export) -> None:
+    import torch
+
+    from tuner.runtime.verify import paged_cache
+
+    _, mod = cache_export
+    q, k, v, ks, vs = _inputs(sk=64, seed=2)
+    table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    kc, vc = paged_cache(k, 32, table), paged_cache(v, 32, table)
+    assert kc.dtype == torch.float8_e4m3fn and kc.shape == (5, 32, 2, 128)
+    lens = torch.tensor([64, 40], dtype=torch.int32)
+    out = mod.attention(q, kc, vc, block_table=table, seq_lens=lens, k_scale=ks, v_scale=vs, fallback="sdpa")
+    for b, n in enumerate((64, 40)):
+        want = reference(q[b:b + 1].float(), _real(k, ks)[b:b + 1, :, :n], _real(v, vs)[b:b + 1, :, :n], False)[0]
+        assert relative_error(out[b:b + 1], want) < TOLERANCE
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_scales", "float8_e4m3fn k and v need k_scale and v_scale"),
+    ("bad_shape", "k_scale must be a float32 tensor of shape (), (1,), (2,) or (2, 2)"),
+    ("bf16_scale", "v_scale must be a float32 tensor"),
+    ("mixed", "an FP8 KV cache has k and v both float8_e4m3fn"),
+    ("descales", "an FP8 KV cache takes k_scale and v_scale, not q/k/v descales"),
+    ("bf16_cache", "k_scale and v_scale scale an FP8 KV cache"),
+])
+def test_bad_scales_are_one_line_errors_fallback_or_not(cache_export, case: str, message: str) -> None:
+    import torch
+
+    _, mod = cache_export
+    q, k, v, ks, vs = _inputs()
+    kwargs = dict(k_scale=ks, v_scale=vs)
+    if case == "no_scales":
+        kwargs = {}
+    elif case == "bad_shape":
+        kwargs["k_scale"] = ks[:, :1]
+    elif case == "bf16_scale":
+        kwargs["v_scale"] = vs.bfloat16()
+    elif case == "mixed":
+        v = v.to(torch.bfloat16)
+    elif case == "descales":
+        kwargs["k_descale"] = ks
+    elif case == "bf16_cache":
+        k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    for fallback in (None, "sdpa"):
+        with pytest.raises(mod.AttentionInputError) as err:
+            mod.attention(q, k, v, fallback=fallback, **kwargs)
+        assert message in str(err.value) and "\n" not in str(err.value)
