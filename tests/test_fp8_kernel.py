@@ -35,7 +35,10 @@ def test_e4m3_kernels_take_descales_and_read_v_transposed() -> None:
     assert fp8.fp8 and fp8.descales
     assert bf16.descales and not bf16.fp8  # every Hopper kernel takes the (null) descale pointers
     decode = launch_shape(parse_variant_name("attn_decode_d128_bf16_m16n64_w4_sp4_s3"))
-    assert not decode.descales and not decode.fp8
+    assert decode.descales and not decode.fp8 and not decode.kv_fp8  # the sm_90 decode kernels take them too
+    cache = launch_shape(parse_variant_name("attn_decode_d128_bf16_kv_e4m3_m16n64_w4_sp4_s3"))
+    assert cache.descales and cache.kv_fp8 and not cache.fp8
+    assert not launch_shape(parse_variant_name("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3")).descales
 
 
 def test_fp8_tiles_fit_the_transposed_v_box() -> None:
@@ -54,7 +57,12 @@ def _cpu(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 def test_descales_are_float32_batch_by_kv_heads() -> None:
     q, k = _cpu((2, 8, 16, 64), torch.float8_e4m3fn), _cpu((2, 4, 16, 64), torch.float8_e4m3fn)
     good = tuple(torch.ones(2, 4) for _ in range(3))
-    assert len(check_descales(q, k, good)) == 3
+    check_descales(q, k, good)  # no error
+    check_descales(q, k, (None, good[1], good[2]), kv_only=True)  # an FP8 cache's: no q_descale
+    with pytest.raises(AttentionInputError, match=r"FP8 KV-cache kernels take descales=\(None, k_scale, v_scale\)"):
+        check_descales(q, k, good, kv_only=True)
+    with pytest.raises(AttentionInputError, match=r"v_scale must be a contiguous float32 tensor of shape \(2, 4\)"):
+        check_descales(q, k, (None, good[1], torch.ones(4)), kv_only=True)
     with pytest.raises(AttentionInputError, match=r"descales=\(q_descale, k_descale, v_descale\)"):
         check_descales(q, k, None)
     with pytest.raises(AttentionInputError, match=r"k_descale must be a contiguous float32 tensor of shape \(2, 4\)"):
