@@ -52,13 +52,9 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
     refuse_unscaled_fp8(q, k_cache, v_cache)
     check_paged_structure(q, k_cache, v_cache, block_table, seq_lens)
     try:
-        check_attention_tensors(q, q, q, q)
-        check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+        check_paged_kernel_inputs(q, k_cache, v_cache, block_table, seq_lens)
         refuse_grads(q, k_cache, v_cache)
-        pages_per_seq, page, hkv = block_table.shape[1], k_cache.shape[1], k_cache.shape[2]
-        b, h, sq, d = q.shape
-        key = Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(pages_per_seq * page, 1), batch=b, mask=mask)
-        kernel = choose_kernel(q, key)
+        kernel = choose_kernel(q, paged_key(q, k_cache, block_table, causal, mask))
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
             return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table, mask)
@@ -73,6 +69,21 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
     out = torch.empty_like(q)
     kernel.paged(q, k_cache, v_cache, out, block_table, seq_lens, scale, check=False)
     return out
+
+
+def paged_key(q: Any, k_cache: Any, block_table: Any, causal: bool, mask: tuple = NO_MASK) -> Key:
+    """The dispatch key of a paged call: Sk is the table's capacity, the page size the cache's (ranks the
+    entries: a kernel tuned on pages of this size first), with per-row lengths."""
+    b, h, sq, d = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    return Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(block_table.shape[1] * page, 1), batch=b, mask=mask,
+                  page_size=page)
+
+
+def check_paged_kernel_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
+    """The decode kernels' limits on a structurally sound paged call (beyond them the fallback may run)."""
+    check_attention_tensors(q, q, q, q)
+    check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
 
 
 def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
