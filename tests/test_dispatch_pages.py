@@ -1,18 +1,22 @@
 """Dispatch by K/V layout (CPU): the page size and the lengths kind of a call rank the tuned entries (never
-exclude them), the keys the export writes and reads back (old manifests: dense, no lengths)."""
+exclude them), the keys the export writes and reads back (old manifests: dense, no lengths), and export --check's
+paged and ragged cells, timed in their own layout and length distribution."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import shutil
+import sys
 import types
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tuner.export.check_cells import check_cells, decide
 from tuner.export.selection import _dispatch_key, dispatch_key, resolve_collisions
+from tuner.models import DECODE
 from tuner.problem import PAGE_SIZES, Problem
 from tuner.runtime.shipped.dispatch import DispatchTable, Key, entry_key
 
@@ -138,6 +142,119 @@ def test_the_exported_key_holds_the_problems_layout() -> None:
     assert dispatch_key(dataclasses.replace(PAGED_DECODE, lengths="full")).layout == (16, True)
     assert dispatch_key(DENSE_DECODE).layout == (0, True)
     assert dispatch_key(PREFILL).layout == (0, False)
+
+
+# --- export --check: paged and ragged cells ------------------------------------------------------
+
+
+def test_a_paged_kind_is_checked_in_its_layout() -> None:
+    """The tuned paged problem and its decode steps are paged cells (page-16 candidates first); its prefill
+    batches are dense at full lengths (only decode kernels read pages: longer paged queries run SDPA anyway)."""
+    cells = check_cells(_entries([DENSE_DECODE, PAGED_DECODE, PREFILL], decode=(DENSE_DECODE, PAGED_DECODE)))
+    assert len({c.key for c in cells}) == len(cells)
+    for cell in cells:
+        assert cell.key == dispatch_key(cell.problem)
+    paged = [c for c in cells if c.key.page_size]
+    assert paged[0].problem == PAGED_DECODE
+    assert {c.problem.layout for c in paged} == {"paged16"} and len(paged) == 1 + len(DECODE)
+    assert all(c.candidates[0]["kernel"] == "k2" for c in paged)
+    assert {e["kernel"] for c in paged for e in c.candidates} >= {"k1", "k2"}  # the dense-tuned one is timed too
+    prefill = [c for c in cells if c.problem.seq_q > 16]
+    assert prefill and all(c.key.layout == (0, False) and c.problem.layout == "bhsd" for c in prefill)
+
+
+def test_a_ragged_kinds_decode_steps_keep_its_length_distribution() -> None:
+    ragged = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8, lengths="uniform:2048")
+    cells = check_cells(_entries([ragged], decode=(ragged,)))
+    decode = {(c.problem.batch, c.problem.seq_q, c.problem.seq_k): c.problem for c in cells if c.problem.seq_q <= 16}
+    assert decode[(8, 1, 8192)] == ragged  # the tuned problem itself, not at full lengths
+    assert decode[(64, 1, 1024)].lengths == "uniform:256" and decode[(1, 1, 32768)].lengths == "uniform:8192"
+    assert all(p.ragged for p in decode.values())
+
+
+def test_a_measured_paged_cell_round_trips_and_decides_only_its_key() -> None:
+    entries = _entries([DENSE_DECODE, PAGED_DECODE], decode=(DENSE_DECODE, PAGED_DECODE))
+    cell = next(c for c in check_cells(entries) if c.key.page_size and c.problem == PAGED_DECODE)
+    record = decide(cell, {"k1": 1.3, "k2": 1.2}, {"sdpa_cudnn": 40.0}, {}, {"k1": 30.0, "k2": 33.0})
+    record = json.loads(json.dumps(record))  # as manifest.json holds it
+    assert entry_key(record) == cell.key and record["problem"]["layout"] == "paged16"
+    table = DispatchTable(entries, [record])
+    measured = table.choose(_call(16))
+    assert measured.cell is not None and measured.entry["kernel"] == "k1"  # the check measured k1 faster there
+    assert table.choose(_call(0)).cell is None  # a dense call is another cell
+
+
+# --- export --check's inputs and fallback of a paged cell (CPU stand-ins for the GPU pieces) -------------
+
+
+@pytest.fixture
+def fake_package(monkeypatch):
+    """A package module whose _runtime is the shipped runtime (paged.py) with kernels stubbed per test."""
+    from tuner.runtime.shipped import launcher, paged
+
+    pkg = types.ModuleType("pagedpkg")
+    pkg.AttentionInputError = launcher.AttentionInputError
+    kernels = types.ModuleType("pagedpkg._runtime.kernels")
+    monkeypatch.setitem(sys.modules, "pagedpkg", pkg)
+    monkeypatch.setitem(sys.modules, "pagedpkg._runtime.paged", paged)
+    monkeypatch.setitem(sys.modules, "pagedpkg._runtime.kernels", kernels)
+    return pkg, kernels
+
+
+def test_a_paged_cells_kernels_run_on_its_pages_and_lengths(fake_package) -> None:
+    """cell_inputs gives the paged launch (cache, table and the batch's key lengths, as the search's kernel_call
+    takes them); a kernel that reads every key instead of each row's own fails the check's verification."""
+    from tuner.export import check
+    from tuner.export.check_cells import CheckCell
+    from tuner.runtime.shipped.paged import gather_pages
+    from tuner.runtime.verify import problem_reference
+
+    pkg, kernels = fake_package
+    problem = Problem(3, 8, 1, 100, 64, dtype="bf16", heads_kv=2, layout="paged16", lengths="uniform:5")
+    data, ref = check.cell_inputs(problem, "cpu")
+    assert data["seq_lens"].tolist() == list(problem.key_lengths())
+    assert data["k_cache"].shape[1:] == (16, 2, 64) and data["block_table"].shape == (3, 7)
+    launches = []
+
+    class Kernel:
+        def __init__(self, own_lengths: bool) -> None:
+            self.own = own_lengths
+
+        def paged(self, q, kc, vc, out, table, lens, scale=None, check=True):
+            launches.append(check)
+            k, v = (gather_pages(c, table)[:, :, :problem.seq_k] for c in (kc, vc))
+            used = lens.tolist() if self.own else None
+            out.copy_(problem_reference(problem, q.float(), k.float(), v.float(), key_lengths=used)[0])
+
+    fakes = {"own": Kernel(True), "every_key": Kernel(False)}
+    kernels.load_kernel = lambda name, device: fakes[name]
+    cell = CheckCell(problem, dispatch_key(problem), ({"kernel": "own"}, {"kernel": "every_key"}))
+    errors: dict[str, str] = {}
+    runs = check._kernel_runs(pkg, cell, data, ref, errors)
+    assert list(runs) == ["own"] and errors["every_key"].startswith("relative error")
+    runs["own"]()
+    assert launches == [True, True, False]  # two checked verifications, then the timed launch unchecked
+
+
+def test_a_paged_cells_fallback_gathers_the_pages_in_each_call(fake_package) -> None:
+    """What a routed paged cell runs, as the package runs it: the pages gathered into a dense copy, then SDPA; the
+    gather is part of each timed call."""
+    import torch
+
+    from tuner.export import check, check_paged
+    from tuner.runtime.baselines import Baseline
+
+    pkg, _ = fake_package
+    problem = Problem(2, 4, 1, 40, 64, dtype="bf16", heads_kv=2, layout="paged16")
+    data, _ = check.cell_inputs(problem, "cpu")
+    (k, v), gather = check_paged.gathered(pkg, data, problem.seq_k)
+    assert torch.equal(k, data["k"]) and torch.equal(v, data["v"])  # the dense values, read from the pages
+    seen = []
+    (wrapped,) = check_paged.preceded([Baseline("sdpa_x", lambda: seen.append(k.float().sum().item()), None)],
+                                      gather)
+    data["k_cache"].zero_()
+    wrapped.call()
+    assert seen == [0.0] and wrapped.name == "sdpa_x"  # gathered again before the baseline ran
 
 
 # --- an exported package (the export recompiles cubins: nvcc) ---------------------------------------------

@@ -5,20 +5,17 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any
+
+from tuner.export.check_paged import preceded
+
 
 def dequantising(pkg: Any, baselines: list[Any], q: Any, k: Any, v: Any, descales: tuple[Any, Any, Any],
                  buffers: tuple[Any, Any, Any]) -> list[Any]:
     """`baselines` (timed on `buffers`, the bfloat16 values) as the package's fallback of an FP8 call runs them:
     each call dequantises q, k, v into the buffers first (the package's fp8_call.dequantised), then runs."""
-    from tuner.runtime.baselines import Baseline
-
     fp8 = importlib.import_module(f"{pkg.__name__}._runtime.fp8_call")
-
-    def call(run: Callable[[], Any]) -> Callable[[], Any]:
-        return lambda: (fp8.dequantised(q, k, v, descales, buffers), run())[1]
-
-    return [Baseline(b.name, call(b.call), b.backend) for b in baselines]
+    return preceded(baselines, lambda: fp8.dequantised(q, k, v, descales, buffers))
 
 
 def dequantised(pkg: Any, q: Any, k: Any, v: Any, descales: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:

@@ -99,11 +99,13 @@ def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, 
                                   f"{q.device}")
 
 
-def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """The dense [B, Hkv, pages_per_seq * page_size, D] view of each row's pages (unused entries: page 0)."""
-    pages = cache[block_table.clamp(0, cache.shape[0] - 1).long()]  # [B, pages_per_seq, page, Hkv, D]
-    b, n, page, hkv, d = pages.shape
-    return pages.reshape(b, n * page, hkv, d).transpose(1, 2)
+def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The dense [B, Hkv, pages_per_seq * page_size, D] view of each row's pages (unused entries: page 0), copied
+    into `out` ([B * pages_per_seq, page_size, Hkv, D]) when given."""
+    b, n = block_table.shape
+    pages = torch.index_select(cache, 0, block_table.clamp(0, cache.shape[0] - 1).reshape(-1).long(), out=out)
+    _, page, hkv, d = cache.shape
+    return pages.view(b, n * page, hkv, d).transpose(1, 2)
 
 
 def _sdpa_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optional[float], seq_lens: Any,
