@@ -208,8 +208,8 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         "               int wl, wr; float sc; int page; bool lens; };",
         "  if (window_right == 0) causal = true;  // a right bound of 0 is causality: one spelling, as Python's",
         "  if (page_size > 0) seq_lens = true;  // a paged call has per-row lengths",
-        f"  auto page_log2 = [](int p) {{ int l = {DENSE_PAGE_LOG2}; if (p > 0) {{ l = 0; while ((2 << l) <= p) ++l; }} "
-        "return l; };",
+        f"  auto page_log2 = [](int p) {{ int l = {DENSE_PAGE_LOG2}; if (p > 0) {{ l = 0; "
+        "while ((2 << l) <= p) ++l; } return l; };",
         "  const int wr = window_right == 0 ? -1 : window_right;",
         "  const float sc = static_cast<float>(softcap);  // the bucket's SOFTCAP is a float",
         f"  static const Row rows[] = {{{rows}}};",

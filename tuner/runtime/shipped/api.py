@@ -245,8 +245,8 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
     except AttentionInputError as exc:
         errors.append(str(exc))
         mask = NO_MASK
-    form = "".join(f", {n}={tuple(getattr(t, 'shape', ()))}" for n, t in (("seq_lens", seq_lens),
-                                                                          ("block_table", block_table)) if t is not None)
+    form = "".join(f", {n}={tuple(getattr(t, 'shape', ()))}"
+                   for n, t in (("seq_lens", seq_lens), ("block_table", block_table)) if t is not None)
     shapes = (f"q {tuple(getattr(q, 'shape', ()))}, k {tuple(getattr(k, 'shape', ()))}, "
               f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}"
               + ("" if mask == NO_MASK else f", {mask_text(mask)}") + form)
