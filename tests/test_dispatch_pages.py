@@ -164,12 +164,19 @@ def test_a_paged_kind_is_checked_in_its_layout() -> None:
 
 
 def test_a_ragged_kinds_decode_steps_keep_its_length_distribution() -> None:
+    """A dense ragged kind's decode steps are measured with its distribution (scaled to each context) for calls
+    with seq_lens, and at full lengths for calls without; a paged kind's only paged (its calls always have them)."""
     ragged = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8, lengths="uniform:2048")
     cells = check_cells(_entries([ragged], decode=(ragged,)))
-    decode = {(c.problem.batch, c.problem.seq_q, c.problem.seq_k): c.problem for c in cells if c.problem.seq_q <= 16}
-    assert decode[(8, 1, 8192)] == ragged  # the tuned problem itself, not at full lengths
-    assert decode[(64, 1, 1024)].lengths == "uniform:256" and decode[(1, 1, 32768)].lengths == "uniform:8192"
-    assert all(p.ragged for p in decode.values())
+    decode = {(c.problem.batch, c.problem.seq_q, c.problem.seq_k, c.key.seq_lens): c.problem
+              for c in cells if c.problem.seq_q <= 16}
+    assert len(decode) == 2 * len(DECODE)
+    assert decode[(8, 1, 8192, True)] == ragged  # the tuned problem itself, not at full lengths
+    assert decode[(64, 1, 1024, True)].lengths == "uniform:256"
+    assert decode[(1, 1, 32768, True)].lengths == "uniform:8192"
+    assert decode[(8, 1, 8192, False)] == dataclasses.replace(ragged, lengths="full")
+    paged = check_cells(_entries([PAGED_DECODE], decode=(PAGED_DECODE,)))
+    assert all(c.key.page_size == 16 for c in paged)
 
 
 def test_a_measured_paged_cell_round_trips_and_decides_only_its_key() -> None:

@@ -7,9 +7,10 @@ tuned problem, the check covers the shapes a model meets in serving for each
 (dtype, head dim, causal, heads, K/V heads) the export was tuned for: prefill
 batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1 at short
 and long contexts, and a 4-token speculative verify), so that no call a model makes lands on an unmeasured cell
-whose nearest tuned kernel happens to lose. The decode steps keep the tuned problem's layout and lengths; the
-prefill batches are dense at full lengths, the only form in which such long queries run a kernel (only the decode
-kernels read pages and per-row lengths: other calls with them run masked SDPA whatever a cell says).
+whose nearest tuned kernel happens to lose. The decode steps keep the tuned problem's layout and lengths (a dense
+ragged kind's also at full lengths: calls without seq_lens); the prefill batches are dense at full lengths, the
+only form in which such long queries run a kernel (only the decode kernels read pages and per-row lengths: other
+calls with them run masked SDPA whatever a cell says).
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def serving_problems(tuned: Problem) -> list[Problem]:
     dense = "bhsd" if tuned.page_size else tuned.layout
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout=dense, **base)
              for s in PREFILL_LENGTHS]
-    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, layout=tuned.layout, lengths=lengths_at(tuned, ctx), **base)
-              for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
+    decode = [(b, sq, ctx, lengths_at(tuned, ctx)) for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
+    if tuned.ragged and not tuned.page_size:  # a dense cache's equal rows (a dynamic cache's) come without seq_lens
+        decode += [(b, sq, ctx, FULL_LENGTHS) for b, sq, ctx in DECODE]
+    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, layout=tuned.layout, lengths=lengths, **base)
+              for b, sq, ctx, lengths in decode]
     return found
 
 
