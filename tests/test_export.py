@@ -152,7 +152,8 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
     assert big["run"]["torch_version"] == "2.9.0" and big["run"]["tuner_version"] == "0.1.0"
     assert m["replayed_from"] == [] and big["run"]["replayed_from"] is None  # measured on a GPU
     assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11,
-                          "bh_bucket": 4, "window_left": -1, "window_right": -1, "softcap": 0.0}  # B2 x H8 = 16
+                          "bh_bucket": 4, "window_left": -1, "window_right": -1, "softcap": 0.0,  # B2 x H8 = 16
+                          "page_size": 0, "seq_lens": False}  # dense K/V, every row at full length
     assert by_trial[ids["gqa"]]["key"]["group"] == 4 and by_trial[ids["gqa"]]["key"]["causal"] is True
     # Same key as BIG with less work: kept for provenance, out of dispatch.
     assert by_trial[ids["shadowed"]]["dispatch"] is False and by_trial[ids["shadowed"]]["shadowed_by"] == ids["big"]
@@ -715,10 +716,12 @@ def _synthetic_header_inputs():
             ("fp16", 1, 6, 6), ("fp16", 3, 12, 12), ("fp16", 2, 12, 12), ("fp16", 1, 9, 7), ("fp16", 1, 7, 9),
             ("bf16", 4, 10, 10), ("bf16", 1, 10, 10), ("bf16", 2, 3, 3)]
     entries = []
+    layouts = [{}, {"page_size": 16, "seq_lens": True}, {"seq_lens": True}, {"page_size": 256, "seq_lens": True}]
     for trial, (dtype, group, sq, sk) in enumerate(rows, start=1):
         v = kernels[dtype]
         key = {"dtype": dtype, "head_dim": v.head_dim, "causal": v.causal, "group": group, "sq_bucket": sq,
-               "sk_bucket": sk, "bh_bucket": (3 * trial) % 11}  # work sizes that tie and differ
+               "sk_bucket": sk, "bh_bucket": (3 * trial) % 11,  # work sizes that tie and differ
+               **layouts[trial % 4]}  # K/V layouts: dense (old manifests: no fields), paged, ragged
         entries.append({"key": key, "kernel": v.name, "trial_id": 100 - trial, "problem_label": f"p{trial}",
                         "median_us": 1.0, "ratio_to_best_baseline": None, "dispatch": True,
                         "max_seq_q": 16 if trial in (6, 13) else 0})  # two short-query (decode) entries
@@ -746,18 +749,20 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
         "struct half; struct __nv_bfloat16;\n"
         "namespace fc { enum class Swizzle { None, Pad, Xor }; template <class T, auto... V> struct AttnConfig {}; }\n"
         '#include "fc_tuned.h"\n#include <cstdio>\n'
-        "int main() { int dt, hd, c, g, sq, sk, bh;\n"
-        '  while (std::scanf("%d %d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk, &bh) == 7)\n'
-        '    std::printf("%d\\n", fc_tuned::h100::nearest_bucket(dt, hd, c != 0, g, sq, sk, bh));\n}\n')
+        "int main() { int dt, hd, c, g, sq, sk, bh, page, lens;\n"
+        '  while (std::scanf("%d %d %d %d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk, &bh, &page, &lens) == 9)\n'
+        '    std::printf("%d\\n", fc_tuned::h100::nearest_bucket(dt, hd, c != 0, g, sq, sk, bh, -1, -1, 0.0, page,\n'
+        '                                                         lens != 0));\n}\n')
     exe = tmp_path / "lookup"
     build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-O1", "-o", str(exe), str(tmp_path / "main.cpp")],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr[-3000:]
-    keys = [Key(dtype, hd, causal, group, sq, sk, bh) for dtype in ("fp16", "bf16") for hd, causal in
-            ((64, False), (128, True), (64, True)) for group in (0, 1, 2, 3, 4, 5, 6, 8, 16)
-            for sq in range(15) for sk in range(15) for bh in (0, 4, 9)]
+    keys = [Key(dtype, hd, causal, group, sq, sk, bh, page_size=page, seq_lens=lens) for dtype in ("fp16", "bf16")
+            for hd, causal in ((64, False), (128, True), (64, True)) for group in (0, 1, 2, 3, 4, 5, 6, 8, 16)
+            for sq in range(15) for sk in range(15) for bh in (0, 4, 9)
+            for page, lens in ((0, False), (0, True), (16, True), (128, True))]
     stdin = "".join(f"{0 if k.dtype == 'fp16' else 1} {k.head_dim} {int(k.causal)} {k.group} {k.sq_bucket} "
-                    f"{k.sk_bucket} {k.bh_bucket}\n" for k in keys)
+                    f"{k.sk_bucket} {k.bh_bucket} {k.page_size} {int(k.seq_lens)}\n" for k in keys)
     run = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True)
     chosen = [e for e in entries if e["dispatch"]]
     table = DispatchTable(entries)
@@ -767,6 +772,8 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
     mismatches = [(k, g, w) for k, g, w in zip(keys, got, want) if g != w]
     assert not mismatches, mismatches[:5]
     assert len(set(want)) > 3  # the grid reaches several entries
+    if source == "synthetic":  # entries of several K/V layouts: the call's layout changes choices
+        assert any(len(set(want[i:i + 4])) > 1 for i in range(0, len(want), 4))
 
 
 def test_the_readme_example_calls_a_tuned_combination(export_store, tmp_path) -> None:
@@ -859,17 +866,6 @@ def test_a_kernel_slower_than_fa4_but_faster_than_sdpa_is_not_routed(tmp_path) -
     (entry,) = report.entries
     assert entry["best_baseline_impl"] == "fa4" and entry["ratio_to_best_baseline"] == pytest.approx(0.75)
     assert entry["ratio_to_sdpa"] == pytest.approx(1.25) and entry["route"] is None
-
-
-def test_a_kernel_tuned_at_full_lengths_serves_a_key_before_one_tuned_on_a_ragged_batch() -> None:
-    from tuner.export.selection import resolve_collisions
-
-    full = Problem(8, 32, 1, 8192, 128, "bf16", heads_kv=8)
-    ragged = Problem(8, 32, 1, 8192, 128, "bf16", heads_kv=8, lengths="uniform:1024")
-    entries = [{"key": {"k": 1}, "problem": ragged.to_dict(), "trial_id": 1},
-               {"key": {"k": 1}, "problem": full.to_dict(), "trial_id": 2}]
-    resolve_collisions(entries)
-    assert [e["dispatch"] for e in entries] == [False, True] and entries[0]["shadowed_by"] == 2
 
 
 def test_an_export_of_a_replayed_run_says_so(tmp_path) -> None:

@@ -4,6 +4,7 @@ package with measured cells dispatches and explains itself. The timing itself is
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -37,20 +38,25 @@ def _entries(problems: list[Problem]) -> list[dict]:
 
 
 def _key(p: Problem) -> Key:
-    return Key.of(p.dtype, p.head_dim, p.causal, p.heads, p.heads_kv, p.seq_q, p.seq_k, batch=p.batch)
+    return Key.of(p.dtype, p.head_dim, p.causal, p.heads, p.heads_kv, p.seq_q, p.seq_k, batch=p.batch,
+                  page_size=p.page_size, seq_lens=p.ragged)
 
 
 problems = st.builds(
-    lambda b, hkv, g, s, d, dt, c: Problem(b, hkv * g, s, s, d, dtype=dt, causal=c, heads_kv=hkv),
+    lambda b, hkv, g, s, d, dt, c, kv: Problem(b, hkv * g, s, s, d, dtype=dt, causal=c, heads_kv=hkv, layout=kv[0],
+                                               lengths=kv[1]),
     st.integers(1, 32), st.sampled_from([1, 2, 8]), st.sampled_from([1, 4]), st.integers(1, 20000),
-    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16", "e4m3"]), st.booleans())
+    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16", "e4m3"]), st.booleans(),
+    st.sampled_from([("bhsd", "full"), ("bhsd", "uniform:1"), ("paged16", "full"), ("paged32", "uniform:1")]))
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(problems, min_size=1, max_size=6))
 def test_cells_cover_every_tuned_problem_and_the_serving_shapes(tuned: list[Problem]) -> None:
-    """Every tuned problem's key and every prefill/decode serving shape of its model is a cell, once;
-    a cell's candidates are distinct kernels of its dtype/head dim/causality, the rule's choice first."""
+    """Every tuned problem's key and every prefill/decode serving shape of its model is a cell, once (the decode
+    steps in the tuned K/V layout and lengths kind, a dense kind's at full lengths too, the prefill batches dense at
+    full lengths); a cell's
+    candidates are distinct kernels of its dtype/head dim/causality, the rule's choice first."""
     entries = _entries(tuned)
     cells = check_cells(entries)
     keys = [c.key for c in cells]
@@ -61,9 +67,10 @@ def test_cells_cover_every_tuned_problem_and_the_serving_shapes(tuned: list[Prob
         for s in PREFILL_LENGTHS:
             assert _key(Problem(max(1, 16384 // s), tp.heads, s, s, tp.head_dim, dtype=tp.dtype, causal=tp.causal,
                                 heads_kv=tp.heads_kv)) in keys
-        for b, sq, ctx in DECODE:
+        kinds = {tp.lengths, tp.lengths if tp.page_size else "full"}  # a dense kind's decode steps: both kinds
+        for (b, sq, ctx), lengths in itertools.product(DECODE, kinds):
             assert _key(Problem(b, tp.heads, sq, ctx, tp.head_dim, dtype=tp.dtype, causal=tp.causal,
-                                heads_kv=tp.heads_kv)) in keys
+                                heads_kv=tp.heads_kv, layout=tp.layout, lengths=lengths)) in keys
     for cell in cells:
         assert cell.key == _key(cell.problem)
         kernels = [e["kernel"] for e in cell.candidates]

@@ -451,7 +451,7 @@ def test_an_e4m3_cell_checks_its_kernels_with_descales_at_the_e4m3_tolerance(fp8
         def __init__(self, off: float, use_descales: bool = True) -> None:
             self.off, self.use = off, use_descales
 
-        def __call__(self, q, k, v, out, descales=None):
+        def __call__(self, q, k, v, out, lse=None, scale=None, seq_lens=None, descales=None):
             assert out.dtype == torch.bfloat16 and torch.isnan(out.float()).all() and descales is not None
             real = dequantized_inputs(q, k, v, descales if self.use else Descales(*(torch.ones_like(d) for d in descales)))
             out.copy_(problem_reference(problem, *real)[0] * (1 + self.off))
@@ -463,7 +463,8 @@ def test_an_e4m3_cell_checks_its_kernels_with_descales_at_the_e4m3_tolerance(fp8
     monkeypatch.setattr(mod._runtime.kernels, "load_kernel", lambda name, device: fakes[name])
     cell = dataclasses.replace(cell, problem=problem, candidates=({"kernel": "good"}, {"kernel": "no_descales"}))
     errors: dict[str, str] = {}
-    runs = check._kernel_runs(mod, cell, q, k, v, ref, errors, descales)
+    data = {"q": q, "k": k, "v": v, "scale": None, "descales": descales}  # check.cell_inputs()'s form
+    runs = check._kernel_runs(mod, cell, data, ref, errors)
     assert list(runs) == ["good"] and errors["no_descales"].endswith(">= 0.05")
     runs["good"]()
     assert launches == [descales]

@@ -143,13 +143,10 @@ class CudaRunner:
         scale = 1.0 / math.sqrt(problem.head_dim)
         lengths = problem.key_lengths() if problem.ragged else None
         ref = expected_output(problem, q, k, v, scale, key_lengths=lengths, descales=descales)  # sampled rows at 128K
-        entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1}
+        entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1,
+                 **layout_inputs(problem, k, v, seed)}
         if descales is not None:
             entry["descales"] = descales
-        if problem.page_size:  # the kernel reads K/V from shuffled pages; the reference and SDPA, dense
-            entry.update(paged_inputs(problem, k, v, seed))
-        if lengths is not None:  # a ragged batch: each row's keys, read by the kernel on the GPU
-            entry["seq_lens"] = ragged_seq_lens(problem, "cuda")
         self._inputs[problem] = entry
         return entry
 
@@ -346,6 +343,16 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         runner.close()
     finally:
         conn.close()
+
+
+def layout_inputs(problem: Problem, k: Any, v: Any, seed: int) -> dict[str, Any]:
+    """What kernel_call takes besides q, k, v for the problem's K/V layout and lengths: a paged layout's shuffled
+    pages, table and lengths (the reference and SDPA read k and v dense), a ragged batch's lengths (each row's
+    keys, read by the kernel on the GPU)."""
+    found = paged_inputs(problem, k, v, seed) if problem.page_size else {}
+    if problem.ragged:
+        found["seq_lens"] = ragged_seq_lens(problem, k.device)
+    return found
 
 
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:

@@ -10,6 +10,9 @@ ROUTE_BELOW; otherwise the cell runs that fallback. The records land in the pack
 (manifest.json is not among the hashed files: it holds the hashes).
 An e4m3 cell (tuner.export.check_fp8) runs its kernels on FP8 inputs with their descales, checks them against the
 fp32 reference on the real values, and times them against its fallback: dequantise to bfloat16, then SDPA.
+A paged or ragged cell runs its kernels as the search timed its problem (tuner.backends.gpu_child: K/V copied into
+shuffled pages, the batch's seeded key lengths), against the reference of each row's own keys, and times them
+against the fallback as the package runs it: SDPA under the lengths' mask, on the pages gathered in each call.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.errors import TunerError
-from tuner.export import check_fp8
+from tuner.export import check_fp8, check_paged
 from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
-from tuner.problem import Problem
+from tuner.problem import Problem, query_dtype
 from tuner.profiles import GpuProfile
 
 ROUNDS = 5  # interleaved rounds per cell: a ratio counts as the median per-round ratio
@@ -59,12 +62,12 @@ def _import_package(root: Path, name: str) -> Any:
         sys.path.remove(str(root))
 
 
-def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any, errors: dict[str, str],
-                 descales: Any = None) -> dict[str, Callable[[], Any]]:
-    """A launch closure per candidate kernel that takes the shape and verifies; why the others do not.
-    `descales`: an e4m3 cell's (q_descale, k_descale, v_descale); its kernels write bfloat16."""
-    import torch
-
+def _kernel_runs(pkg: Any, cell: CheckCell, data: dict[str, Any], ref: Any,
+                 errors: dict[str, str]) -> dict[str, Callable[[], Any]]:
+    """A launch closure per candidate kernel that takes the cell's inputs and verifies; why the others do not.
+    `data`: cell_inputs()'s, as the search's kernel_call takes them (an e4m3 cell's descales; a paged cell's
+    cache, table and lengths; a ragged cell's lengths). e4m3 kernels write bfloat16."""
+    from tuner.backends.gpu_child import kernel_call
     from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
 
     kernels = importlib.import_module(f"{pkg.__name__}._runtime.kernels")
@@ -72,10 +75,10 @@ def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any, er
     runs: dict[str, Callable[[], Any]] = {}
     for entry in cell.candidates:
         name = entry["kernel"]
-        kernel = kernels.load_kernel(name, q.get_device())
-        out = empty_output(q) if descales is None else torch.empty_like(q, dtype=torch.bfloat16).fill_(float("nan"))
+        kernel = kernels.load_kernel(name, data["q"].get_device())
+        out = empty_output(data["q"])
         try:
-            kernel(q, k, v, out, descales=descales)
+            kernel_call(kernel, data, out, checked=True)()
         except pkg.AttentionInputError as exc:
             errors[name] = f"does not take the shape: {exc}"
             continue
@@ -83,28 +86,54 @@ def _kernel_runs(pkg: Any, cell: CheckCell, q: Any, k: Any, v: Any, ref: Any, er
         if not err < limit:
             errors[name] = f"relative error {err:.2e} >= {limit:g}"
             continue
-        runs[name] = lambda kernel=kernel, out=out: kernel.launch_unchecked(q, k, v, out, None, None, None, descales)
+        runs[name] = kernel_call(kernel, data, out, checked=False)
     return runs
+
+
+def cell_inputs(problem: Problem, device: str = "cuda") -> tuple[dict[str, Any], Any]:
+    """The cell's inputs as the search makes them (verify.make_inputs, or fp8_inputs with the descales; a paged
+    layout's pages and a ragged batch's lengths: gpu_child.layout_inputs) in kernel_call's form, and the fp32
+    reference on the real values of each row's own keys (the cell's window and softcap too)."""
+    from tuner.backends.gpu_child import layout_inputs
+    from tuner.runtime.fp8 import dequantized_inputs
+    from tuner.runtime.verify import fp8_inputs, make_inputs, problem_reference
+
+    data: dict[str, Any] = {"scale": None}
+    if problem.fp8:  # FP8 inputs (e4m3, or an FP8 KV cache), their descales, and their real values for the reference
+        q, k, v, data["descales"] = fp8_inputs(problem, device, seed=0)
+        real = dequantized_inputs(q, k, v, data["descales"])
+    else:
+        q, k, v = real = make_inputs(problem, device, seed=0)
+    data.update(q=q, k=k, v=v, **layout_inputs(problem, k, v, seed=0))
+    lengths = problem.key_lengths() if problem.ragged else None
+    return data, problem_reference(problem, *real, key_lengths=lengths)[0]
 
 
 def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, descales: Any = None) -> list[Any]:
     """What a routed cell of `problem` runs instead of a kernel, timed as baselines: every SDPA backend that takes
     it (FlashAttention-4 left out: the fallback is SDPA); for a window, each under the package's own window mask;
     for a softcap, the package's torch softcap implementation (SDPA has none). An e4m3 cell's (FP8 q, k, v with
-    `descales`): the same on the inputs dequantised to bfloat16, the dequantisation inside each timed call."""
+    `descales`): the same on the inputs dequantised to bfloat16, the dequantisation inside each timed call; an FP8
+    KV cache's (descales (None, k_scale, v_scale)): on k and v dequantised to q's dtype, likewise."""
     from tuner.runtime.baselines import SDPA_BACKENDS, Baseline, available_baselines, sdpa_baseline
+    from tuner.runtime.verify import ragged_seq_lens
 
+    if descales is not None and descales[0] is None:  # an FP8 KV cache: k and v to q's dtype in each call
+        kv = check_fp8.cache_dequantised(pkg, q, k, v, descales)
+        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype=query_dtype(problem.dtype)), q, *kv)
+        return check_fp8.cache_dequantising(pkg, found, q, k, v, descales, kv)
     if descales is not None:
         buffers = check_fp8.dequantised(pkg, q, k, v, descales)
         found = fallback_baselines(pkg, dataclasses.replace(problem, dtype="bf16"), *buffers)
         return check_fp8.dequantising(pkg, found, q, k, v, descales, buffers)
-    if not problem.local and not problem.softcap:
+    if not problem.local and not problem.softcap:  # a ragged batch: SDPA under its lengths' mask (sdpa_mask)
         return available_baselines(problem, q, k, v, fa4=False)
     masked = importlib.import_module(f"{pkg.__name__}._runtime.masked")
-    mask = (problem.window_left, problem.window_right, problem.softcap)
+    mask, lens = (problem.window_left, problem.window_right, problem.softcap), ragged_seq_lens(problem, q.device)
     if problem.softcap:
-        return [Baseline("torch_softcap", lambda: masked.fallback(q, k, v, problem.causal, None, mask), None)]
-    kept = masked.keys_kept(problem.seq_q, problem.seq_k, problem.causal, mask[:2], q.device)
+        return [Baseline("torch_softcap", lambda: masked.fallback(q, k, v, problem.causal, None, mask, lens=lens),
+                         None)]
+    kept = masked.keys_kept(problem.seq_q, problem.seq_k, problem.causal, mask[:2], q.device, lens)
     found = []
     for name in SDPA_BACKENDS:
         try:
@@ -112,6 +141,16 @@ def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, desca
         except RuntimeError:  # a backend that takes no boolean mask (flash): not what the fallback runs
             continue
     return found
+
+
+def routed_baselines(pkg: Any, problem: Problem, data: dict[str, Any]) -> list[Any]:
+    """fallback_baselines of the cell (data: cell_inputs()'s); a paged cell's gather their K/V from its pages
+    in each call first, as the package's fallback of a paged call does."""
+    q, k, v, descales = data["q"], data["k"], data["v"], data.get("descales")
+    if not problem.page_size:
+        return fallback_baselines(pkg, problem, q, k, v, descales)
+    (k, v), gather = check_paged.gathered(pkg, data, problem.seq_k)
+    return check_paged.preceded(fallback_baselines(pkg, problem, q, k, v, descales), gather)
 
 
 def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS) -> dict[str, Any]:
@@ -124,19 +163,12 @@ def measure_cell(pkg: Any, cell: CheckCell, l2_bytes: int, rounds: int = ROUNDS)
     import torch
 
     from tuner.runtime.timing import interleaved_rounds, time_cuda
-    from tuner.runtime.fp8 import dequantized_inputs
-    from tuner.runtime.verify import fp8_inputs, make_inputs, problem_reference
 
-    if cell.problem.fp8:  # FP8 inputs, their descales, and their real values for the reference
-        q, k, v, descales = fp8_inputs(cell.problem, seed=0)
-        ref, _ = problem_reference(cell.problem, *dequantized_inputs(q, k, v, descales))
-    else:
-        (q, k, v), descales = make_inputs(cell.problem, seed=0), None
-        ref, _ = problem_reference(cell.problem, q, k, v)  # the cell's window and softcap too
+    data, ref = cell_inputs(cell.problem)
     errors: dict[str, str] = {}
-    runs = _kernel_runs(pkg, cell, q, k, v, ref, errors, descales)
+    runs = _kernel_runs(pkg, cell, data, ref, errors)
     del ref
-    baselines = fallback_baselines(pkg, cell.problem, q, k, v, descales)  # what a routed cell runs: compare with it
+    baselines = routed_baselines(pkg, cell.problem, data)  # what a routed cell runs: compare with it
     calls: dict[str, Callable[[], Any]] = {
         **{name: (lambda fn=fn: time_cuda(fn, l2_bytes=l2_bytes)) for name, fn in runs.items()},
         **{b.name: (lambda b=b: b.time(l2_bytes=l2_bytes)) for b in baselines}}

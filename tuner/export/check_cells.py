@@ -1,24 +1,27 @@
 """Which dispatch cells `tuner export --check` measures, and what it decides from the timings (no GPU here).
 
 A cell is a dispatch key (dtype, head dim, causal, window, softcap, GQA group, log2
-buckets of Sq, Sk and batch x heads) measured at one representative shape. Besides every
+buckets of Sq, Sk and batch x heads, page size and lengths kind) measured at one representative shape, in its
+K/V layout and length distribution: a paged or ragged tuned problem is timed as such. Besides every
 tuned problem, the check covers the shapes a model meets in serving for each
 (dtype, head dim, causal, heads, K/V heads) the export was tuned for: prefill
 batches of 16K tokens from 512 to 16384 long, and decode steps (Sq 1 at short
 and long contexts, and a 4-token speculative verify), so that no call a model makes lands on an unmeasured cell
-whose nearest tuned kernel happens to lose.
+whose nearest tuned kernel happens to lose. The decode steps keep the tuned problem's layout and lengths (a dense
+ragged kind's also at full lengths: calls without seq_lens); the prefill batches are dense at full lengths, the
+only form in which such long queries run a kernel (only the decode kernels read pages and per-row lengths: other
+calls with them run masked SDPA whatever a cell says).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # one threshold for entries and cells
 from tuner.runtime.shipped.dispatch import DispatchTable, Key
 from tuner.models import DECODE
-from tuner.problem import FULL_LENGTHS, Problem
+from tuner.problem import FULL_LENGTHS, Problem, parse_lengths
 from tuner.runtime.timing import per_round_ratio
 
 PREFILL_TOKENS = 16384  # a prefill batch: B x S tokens
@@ -34,21 +37,33 @@ class CheckCell:
 
 
 def serving_problems(tuned: Problem) -> list[Problem]:
-    """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality, layout, window
-    and softcap (a layer kind of the model: its kernels serve only calls of its own window and softcap)."""
+    """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality, window and
+    softcap (a layer kind of the model: its kernels serve only calls of its own window and softcap); the decode
+    steps in its layout and length distribution, the prefill batches dense at full lengths."""
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
-                causal=tuned.causal, layout=tuned.layout, window_left=tuned.window_left,
-                window_right=tuned.window_right, softcap=tuned.softcap)
-    found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, **base) for s in PREFILL_LENGTHS]
-    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, **base) for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
+                causal=tuned.causal, window_left=tuned.window_left, window_right=tuned.window_right,
+                softcap=tuned.softcap)
+    dense = "bhsd" if tuned.page_size else tuned.layout
+    found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout=dense, **base)
+             for s in PREFILL_LENGTHS]
+    decode = [(b, sq, ctx, lengths_at(tuned, ctx)) for b, sq, ctx in DECODE]  # the steps `tuner search --model` tunes
+    if tuned.ragged and not tuned.page_size:  # a dense cache's equal rows (a dynamic cache's) come without seq_lens
+        decode += [(b, sq, ctx, FULL_LENGTHS) for b, sq, ctx in DECODE]
+    found += [Problem(batch=b, seq_q=sq, seq_k=ctx, layout=tuned.layout, lengths=lengths, **base)
+              for b, sq, ctx, lengths in decode]
     return found
+
+
+def lengths_at(tuned: Problem, seq_k: int) -> str:
+    """`tuned`'s length distribution at a context of `seq_k` keys: the same lowest fraction of it."""
+    low = parse_lengths(tuned.lengths, tuned.seq_k)
+    return FULL_LENGTHS if low is None else f"uniform:{max(1, low * seq_k // tuned.seq_k)}"
 
 
 def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     """One cell per dispatch key met by the tuned problems and their serving shapes (tuned problems first)."""
     table = DispatchTable(list(entries))
-    # A cell serves dense calls: a problem tuned on a ragged batch is timed at full lengths there.
-    tuned = [dataclasses.replace(Problem.from_dict(e["problem"]), lengths=FULL_LENGTHS) for e in table.entries]
+    tuned = [Problem.from_dict(e["problem"]) for e in table.entries]  # in their own layout and lengths
     cells: dict[Key, CheckCell] = {}
     for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
         key = dispatch_key(problem)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from tuner.errors import TunerError
 from tuner.export.options import ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
-from tuner.runtime.shipped.dispatch import seq_bucket
+from tuner.runtime.shipped.dispatch import DENSE_PAGE_LOG2, entry_key, seq_bucket
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import mask_suffix
@@ -47,11 +47,18 @@ def _mask_of(key: dict[str, Any]) -> tuple[int, int, float]:
     return int(key.get("window_left", -1)), int(key.get("window_right", -1)), float(key.get("softcap", 0.0))
 
 
+def _layout_of(key: dict[str, Any]) -> tuple[int, bool]:
+    """An entry key's K/V page size (0 dense) and lengths kind (absent before them: dense, no lengths)."""
+    return entry_key({"key": key}).layout
+
+
 def _struct_name(key: dict[str, Any]) -> str:
     causal = "causal" if key["causal"] else "noncausal"
     mask = mask_suffix(*_mask_of(key))  # the variant names' spelling
+    page, lens = _layout_of(key)
+    layout = f"_p{page}" if page else "_lens" if lens else ""  # pages come with lengths
     return (f"{key['dtype']}_d{key['head_dim']}_{causal}{mask}_g{key['group']}_sq{key['sq_bucket']}"
-            f"_sk{key['sk_bucket']}_bh{key.get('bh_bucket', 0)}")
+            f"_sk{key['sk_bucket']}_bh{key.get('bh_bucket', 0)}{layout}")
 
 
 def _first_line(name: str) -> str:
@@ -132,6 +139,8 @@ def _preamble(name: str, profile: GpuProfile, manifest: dict[str, Any], template
         "// Buckets: sq/sk bucket b = ceil(log2 S) holds lengths (2^(b-1), 2^b]; group = H / Hkv.",
         "// WINDOW_LEFT / WINDOW_RIGHT / SOFTCAP: the window (FlashAttention's window_size, -1 unbounded) and",
         "// logit softcap (0 off) compiled into the bucket's kernel; a call runs only a kernel of its own.",
+        "// PAGE_SIZE / SEQ_LENS: the K/V layout the bucket was tuned on (page rows, 0 dense; per-row key lengths):",
+        "// not compiled in (a decode kernel reads any), they rank the buckets in nearest_bucket().",
         "#pragma once",
         f"#ifndef {guard}",
         f"#define {guard}",
@@ -164,6 +173,8 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
         f"  static constexpr int WINDOW_LEFT = {_mask_of(key)[0]};",
         f"  static constexpr int WINDOW_RIGHT = {_mask_of(key)[1]};",
         f"  static constexpr float SOFTCAP = {_mask_of(key)[2]!r}f;",
+        f"  static constexpr int PAGE_SIZE = {_layout_of(key)[0]};  // tuned K/V page rows (0: dense)",
+        f"  static constexpr bool SEQ_LENS = {'true' if _layout_of(key)[1] else 'false'};  // tuned with per-row lengths",
     ]
     for pname, value in k.variant.params.items():
         if isinstance(value, str):
@@ -181,49 +192,59 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
                      f"{'true' if e['key']['causal'] else 'false'}, {e['key']['group']}, {e['key']['sq_bucket']}, "
                      f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}, "
                      f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}, "
-                     f"{_mask_of(e['key'])[0]}, {_mask_of(e['key'])[1]}, {_mask_of(e['key'])[2]!r}}}"
+                     f"{_mask_of(e['key'])[0]}, {_mask_of(e['key'])[1]}, {_mask_of(e['key'])[2]!r}, "
+                     f"{_layout_of(e['key'])[0]}, {'true' if _layout_of(e['key'])[1] else 'false'}}}"
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
         "// dtype: 0 = fp16, 1 = bf16, 2 = e4m3 (__nv_fp8_e4m3 inputs with descales, bf16 output), 3 / 4 = an",
         "// FP8 KV cache with fp16 / bf16 q and output (__nv_fp8_e4m3 k and v with k_scale and v_scale).",
         "// group < 1 counts as 1. Same choice as the Python dispatch (_dispatch.DispatchTable.choose): fewest",
-        "// |d sq| + |d sk| bucket steps, then its own causality, then nearest group in |d log2 group|, then",
-        "// nearest batch x heads bucket, then the larger sq, then the larger sk bucket, then the older trial.",
+        "// |d sq| + |d sk| bucket steps + |d log2 page_size| (dense counts as 512: one past the largest page), then",
+        "// its own causality, then nearest group in |d log2 group|, then nearest batch x heads bucket, then its",
+        "// own seq_lens (per-row key lengths; a paged call has them), then the larger sq, then the larger sk",
+        "// bucket, then the older trial. page_size and seq_lens only rank: any decode kernel reads any of them.",
         "// A short-query (decode) kernel",
         "// (max_sq >= 0) takes no query past its Sq bucket. One query (sq_bucket 0) is the same computation",
         "// causal or not: it also takes the other causality's buckets, after its own at the same distance.",
         "// The window and softcap must be the bucket's own (window_right 0 is causality: causal with -1); one query takes the",
         "// other causality's buckets of its window_left and softcap with no right bound.",
         "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket,",
-        "                          int bh_bucket, int window_left = -1, int window_right = -1, double softcap = 0.0) {",
+        "                          int bh_bucket, int window_left = -1, int window_right = -1, double softcap = 0.0,",
+        "                          int page_size = 0, bool seq_lens = false) {",
         "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; int max_sq;",
-        "               int wl, wr; float sc; };",
+        "               int wl, wr; float sc; int page; bool lens; };",
         "  if (window_right == 0) causal = true;  // a right bound of 0 is causality: one spelling, as Python's",
+        "  if (page_size > 0) seq_lens = true;  // a paged call has per-row lengths",
+        f"  auto page_log2 = [](int p) {{ int l = {DENSE_PAGE_LOG2}; if (p > 0) {{ l = 0; "
+        "while ((2 << l) <= p) ++l; } return l; };",
         "  const int wr = window_right == 0 ? -1 : window_right;",
         "  const float sc = static_cast<float>(softcap);  // the bucket's SOFTCAP is a float",
         f"  static const Row rows[] = {{{rows}}};",
         "  const double lg = std::log2(static_cast<double>(group > 1 ? group : 1));",
-        "  int best = -1, best_d = 0, best_w = 0, best_x = 0;",
+        "  int best = -1, best_d = 0, best_w = 0, best_x = 0, best_l = 0;",
         "  double best_g = 0.0;",
         f"  for (int i = 0; i < {len(chosen)}; ++i) {{",
         "    const Row& r = rows[i];",
         "    if (r.dtype != dtype || r.head_dim != head_dim || (r.causal != causal && sq_bucket != 0)) continue;",
         "    if (r.wl != window_left || r.sc != sc || r.wr != (r.causal == causal ? wr : -1)) continue;",
         "    if (r.max_sq >= 0 && sq_bucket > r.max_sq) continue;",
-        "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk);",
+        "    const int pd = page_log2(r.page) - page_log2(page_size);",
+        "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk)",
+        "                  + (pd > 0 ? pd : -pd);",
         "    const int x = r.causal != causal ? 1 : 0;",
         # The same double arithmetic as Python's abs(math.log2(g) - math.log2(group)): ties break identically.
         "    const double g = std::fabs(std::log2(static_cast<double>(r.group)) - lg);",
         "    const int w = r.bh > bh_bucket ? r.bh - bh_bucket : bh_bucket - r.bh;",
+        "    const int l = r.lens != seq_lens ? 1 : 0;",
         "    bool better = best < 0;",
         "    if (!better) {",
         "      const Row& b = rows[best];",
         "      better = d != best_d ? d < best_d : x != best_x ? x < best_x : g != best_g ? g < best_g",
-        "             : w != best_w ? w < best_w",
+        "             : w != best_w ? w < best_w : l != best_l ? l < best_l",
         "             : r.sq != b.sq ? r.sq > b.sq : r.sk != b.sk ? r.sk > b.sk : r.trial < b.trial;",
         "    }",
-        "    if (better) { best = i; best_d = d; best_g = g; best_w = w; best_x = x; }",
+        "    if (better) { best = i; best_d = d; best_g = g; best_w = w; best_x = x; best_l = l; }",
         "  }",
         "  return best;",
         "}",

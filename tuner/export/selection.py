@@ -105,9 +105,11 @@ def best_per_round(baselines: list[list[float]]) -> list[float]:
 
 
 def dispatch_key(problem: Problem) -> Key:
-    """The dispatch key calls of `problem`'s shape, window and softcap look up (the shipped dispatch's Key.of)."""
+    """The dispatch key calls of `problem`'s shape, window, softcap and K/V layout look up (the shipped dispatch's
+    Key.of): a paged layout's page size, and per-row lengths for a ragged batch or pages."""
     return Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
-                  problem.seq_q, problem.seq_k, batch=problem.batch, mask=mask_of(problem))
+                  problem.seq_q, problem.seq_k, batch=problem.batch, mask=mask_of(problem),
+                  page_size=problem.page_size, seq_lens=problem.ragged)
 
 
 def _dispatch_key(problem: Problem) -> dict[str, Any]:
@@ -168,11 +170,13 @@ def energy_fields(row: TrialRow) -> dict[str, Optional[float]]:
 
 def resolve_collisions(entries: list[dict[str, Any]]) -> None:
     """One entry per dispatch key: the largest tuned problem wins (long runs are where tuning pays); at equal
-    size one tuned at full lengths before one tuned on a ragged batch (the key is a dense call's)."""
+    size one tuned on a ragged batch before one at full lengths. A key holds both only for a paged layout (its
+    calls always pass lengths; a dense batch's lengths kind is in its key), and serving engines' paged batches
+    are ragged."""
     def rank(e: dict[str, Any]) -> tuple:
         p = e["problem"]
-        full = p.get("lengths", FULL_LENGTHS) == FULL_LENGTHS
-        return p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"], full, -e["trial_id"]
+        ragged = p.get("lengths", FULL_LENGTHS) != FULL_LENGTHS
+        return p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"], ragged, -e["trial_id"]
 
     winners: dict[str, dict[str, Any]] = {}
     for e in entries:

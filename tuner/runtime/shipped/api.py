@@ -54,7 +54,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     block_table (int32 [B, pages_per_seq], with seq_lens): the paged form. k and v are then caches
     [pages, page_size, Hkv, D] (vLLM's layout; page_size 16 to 256, a power of two) and row b's key n is
     row n % page_size of page block_table[b, n // page_size]. The decode kernels read the pages in
-    place; elsewhere the pages are gathered for masked SDPA.
+    place; elsewhere the pages are gathered for masked SDPA. Any decode kernel reads any page size and lengths,
+    but at the speed of the tiles it was tuned with: a call runs the kernel tuned on its own page size where
+    the package has one (on seq_lens, on a ragged batch), else on the nearest (explain() says which).
     window_size (left, right), FlashAttention's sliding window: query i, aligned to the keys' end, sees keys
     i' - left .. i' + right (-1 or None: unbounded; causal: right 0 or -1). softcap > 0 makes the scores
     softcap * tanh(scores / softcap) (Gemma-2). Both are compiled into a kernel: a call runs only a kernel
@@ -153,7 +155,7 @@ def _slow_lens(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fal
     if q.dim() == 4:
         check_seq_lens(q, seq_lens)
     try:
-        kernel = _resolve(q, k, v, causal, mask)
+        kernel = _choose(q, k, v, causal, mask, seq_lens=True)
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa" and q.dim() == 4:  # seq_lens checked above
             return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)
@@ -189,19 +191,25 @@ def _slow(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], fallback
     return out
 
 
-def _key(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: tuple = NO_MASK) -> Key:
+def _key(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: tuple = NO_MASK, seq_lens: bool = False) -> Key:
+    """The dispatch key of a dense call (`seq_lens`: it passes per-row key lengths)."""
     b, h, sq, d = q.shape
-    return Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b, mask=mask)
+    return Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b, mask=mask, seq_lens=seq_lens)
 
 
-def _resolve(q: Any, k: Any, v: Any, causal: bool, mask: tuple) -> Any:
-    """Validate fully, choose the kernel, load it and fill the dispatch cache: the kernel (an AttentionKernel),
-    or None for a cell routed to SDPA."""
+def _choose(q: Any, k: Any, v: Any, causal: bool, mask: tuple, seq_lens: bool = False) -> Any:
+    """Validate fully, choose the kernel of the call's key and load it: an AttentionKernel, or None for a cell
+    routed to SDPA (`seq_lens`: the call passes per-row key lengths)."""
     check_attention_tensors(q, k, v, q)  # q stands in for out: empty_like(q) has its shape and layout
     refuse_grads(q, k, v)
     if k.shape[2] == 0:
         raise AttentionInputError("k and v must have at least one key (Sk = 0)")
-    kernel = choose_kernel(q, _key(q, k, causal, mask))
+    return choose_kernel(q, _key(q, k, causal, mask, seq_lens))
+
+
+def _resolve(q: Any, k: Any, v: Any, causal: bool, mask: tuple) -> Any:
+    """_choose for a call without lengths, remembered in the dispatch cache."""
+    kernel = _choose(q, k, v, causal, mask)
     _cache[_cell(q.dtype, q.shape, k.shape, causal, mask)] = (q.get_device(), kernel.launch_if_fit if kernel else None)
     return kernel
 
@@ -237,35 +245,36 @@ def _device_cc(q: Any) -> Optional[tuple[int, int]]:
 
 
 def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = NO_WINDOW,
-            softcap: Optional[float] = 0.0, q_descale: Any = None, k_descale: Any = None,
-            v_descale: Any = None, k_scale: Any = None, v_scale: Any = None) -> Explanation:
-    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., q_descale=..., ..., k_scale=...,
-    v_scale=...) would run, and why (print() it). Needs no GPU."""
-    errors: list[str] = []  # every limit the inputs break, the device's first
+            softcap: Optional[float] = 0.0, seq_lens: Any = None, block_table: Any = None, q_descale: Any = None,
+            k_descale: Any = None, v_descale: Any = None, k_scale: Any = None, v_scale: Any = None) -> Explanation:
+    """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., seq_lens=..., block_table=...,
+    q_descale=..., ..., k_scale=..., v_scale=...) would run, and why (print() it). Needs no GPU."""
+    paged = block_table is not None
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8 and q.dim() > 0
     cache = _fp8_cache.is_fp8_cache(q, k, v) or k_scale is not None or v_scale is not None
-    try:
-        check_attention_tensors(q, k, v, _fp8.bf16_out_like(q) if fp8 else q)  # FP8 calls write bfloat16
-    except AttentionInputError as exc:
-        errors.append(str(exc))
+    errors = _form_errors(q, k, v, fp8, seq_lens, block_table)  # every limit the inputs break, the device's first
     descales = None if q_descale is None and k_descale is None and v_descale is None else \
         (q_descale, k_descale, v_descale)
-    errors += _fp8_cache.scale_errors(q, k, v, k_scale, v_scale) if cache else _fp8.descale_errors(q, k, v, descales)
+    per_head = paged and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (k, v))  # a cache's Hkv: dim 2
+    if cache:
+        errors += _fp8_cache.scale_errors(q, k, v, k_scale, v_scale, paged)
+    else:
+        errors += _fp8.descale_errors(q, *((k.transpose(1, 2), v.transpose(1, 2)) if per_head else (k, v)), descales)
     try:
         causal, mask = _masked.causal_form(causal, _masked.call_mask(window_size, softcap, causal))
     except AttentionInputError as exc:
         errors.append(str(exc))
         mask = NO_MASK
+    form = "".join(f", {n}={tuple(getattr(t, 'shape', ()))}"
+                   for n, t in (("seq_lens", seq_lens), ("block_table", block_table)) if t is not None)
     shapes = (f"q {tuple(getattr(q, 'shape', ()))}, k {tuple(getattr(k, 'shape', ()))}, "
               f"v {tuple(getattr(v, 'shape', ()))}, {getattr(q, 'dtype', '?')}, causal={bool(causal)}"
-              + ("" if mask == NO_MASK else f", {mask_text(mask)}"))
+              + ("" if mask == NO_MASK else f", {mask_text(mask)}") + form)
     lines = [f"{PACKAGE}.attention({shapes})"]
     choice = None
-    usable = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
-              and q.dtype in DTYPES and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
     errors += _shape_errors(q, k, v, cache)
-    if usable:
-        key = _fp8_cache.cache_key(q, k, causal, mask) if cache else _key(q, k, causal, mask)
+    key = _call_key(q, k, causal, mask, seq_lens, block_table, cache)
+    if key is not None:
         lines.append(f"  dispatch key: {key.label()}")
         choice = table().choose(key)
         if choice is None:
@@ -278,13 +287,60 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
              if cache else "")
     if choice is not None:
         code = _kernels.code_source(choice.entry["kernel"], _device_cc(q))
-        lines += _choice_lines(choice, mask, inputs, takes) + [f"  code: {code}"]
+        lines += (_choice_lines(choice, mask, inputs, takes) + [f"  code: {code}"]
+                  + _lens_lines(choice, fp8, seq_lens, paged))
     error = "; ".join(errors) or None
     if error:
         lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)}{inputs} instead)")
     return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
                        bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
                        "\n".join(lines))
+
+
+def _form_errors(q: Any, k: Any, v: Any, fp8: bool, seq_lens: Any, block_table: Any) -> list[str]:
+    """The first limit the call breaks in its form (attention()'s checks): dense, with seq_lens, or paged."""
+    try:
+        if block_table is None:
+            check_attention_tensors(q, k, v, _fp8.bf16_out_like(q) if fp8 else q)  # FP8 calls write bfloat16
+            if seq_lens is not None:
+                check_seq_lens(q, seq_lens)
+        elif seq_lens is None or not all(isinstance(t, torch.Tensor) for t in (q, k, v, block_table, seq_lens)):
+            raise AttentionInputError("a paged call needs q, k_cache, v_cache, block_table and seq_lens tensors")
+        elif q.dim() == 4 and k.dim() == 4:  # other ranks: _shape_errors names them
+            _paged.check_paged_structure(q, k, v, block_table, seq_lens)
+            _paged.check_paged_kernel_inputs(q, k, v, block_table, seq_lens)
+    except AttentionInputError as exc:
+        return [str(exc)]
+    return []
+
+
+def _call_key(q: Any, k: Any, causal: bool, mask: tuple, seq_lens: Any, block_table: Any,
+              cache: bool = False) -> Optional[Key]:
+    """The dispatch key of the call (dense, with seq_lens, or paged: k a cache; `cache`: an FP8 KV cache's),
+    None where its shapes give none."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
+            and q.dtype in DTYPES):
+        return None
+    paged = isinstance(block_table, torch.Tensor) and block_table.dim() == 2
+    heads_kv = k.shape[2] if paged else k.shape[1]
+    if heads_kv == 0 or q.shape[1] % heads_kv or (block_table is not None and not paged):
+        return None
+    key = _paged.paged_key(q, k, block_table, causal, mask) if paged else _key(q, k, causal, mask,
+                                                                              seq_lens is not None)
+    return _fp8_cache.as_cache_key(key) if cache else key
+
+
+def _lens_lines(choice: Any, fp8: bool, seq_lens: Any, paged: bool) -> list[str]:
+    """For a call with seq_lens or pages: where the chosen kernel cannot read them, what runs instead."""
+    if choice.route == "sdpa" or (seq_lens is None and not paged):
+        return []
+    what = "pages" if paged else "per-row key lengths"
+    instead = "masked SDPA runs" + (" on the gathered pages" if paged else "")
+    if fp8:
+        return [f"  {what}: no decode kernel takes e4m3, so {instead} {_fp8.DEQUANTISED}"]
+    if not _kernels.manifest()["kernels"][choice.entry["kernel"]]["launch"].get("splits"):
+        return [f"  {what}: only decode kernels read them, and this one is not, so {instead}"]
+    return []
 
 
 def _shape_errors(q: Any, k: Any, v: Any, cache: bool = False) -> list[str]:

@@ -8,6 +8,10 @@ variant faster (GQA group, log2 buckets of Sq and Sk, and of batch x heads:
 the work size decides how many waves of tiles fill the card, so a small grid
 wants other tiles than a large one). Between tuned shapes the nearest bucket
 wins: kernels handle any shape, only their speed was measured at the tuned ones.
+The K/V layout (page size, 0 dense) and whether the call has per-row key
+lengths (seq_lens; a paged call always has them) rank too, never exclude: any
+decode kernel reads any page size and lengths, at the speed of the tiles it was
+tuned with.
 A package checked on its GPU (`tuner export --check`) also holds measured
 cells: for those keys the kernel that measured fastest runs, or SDPA where
 every kernel lost to it.
@@ -32,6 +36,20 @@ def bucket_range(b: int) -> str:
 NO_MASK = (-1, -1, 0.0)  # (window_left, window_right, softcap): no window (-1 unbounded), no softcap (0)
 
 
+def page_text(page_size: int) -> str:
+    """A K/V layout in words: "a dense K/V cache", "pages of 16 rows"."""
+    return f"pages of {page_size} rows" if page_size else "a dense K/V cache"
+
+
+DENSE_PAGE_LOG2 = 9  # a dense cache as a page size: one log2 step past the largest page (256 rows)
+
+
+def page_steps(a: int, b: int) -> int:
+    """log2 steps between two page sizes (0: dense). A kernel meets contiguous runs of `page` keys; runs longer
+    than its K/V tile (at most 256 keys) read like dense memory, so dense counts as one step past 256."""
+    return abs((a.bit_length() - 1 if a else DENSE_PAGE_LOG2) - (b.bit_length() - 1 if b else DENSE_PAGE_LOG2))
+
+
 def mask_text(mask: tuple) -> str:
     """A kernel's compiled-in mask in words: "no window, no softcap", "window (4095, -1), softcap 50"."""
     left, right, softcap = mask
@@ -53,19 +71,27 @@ class Key:
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
+    # How the call's K/V lie, which no kernel compiles in (they rank, never exclude): the rows of a K/V page
+    # (0: a dense cache) and whether batch rows carry their own key lengths (seq_lens: a ragged batch; a paged
+    # call always does). Absent from manifests before them: dense, no lengths.
+    page_size: int = 0
+    seq_lens: bool = False
 
     def __post_init__(self) -> None:
         if self.window_right == 0:  # a right bound of 0 is causality: one spelling (causal, -1), as Problem's
             object.__setattr__(self, "causal", True)
             object.__setattr__(self, "window_right", -1)
         object.__setattr__(self, "softcap", float(self.softcap))
+        object.__setattr__(self, "seq_lens", bool(self.seq_lens or self.page_size))  # pages come with lengths
 
     @classmethod
     def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int,
-           batch: int = 1, mask: tuple = NO_MASK) -> "Key":
-        """The key of a call; `mask` is its (window_left, window_right, softcap)."""
+           batch: int = 1, mask: tuple = NO_MASK, page_size: int = 0, seq_lens: bool = False) -> "Key":
+        """The key of a call; `mask` is its (window_left, window_right, softcap), `page_size` its K/V page's rows
+        (0: dense) and `seq_lens` whether it passes per-row key lengths."""
         return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk),
-                   seq_bucket(max(batch * heads, 1)), int(mask[0]), int(mask[1]), float(mask[2]))
+                   seq_bucket(max(batch * heads, 1)), int(mask[0]), int(mask[1]), float(mask[2]), int(page_size),
+                   bool(seq_lens))
 
     @property
     def features(self) -> tuple[str, int, bool]:
@@ -82,12 +108,23 @@ class Key:
         """Everything compiled into a kernel: a key runs only kernels whose `compiled` is its own."""
         return self.features + self.mask
 
+    @property
+    def layout(self) -> tuple[int, bool]:
+        """How the call's K/V lie: (page_size, seq_lens); they rank entries, nothing is compiled for them."""
+        return (self.page_size, self.seq_lens)
+
     def label(self) -> str:
         causal = "causal" if self.causal else "non-causal"
         mask = f" {mask_text(self.mask)}," if self.mask != NO_MASK else ""
         return (f"{self.dtype} D{self.head_dim} {causal}{mask} group {self.group}, Sq bucket {self.sq_bucket} "
                 f"({bucket_range(self.sq_bucket)}), Sk bucket {self.sk_bucket} ({bucket_range(self.sk_bucket)}), "
-                f"batch x heads bucket {self.bh_bucket} ({bucket_range(self.bh_bucket)})")
+                f"batch x heads bucket {self.bh_bucket} ({bucket_range(self.bh_bucket)}){layout_text(self)}")
+
+
+def layout_text(key: Key) -> str:
+    """", in pages of 16 rows, with per-row key lengths" (empty for a dense call without lengths)."""
+    pages = f", in {page_text(key.page_size)}" if key.page_size else ""
+    return pages + (", with per-row key lengths" if key.seq_lens else "")
 
 
 @dataclass(frozen=True)
@@ -115,6 +152,7 @@ class Choice:
         if self.tuned.bh_bucket != self.key.bh_bucket:
             work = (f"; tuned for batch x heads in bucket {self.tuned.bh_bucket} ({bucket_range(self.tuned.bh_bucket)}), "
                     f"nearest to {self.key.bh_bucket} among those")
+        work += layout_note(self.tuned, self.key)
         if self.exact:
             return "exact match: this bucket was tuned" + work
         parts = []
@@ -128,6 +166,18 @@ class Choice:
                                   f"{self.key.dtype} D{self.key.head_dim} {'causal' if self.key.causal else 'non-causal'}{mask}"
 
 
+def layout_note(tuned: Key, key: Key) -> str:
+    """Where a tuned entry's K/V layout differs from the call's, in words ("" where it does not)."""
+    note = ""
+    if tuned.page_size != key.page_size:
+        note += (f"; tuned on {page_text(tuned.page_size)}, not {page_text(key.page_size)} (a decode kernel reads any "
+                 f"page size, at the speed of its tuned tiles: the nearest page size is preferred)")
+    if tuned.seq_lens != key.seq_lens:
+        note += (f"; tuned {'with' if tuned.seq_lens else 'without'} per-row key lengths, and this call has "
+                 f"{'them' if key.seq_lens else 'none'}")
+    return note
+
+
 def cell_summary(cell: Mapping[str, Any]) -> str:
     """One line on a measured cell: what ran fastest there against the best SDPA backend."""
     ratio, base = cell.get("ratio"), cell.get("sdpa_impl") or "SDPA"
@@ -139,11 +189,12 @@ def cell_summary(cell: Mapping[str, Any]) -> str:
 
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
-    """The key of a manifest entry or measured cell (a manifest from before windows and softcaps: no mask)."""
+    """The key of a manifest entry or measured cell (a manifest from before windows and softcaps: no mask; from
+    before page sizes and lengths: dense, no lengths)."""
     k = entry["key"]
     return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]),
                int(k.get("bh_bucket", 0)), int(k.get("window_left", -1)), int(k.get("window_right", -1)),
-               float(k.get("softcap", 0.0)))
+               float(k.get("softcap", 0.0)), int(k.get("page_size", 0)), bool(k.get("seq_lens", False)))
 
 
 class DispatchTable:
@@ -180,7 +231,8 @@ class DispatchTable:
         return Choice(e, key, tk, exact, dist, len(ranked), cell)
 
     def ranked(self, key: Key) -> list[tuple[Key, Mapping[str, Any]]]:
-        """The tuned entries that can run `key` (same dtype, head dim, causality and mask), the rule's choice first.
+        """The tuned entries that can run `key` (same dtype, head dim, causality and mask), the rule's choice first:
+        the nearest in buckets and page size, causality, group, work size, then lengths kind.
 
         One query is the same computation causal or not (bottom-right, it sees every key up to its own; a right
         window bound adds none), so a one-query key also takes the other causality's entries of its left
@@ -194,12 +246,21 @@ class DispatchTable:
 
         def rank(item: tuple[Key, Mapping[str, Any]]) -> tuple:
             tk, e = item
-            dist = abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
+            # A log2 step of page size counts as one of Sq or Sk (page_steps: dense is one past 256). A kernel tuned
+            # on a dense cache ran 16-row pages at 0.71x its dense time (a ragged decode batch, H32 Hkv8 D128 bf16,
+            # up to 9000 keys) where a page-16-tuned one is within 2% of dense: about 7% for each of those 5 steps;
+            # an Sk bucket off the tuned one costs more or less than that by shape, so they weigh alike. Neither
+            # goes first outright: the page size first would send a dense decode step to a prefill kernel (one
+            # query in 128-row tiles) where only paged decode kernels were tuned; the buckets first, a page-16 call
+            # to a dense-tuned kernel one Sk bucket nearer.
+            dist = (abs(tk.sq_bucket - key.sq_bucket) + abs(tk.sk_bucket - key.sk_bucket)
+                    + page_steps(tk.page_size, key.page_size))
             group_dist = abs(math.log2(tk.group) - math.log2(max(key.group, 1)))
-            # Then the nearest work size; ties: prefer the larger bucket (long sequences are where tuning
-            # pays), then the older trial.
-            return (dist, tk.causal != key.causal, group_dist, abs(tk.bh_bucket - key.bh_bucket), -tk.sq_bucket,
-                    -tk.sk_bucket, e.get("trial_id", 0))
+            # Then the nearest work size; then the call's lengths kind (a kernel tuned on a ragged batch and one
+            # tuned at full lengths differ by 1-2% on either: less than a group or a wave of tiles); ties: prefer
+            # the larger bucket (long sequences are where tuning pays), then the older trial.
+            return (dist, tk.causal != key.causal, group_dist, abs(tk.bh_bucket - key.bh_bucket),
+                    tk.seq_lens != key.seq_lens, -tk.sq_bucket, -tk.sk_bucket, e.get("trial_id", 0))
 
         return sorted(cands, key=rank)
 

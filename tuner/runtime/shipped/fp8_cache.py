@@ -9,6 +9,7 @@ for inputs the kernels cannot take) k and v are dequantised to q's dtype, gather
 and SDPA runs on them.
 """
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -91,11 +92,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return out
 
 
-def cache_key(q: Any, k: Any, causal: bool, mask: tuple, block_table: Any = None) -> Key:
-    """The dispatch key of an FP8-cache call (paged, k is [pages, page_size, Hkv, D] and Sk the table's capacity)."""
+def as_cache_key(key: Key) -> Key:
+    """A 16-bit call's key as the same call's over an FP8 cache: the package's <q dtype>_kv_e4m3 entries."""
+    return replace(key, dtype=key.dtype + KV_SUFFIX)
+
+
+def cache_key(q: Any, k: Any, causal: bool, mask: tuple, block_table: Any = None, seq_lens: bool = False) -> Key:
+    """The dispatch key of an FP8-cache call (paged: k is [pages, page_size, Hkv, D], the key paged.paged_key's)."""
+    if block_table is not None:
+        return as_cache_key(_paged.paged_key(q, k, block_table, causal, mask))
     b, h, sq, d = q.shape
-    hkv, sk = (k.shape[2], block_table.shape[1] * k.shape[1]) if block_table is not None else (k.shape[1], k.shape[2])
-    return Key.of(DTYPES[q.dtype] + KV_SUFFIX, d, causal, h, hkv, sq, sk, batch=b, mask=mask)
+    return as_cache_key(Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b, mask=mask,
+                               seq_lens=seq_lens))
 
 
 def _resolve(q: Any, k: Any, v: Any, causal: bool, fallback: Optional[str], seq_lens: Any, block_table: Any,
@@ -118,7 +126,7 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool, fallback: Optional[str], seq_
         else:
             check_attention_tensors(q, k, v, q)
         refuse_grads(q, k, v)
-        kernel = choose_kernel(q, cache_key(q, k, causal, mask, block_table))
+        kernel = choose_kernel(q, cache_key(q, k, causal, mask, block_table, seq_lens is not None))
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
             return (q.get_device(), None)

@@ -52,13 +52,9 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
     refuse_unscaled_fp8(q, k_cache, v_cache)
     check_paged_structure(q, k_cache, v_cache, block_table, seq_lens)
     try:
-        check_attention_tensors(q, q, q, q)
-        check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+        check_paged_kernel_inputs(q, k_cache, v_cache, block_table, seq_lens)
         refuse_grads(q, k_cache, v_cache)
-        pages_per_seq, page, hkv = block_table.shape[1], k_cache.shape[1], k_cache.shape[2]
-        b, h, sq, d = q.shape
-        key = Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(pages_per_seq * page, 1), batch=b, mask=mask)
-        kernel = choose_kernel(q, key)
+        kernel = choose_kernel(q, paged_key(q, k_cache, block_table, causal, mask))
     except (AttentionInputError, GpuUnavailableError):
         if fallback == "sdpa":
             return _sdpa_paged(q, k_cache, v_cache, causal, scale, seq_lens, block_table, mask)
@@ -75,6 +71,21 @@ def _slow_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optiona
     return out
 
 
+def paged_key(q: Any, k_cache: Any, block_table: Any, causal: bool, mask: tuple = NO_MASK) -> Key:
+    """The dispatch key of a paged call: Sk is the table's capacity, the page size the cache's (ranks the
+    entries: a kernel tuned on pages of this size first), with per-row lengths."""
+    b, h, sq, d = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    return Key.of(DTYPES[q.dtype], d, causal, h, hkv, sq, max(block_table.shape[1] * page, 1), batch=b, mask=mask,
+                  page_size=page)
+
+
+def check_paged_kernel_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
+    """The decode kernels' limits on a structurally sound paged call (beyond them the fallback may run)."""
+    check_attention_tensors(q, q, q, q)
+    check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+
+
 def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
     """What no implementation can compute, fallback or not: wrong cache shapes, table or lengths."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[3]:
@@ -88,11 +99,13 @@ def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, 
                                   f"{q.device}")
 
 
-def gather_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """The dense [B, Hkv, pages_per_seq * page_size, D] view of each row's pages (unused entries: page 0)."""
-    pages = cache[block_table.clamp(0, cache.shape[0] - 1).long()]  # [B, pages_per_seq, page, Hkv, D]
-    b, n, page, hkv, d = pages.shape
-    return pages.reshape(b, n * page, hkv, d).transpose(1, 2)
+def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The dense [B, Hkv, pages_per_seq * page_size, D] view of each row's pages (unused entries: page 0), copied
+    into `out` ([B * pages_per_seq, page_size, Hkv, D]) when given."""
+    b, n = block_table.shape
+    pages = torch.index_select(cache, 0, block_table.clamp(0, cache.shape[0] - 1).reshape(-1).long(), out=out)
+    _, page, hkv, d = cache.shape
+    return pages.view(b, n * page, hkv, d).transpose(1, 2)
 
 
 def _sdpa_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optional[float], seq_lens: Any,
