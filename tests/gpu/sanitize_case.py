@@ -28,6 +28,11 @@ CASES = {
         ("attn_fwd_wgmma_d128_e4m3_m128n192_s2_sw64_r24_ov_pp", Problem(1, 4, 300, 333, 128, dtype="e4m3", heads_kv=2)),
         ("attn_fwd_wgmma_d64_e4m3_m128n128_s3_sw64_r24_ov_pp_p_causal", Problem(2, 2, 700, 300, 64, dtype="e4m3",
                                                                                causal=True)),
+        # Sliding windows (tiles outside skipped, partial tiles masked) and a softcap, with tails
+        ("attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal_wl100",
+         Problem(1, 2, 333, 500, 128, dtype="bf16", causal=True, window_left=100)),
+        ("attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal_wl64_sc30",
+         Problem(2, 2, 300, 300, 128, dtype="bf16", causal=True, window_left=64, softcap=30.0)),
     ],
     "decode": [
         ("attn_decode_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
@@ -36,6 +41,10 @@ CASES = {
         ("attn_decode_d128_bf16_kv_e4m3_m16n64_w2_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16_kv_e4m3", heads_kv=2)),
         ("attn_decode_d128_fp16_kv_e4m3_m32n128_w8_sp2_s2_causal", Problem(1, 8, 5, 300, 128, dtype="fp16_kv_e4m3",
                                                                          causal=True, heads_kv=1)),
+        ("attn_decode_d128_bf16_m16n64_w4_sp4_s3_causal_wl100",
+         Problem(2, 8, 1, 1000, 128, dtype="bf16", causal=True, heads_kv=2, window_left=100)),
+        ("attn_decode_d128_bf16_m16n64_w4_sp4_s3_causal_wl64_sc30",
+         Problem(1, 8, 3, 777, 128, dtype="bf16", causal=True, heads_kv=2, window_left=64, softcap=30.0)),
     ],
     "decode_sm80": [  # the cp.async ring and the workspace merge (the last CTA of a row block)
         ("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
