@@ -128,3 +128,33 @@ def test_a_config_folder_with_a_softcap(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(GEMMA2_9B))
     with pytest.raises(TunerError, match="is in float32; the kernels take fp16 or bf16"):
         load_model(str(tmp_path))  # the hub file as it is: the preset is the way to its bf16 serving shape
+
+
+def test_kv_cache_e4m3_tunes_the_decode_steps_over_an_fp8_cache(tmp_path) -> None:
+    """--model M --kv-cache e4m3: prefill in the model's dtype, every decode step as <dtype>_kv_e4m3 (stored so);
+    --kv-cache without --model, or an unknown cache dtype, is a one-line error."""
+    from tuner.backends.synthetic import write_synthetic_recording
+    from tuner.problem import problem_from_shape
+    from tuner.store import TrialFilter, open_store
+
+    model = load_model("llama-3.1-8b")
+    phases = search_plan(model, "e4m3")
+    assert [(p.stage, p.dtype) for p in phases] == [("prefill", ""), ("decode", "bf16_kv_e4m3")]
+    assert "FP8 KV cache" in phases[1].describe() and search_plan(model, "bf16") == search_plan(model)
+    with pytest.raises(TunerError, match="unsupported --kv-cache 'e5m2': e4m3"):
+        search_plan(model, "e5m2")
+    recording = f"sqlite:///{tmp_path / 'synthetic.db'}"
+    for phase in phases:
+        found = [problem_from_shape(s, dtype=phase.dtype or "bf16", causal=True, heads_kv=8) for s in phase.shapes]
+        write_synthetic_recording(recording, found, profile="h100",
+                                  template="attn_decode" if phase.stage == "decode" else "attn_fwd_wgmma")
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    result = run_tuner("--db", db, "search", "--gpu", "h100", "--model", "llama-3.1-8b", "--kv-cache", "e4m3",
+                       "--backend", "replay", "--from", recording, "--trials", "2", "--confirm", "0")
+    assert result.exit_code == 0, result.stderr
+    assert "then 4 decode problems, FP8 KV cache (8,32,1,8192,128," in " ".join(result.stderr.split())
+    with open_store(db) as store:
+        dtypes = {(r.problem.seq_q > 16, r.problem.dtype) for r in store.query_trials(TrialFilter())}
+    assert dtypes == {(True, "bf16"), (False, "bf16_kv_e4m3")}
+    alone = run_tuner("--db", db, "search", "--gpu", "h100", "--shape", "8,32,1,8192,128", "--kv-cache", "e4m3")
+    assert alone.exit_code == 2 and "--kv-cache sets the decode steps of --model" in alone.stderr

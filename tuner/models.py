@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tuner.errors import TunerError
-from tuner.problem import window_text
+from tuner.problem import KV_E4M3, window_text
 
 
 @dataclass(frozen=True)
@@ -193,10 +193,12 @@ class Phase:
     shapes: tuple[str, ...]
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
+    dtype: str = ""  # the problems' dtype where it is not the search's (decode over an FP8 KV cache)
 
     def describe(self) -> str:
         mask = (f", window {window_text(self.window[0], self.window[1], True)}" if self.window[0] >= 0 else "") \
-            + (f", softcap {self.softcap:g}" if self.softcap else "")
+            + (f", softcap {self.softcap:g}" if self.softcap else "") \
+            + (", FP8 KV cache" if self.dtype.endswith(KV_E4M3) else "")
         causal = "causal " if self.stage == "prefill" else ""
         plural = "" if len(self.shapes) == 1 else "s"
         return f"{len(self.shapes)} {causal}{self.stage} problem{plural}{mask} ({', '.join(self.shapes)})"
@@ -208,12 +210,16 @@ def binds(window_left: int, keys: int) -> bool:
     return window_left >= 0 and keys > window_left + 1
 
 
-def search_plan(model: ModelShape) -> list[Phase]:
+def search_plan(model: ModelShape, kv_cache: str = "") -> list[Phase]:
     """The searches `tuner search --model` runs: prefill phases, then decode.
 
     Per layer kind, prefill at PREFILL and decode at DECODE, each with the kind's softcap and with its window
     where the window binds (shorter prompts, and the decode steps of a sliding-window cache, which holds the
-    window's last W - 1 keys plus the new ones, are the windowless problem: tuned without it)."""
+    window's last W - 1 keys plus the new ones, are the windowless problem: tuned without it). kv_cache "e4m3":
+    the decode steps read an FP8 KV cache (dtype <model dtype>_kv_e4m3); "" or the model's dtype: its own."""
+    if kv_cache not in ("", model.dtype, "e4m3"):
+        raise TunerError(f"unsupported --kv-cache {kv_cache!r}: e4m3 (an FP8 KV cache) or {model.dtype} (the model's)")
+    decode_dtype = model.dtype + KV_E4M3 if kv_cache == "e4m3" else ""
     phases: dict[tuple, list[str]] = {}
 
     def add(stage: str, window: tuple[int, int], softcap: float, shape: str) -> None:
@@ -231,7 +237,8 @@ def search_plan(model: ModelShape) -> list[Phase]:
             window = kind.window if binds(kind.window_left, keys) else (-1, -1)
             add("decode", window, kind.softcap, f"{b},{model.heads},{sq},{keys},{model.head_dim}")
     ordered = sorted(phases.items(), key=lambda item: item[0][0] != "prefill")  # stable: prefill, then decode
-    return [Phase(stage, tuple(shapes), window, softcap) for (stage, window, softcap), shapes in ordered]
+    return [Phase(stage, tuple(shapes), window, softcap, decode_dtype if stage == "decode" else "")
+            for (stage, window, softcap), shapes in ordered]
 
 
 def prefill_shapes(model: ModelShape) -> tuple[str, ...]:

@@ -125,6 +125,7 @@ def search_command(
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
     model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model, one search per layer kind (sliding window, softcap): a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, mistral-7b-v0.1, qwen2.5-7b, gemma-2-9b, gemma-3-12b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
     objective: Annotated[str, typer.Option(help="What to minimize: time (µs of back-to-back calls, the card at its power limit), energy (J per call of those calls; needs NVML) or isolated (µs of calls with the card idle in between).")] = "time",
+    kv_cache: Annotated[str, typer.Option("--kv-cache", help="With --model: e4m3 tunes its decode steps over an FP8 KV cache (dtype <model dtype>_kv_e4m3, vLLM's k_scale / v_scale); default: the model's dtype.")] = "",
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
     # One search per phase: its shapes, window and softcap (--model: one per stage and layer kind).
@@ -137,14 +138,10 @@ def search_command(
                          "kind's window and softcap from the model; a profile's default problems have neither)")
     phases: list[Phase] = [Phase("search", tuple(shape or ()), bounds, softcap)]
     if model is not None:
-        if shape or hkv is not None or study:
-            raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
-                             "with it")
-        spec = load_model(model)
-        phases = search_plan(spec)
-        hkv, dtype, causal = spec.heads_kv, spec.dtype, True
-        say(f"model {spec.describe()}: {', then '.join(p.describe() for p in phases)}; each set gets its own "
-            "template", stderr=True)
+        phases, hkv, dtype, causal = model_phases(model, kv_cache, bool(shape or hkv is not None or study))
+    elif kv_cache:
+        raise TunerError("--kv-cache sets the decode steps of --model; with --shape, pass the dtype itself "
+                         "(--dtype bf16_kv_e4m3 or fp16_kv_e4m3)")
     budget = parse_duration(time_budget) if time_budget else None
     started = time.monotonic()
     for i, phase in enumerate(phases):
@@ -153,7 +150,7 @@ def search_command(
         share = [len(p.shapes) or 1 for p in phases[i:]]
         left = None if budget is None else max(1.0, (budget - (time.monotonic() - started)) * share[0] / sum(share))
         options = SearchOptions(
-            gpu=gpu, shapes=phase.shapes, heads_kv=hkv, dtype=dtype, causal=causal, layout=layout,
+            gpu=gpu, shapes=phase.shapes, heads_kv=hkv, dtype=phase.dtype or dtype, causal=causal, layout=layout,
             window=phase.window, softcap=phase.softcap,
             lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
@@ -166,6 +163,19 @@ def search_command(
                 for run_id in report.run_ids:
                     profile_top(store, run_id, top)
         print_search_report(report)
+
+
+def model_phases(model: str, kv_cache: str, shaped: bool) -> tuple[list[Phase], int, str, bool]:
+    """`--model`'s searches and the K/V heads, dtype and causality they share (`shaped`: --shape, --hkv or --study
+    were passed too, which --model sets)."""
+    if shaped:
+        raise TunerError("--model sets the shapes, K/V heads and studies; do not pass --shape, --hkv or --study "
+                         "with it")
+    spec = load_model(model)
+    phases = search_plan(spec, kv_cache)
+    say(f"model {spec.describe()}: {', then '.join(p.describe() for p in phases)}; each set gets its own "
+        "template", stderr=True)
+    return phases, spec.heads_kv, spec.dtype, True
 
 
 def worker_command(
