@@ -14,6 +14,8 @@
 //    O's dims are then permuted (o_col), undone when the warps merge in shared memory.
 #pragma once
 
+#include "../attn_fwd_mma/ptx_sm80.h"
+#include "../attn_fwd_mma/warp_tile.h"
 #include "../common/attn_args.h"
 #include "../common/utils.h"
 
@@ -150,13 +152,7 @@ __device__ __forceinline__ void warp_pv_kv8(float (&acc_o)[C::MT][C::DT][4], con
 #pragma unroll
   for (int kk = 0; kk < C::NT / 2; ++kk) {
     uint32_t p_frag[C::MT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) {
-      p_frag[mt][0] = pack2<half>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-      p_frag[mt][1] = pack2<half>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-      p_frag[mt][2] = pack2<half>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-      p_frag[mt][3] = pack2<half>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-    }
+    pack_p_frag<half>(p_frag, acc_s, kk);
 #pragma unroll
     for (int grp = 0; grp < C::D / 32; ++grp) {
       // Keys 2t, 2t+1, 2t+8, 2t+9 of this 16, dims 4g .. 4g+3 of the group.

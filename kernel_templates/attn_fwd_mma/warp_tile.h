@@ -77,8 +77,21 @@ __device__ __forceinline__ float warp_softmax_row(float (&s)[NT][4], int r, floa
   return alpha;
 }
 
-// O += P V: P from the S accumulators (their layout is the A operand's), V's B fragments by
-// ldmatrix.trans from the tile at (v_rb, v_cb).
+// P's A fragments (rounded to T) for keys 16 kk .. 16 kk + 15 of the S accumulators: their layout is the A
+// operand's (n8 tiles 2 kk and 2 kk + 1 side by side).
+template <class T, int MT, int NT>
+__device__ __forceinline__ void pack_p_frag(uint32_t (&p_frag)[MT][4], const float (&acc_s)[MT][NT][4], int kk) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+    p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+    p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+    p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+  }
+}
+
+// O += P V: P from the S accumulators (pack_p_frag), V's B fragments by ldmatrix.trans from the tile at
+// (v_rb, v_cb).
 template <class T, class L, int MT, int NT, int DT>
 __device__ __forceinline__ void warp_pv(float (&acc_o)[MT][DT][4], const float (&acc_s)[MT][NT][4], uint32_t v_rb,
                                         uint32_t v_cb) {
@@ -86,13 +99,7 @@ __device__ __forceinline__ void warp_pv(float (&acc_o)[MT][DT][4], const float (
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     uint32_t p_frag[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-      p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-      p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-      p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-    }
+    pack_p_frag<T>(p_frag, acc_s, kk);
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
       uint32_t b_frag[4];
