@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from tests.cli_helpers import run_tuner
+from tests.gpu.one_trial_export import export_one_trial
 from tuner.problem import Problem
 from tuner.runtime.verify import TOLERANCE, make_inputs, reference, relative_error
 
@@ -635,32 +636,12 @@ def fp8_package(hopper, tmp_path_factory):
     """(module, e4m3 kernel name, store url, folder) of an export of a store holding one e4m3 trial of FP8 as
     `tuner search` stores it (the variant built here, its cubin's sha256; made-up timings): the FP8 export path
     end to end, whether or not this branch's search runs e4m3 yet."""
-    from tuner.export.run import ExportOptions, export
-    from tuner.kernels.manifest import load_manifest
     from tuner.kernels.variant import Variant
-    from tuner.runtime.build import build
-    from tuner.status import TrialStatus
-    from tuner.store import RunInfo, TrialRecord, open_store
 
     base = tmp_path_factory.mktemp("fp8_export_gpu")
-    url = f"sqlite:///{base / 'results.db'}"
     variant = Variant("attn_fwd_wgmma", FP8.head_dim, FP8.dtype, FP8.causal, FP8_PARAMS)
-    built = build(variant, hopper.nvcc_arch)
-    assert built.ok, built.compiled.log[-3000:]
-    with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name="test", profile=hopper.name, host="test"))
-        store.add_trial(TrialRecord(
-            run_id=run, problem=FP8, template=variant.template, template_hash=load_manifest(variant.template).source_hash,
-            params=variant.stored_params(), variant_name=variant.name, status=TrialStatus.OK, median_us=100.0,
-            rel_error=2e-2, cubin_sha256=built.compiled.cubin_sha256))
-        store.finish_run(run)
-    name = f"fp8_gpu_{uuid.uuid4().hex[:8]}"
-    export(ExportOptions(gpu=hopper.name, out=base / name, db_url=url))
-    sys.path.insert(0, str(base / name))
-    try:
-        return importlib.import_module(name), variant.name, url, base
-    finally:
-        sys.path.remove(str(base / name))
+    mod = export_one_trial(hopper, base, FP8, variant, median_us=100.0, rel_error=2e-2)
+    return mod, variant.name, f"sqlite:///{base / 'results.db'}", base
 
 
 def _fp8_call(problem: Problem, seed: int):

@@ -4,12 +4,9 @@ the fp32 reference on the cache's real values; `tuner export --check` measures i
 
 from __future__ import annotations
 
-import importlib
-import sys
-import uuid
-
 import pytest
 
+from tests.gpu.one_trial_export import export_one_trial
 from tuner.problem import Problem
 from tuner.runtime.verify import TOLERANCE, reference, relative_error
 
@@ -22,33 +19,11 @@ PARAMS = dict(BLOCK_M=16, BLOCK_N=128, NUM_WARPS=4, SPLITS=2, STAGES=2)
 @pytest.fixture(scope="module")
 def cache_package(hopper, tmp_path_factory):
     """(module, kernel name, folder) of an export of one FP8-cache decode trial as `tuner search` stores it."""
-    from tuner.export.run import ExportOptions, export
-    from tuner.kernels.manifest import load_manifest
     from tuner.kernels.variant import Variant
-    from tuner.runtime.build import build
-    from tuner.status import TrialStatus
-    from tuner.store import RunInfo, TrialRecord, open_store
 
     base = tmp_path_factory.mktemp("kv8_export_gpu")
-    url = f"sqlite:///{base / 'results.db'}"
     variant = Variant("attn_decode", CACHE.head_dim, CACHE.dtype, CACHE.causal, PARAMS)
-    built = build(variant, hopper.nvcc_arch)
-    assert built.ok, built.compiled.log[-3000:]
-    with open_store(url) as store:
-        run = store.start_run(RunInfo(gpu_name="test", profile=hopper.name, host="test"))
-        store.add_trial(TrialRecord(
-            run_id=run, problem=CACHE, template=variant.template,
-            template_hash=load_manifest(variant.template).source_hash, params=variant.stored_params(),
-            variant_name=variant.name, status=TrialStatus.OK, median_us=52.9, rel_error=2e-3,
-            cubin_sha256=built.compiled.cubin_sha256))
-        store.finish_run(run)
-    name = f"kv8_gpu_{uuid.uuid4().hex[:8]}"
-    export(ExportOptions(gpu=hopper.name, out=base / name, db_url=url))
-    sys.path.insert(0, str(base / name))
-    try:
-        return importlib.import_module(name), variant.name, base
-    finally:
-        sys.path.remove(str(base / name))
+    return export_one_trial(hopper, base, CACHE, variant, median_us=52.9, rel_error=2e-3), variant.name, base
 
 
 def _cache(problem: Problem, seed: int):
