@@ -37,25 +37,29 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
     return;
   }
   const int* table = pg.table + (long long)b * pg.per_seq;
-  const int box = min(C::BN, 1 << pg.page_shift), boxes = C::BN / box;
-  // Every table entry of the tile is read before the first copy is issued: one memory latency a tile, not one
-  // a page (this thread also computes: with 16-row pages, four dependent reads a tile stalled its warp, and the
-  // CTA behind it, for ~25% of an FP8 cache's time).
-  constexpr int MAX_BOXES = C::BN / 16;  // pages have at least 16 rows
-  int page[MAX_BOXES];
+  const int box = min(C::BN, 1 << pg.page_shift);
+  // Table entries are read PREFETCH at a time before their copies are issued: one memory latency per PREFETCH
+  // pages, not one a page (this thread also computes: with 16-row pages, four dependent reads a tile stalled
+  // its warp, and the CTA behind it, for ~20% of an FP8 cache's time). A few registers, not BN / 16: every
+  // decode kernel holds them, dense ones too.
+  constexpr int PREFETCH = 4;
+#pragma unroll 1
+  for (int r0 = 0; r0 < C::BN; r0 += PREFETCH * box) {
+    int page[PREFETCH];
 #pragma unroll
-  for (int i = 0; i < MAX_BOXES; ++i)  // a tile's rows past the table's capacity (masked keys) read its last page
-    if (i < boxes) page[i] = table[min((j * C::BN + i * box) >> pg.page_shift, pg.per_seq - 1)];
+    for (int i = 0; i < PREFETCH; ++i)  // a tile's rows past the table's capacity (masked keys) read its last page
+      if (r0 + i * box < C::BN) page[i] = table[min((j * C::BN + r0 + i * box) >> pg.page_shift, pg.per_seq - 1)];
 #pragma unroll
-  for (int i = 0; i < MAX_BOXES; ++i) {
-    if (i >= boxes) break;
-    const int r = i * box;
-    const int row = (j * C::BN + r) & ((1 << pg.page_shift) - 1);
+    for (int i = 0; i < PREFETCH; ++i) {
+      const int r = r0 + i * box;
+      if (r >= C::BN) break;
+      const int row = (j * C::BN + r) & ((1 << pg.page_shift) - 1);
 #pragma unroll
-    for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
-      const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
-      tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page[i]);  // a page id out of range: zeros
-      tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page[i]);
+      for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
+        const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
+        tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page[i]);  // a page id out of range: zeros
+        tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page[i]);
+      }
     }
   }
 }

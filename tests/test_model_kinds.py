@@ -158,3 +158,11 @@ def test_kv_cache_e4m3_tunes_the_decode_steps_over_an_fp8_cache(tmp_path) -> Non
     assert dtypes == {(True, "bf16"), (False, "bf16_kv_e4m3")}
     alone = run_tuner("--db", db, "search", "--gpu", "h100", "--shape", "8,32,1,8192,128", "--kv-cache", "e4m3")
     assert alone.exit_code == 2 and "--kv-cache sets the decode steps of --model" in alone.stderr
+
+
+def test_kv_cache_e4m3_on_a_d256_model_is_refused_before_any_search(tmp_path) -> None:
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    result = run_tuner("--db", db, "search", "--gpu", "h100", "--model", "gemma-2-9b", "--kv-cache", "e4m3")
+    assert result.exit_code == 2
+    assert "--kv-cache e4m3: the FP8 cache's decode kernels take head dim 128; gemma-2-9b has D256" in result.stderr
+    assert not (tmp_path / "r.db").exists()  # nothing ran, nothing was stored

@@ -24,6 +24,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.tables import summary_table
 from tuner.errors import TunerError
+from tuner.kernels.manifest import list_templates
 from tuner.models import Phase, load_model, search_plan
 from tuner.reporting.profiling import profile_top
 from tuner.runtime.objective import check_objective
@@ -173,6 +174,12 @@ def model_phases(model: str, kv_cache: str, shaped: bool) -> tuple[list[Phase], 
                          "with it")
     spec = load_model(model)
     phases = search_plan(spec, kv_cache)
+    for dtype in {p.dtype for p in phases if p.dtype}:  # an FP8 cache's decode: refused before any search runs
+        dims = sorted({d for m in list_templates() if dtype in m.features.dtypes for d in m.features.head_dims
+                       if d % 128 == 0})  # its K/V rows are whole 128-byte swizzle boxes (attn_decode.toml)
+        if spec.head_dim not in dims:
+            raise TunerError(f"--kv-cache e4m3: the FP8 cache's decode kernels take head dim {' or '.join(map(str, dims))}; "
+                             f"{model} has D{spec.head_dim}")
     say(f"model {spec.describe()}: {', then '.join(p.describe() for p in phases)}; each set gets its own "
         "template", stderr=True)
     return phases, spec.heads_kv, spec.dtype, True

@@ -21,6 +21,7 @@ from tuner.export.selection import ExportedKernel
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import GpuProfile
+from tuner.problem import KV_E4M3, query_dtype
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime" / "shipped"  # copied whole as <package>/_runtime
 _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner (provenance in manifest.json).
@@ -107,8 +108,8 @@ def _example(key: dict[str, Any]) -> str:
                 "scales = dict(q_descale=one, k_descale=one, v_descale=one)\n"
                 f"out = attention(q, k, v, {call}, **scales)  # bfloat16\n"
                 f"print(attention.explain(q, k, v, {call}, **scales))\n")
-    if key["dtype"].endswith("_kv_e4m3"):  # an FP8 KV cache: 16-bit q, e4m3 k and v with their scales (decode)
-        dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"][:4]]
+    if key["dtype"].endswith(KV_E4M3):  # an FP8 KV cache: 16-bit q, e4m3 k and v with their scales (decode)
+        dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[query_dtype(key["dtype"])]
         return (f"q = torch.randn(1, 32, 1, {key['head_dim']}, dtype={dtype}, device=\"cuda\")\n"
                 f"k = v = torch.randn(1, 8, 4096, {key['head_dim']}, device=\"cuda\").to(torch.float8_e4m3fn)\n"
                 "one = torch.ones((), device=\"cuda\")  # float32: one, [Hkv] or [B, Hkv]; real = stored * scale\n"

@@ -148,8 +148,11 @@ def entry_of(row: TrialRow, kernel: ExportedKernel, run: Any, ratio_to_sdpa: Opt
         "dispatch": True,
         # Slower than the best SDPA backend on its own tuned problem: the export must not make a model
         # slower, so calls of this cell run SDPA (explain() says so). Not with a softcap: SDPA has none, and
-        # the fallback there (a torch implementation) is no SDPA timing; export --check measures it.
-        "route": "sdpa" if ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW and not p.softcap else None,
+        # the fallback there (a torch implementation) is no SDPA timing; nor over an FP8 KV cache: the search's
+        # SDPA ran on k and v dequantised beforehand, the package's fallback dequantises in every call (export
+        # --check measures both).
+        "route": "sdpa" if (ratio_to_sdpa is not None and ratio_to_sdpa < ROUTE_BELOW and not p.softcap
+                            and not p.fp8_kv) else None,
     }
 
 

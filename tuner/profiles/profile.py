@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import KV_E4M3, Problem
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class GpuProfile:
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for 'fp16', 'bf16' or 'e4m3' (the profile's optional peak_fp8_tflops); an FP8
         KV cache's kernels compute in fp16 (attn_decode/kv_fp8.h), at its peak."""
-        if dtype == "fp16" or dtype.endswith("_kv_e4m3"):
+        if dtype == "fp16" or dtype.endswith(KV_E4M3):
             return self.peak_fp16_tflops
         if dtype == "bf16":
             return self.peak_bf16_tflops

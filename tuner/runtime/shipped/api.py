@@ -83,6 +83,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if torch.compiler.is_compiling():
         return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale,
                    k_scale, v_scale)
+    if (q_descale is None and k_descale is None and v_descale is None and k_scale is None and v_scale is None
+            and k.dtype is not _fp8.FP8 and v.dtype is not _fp8.FP8):  # a 16-bit call (the common one): no tuples
+        return _eager(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
     return _call(q, k, v, causal, scale, fallback, seq_lens, block_table, mask, (q_descale, k_descale, v_descale),
                  (k_scale, v_scale))
 
@@ -90,8 +93,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
           fallback: Optional[str], seq_lens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
           mask: tuple, descales: tuple, scales: tuple) -> torch.Tensor:
-    """The form of a call: FP8 KV cache (k_scale, v_scale; or fp8 k with 16-bit q), FP8 (descales), 16-bit."""
-    if scales != (None, None) or (k.dtype == _fp8.FP8 and q.dtype != _fp8.FP8):
+    """The form of a call (also the custom op's implementation): an FP8 KV cache (k_scale, v_scale; or fp8 k or v
+    with 16-bit q), FP8 (descales), 16-bit (_eager)."""
+    if scales != (None, None) or _fp8_cache.is_fp8_cache(q, k, v):
         if descales != (None, None, None):
             raise AttentionInputError("an FP8 KV cache takes k_scale and v_scale, not q/k/v descales (those scale "
                                       "float8_e4m3fn q, k and v)")
@@ -104,7 +108,7 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
            fallback: Optional[str], seq_lens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
            mask: tuple = NO_MASK) -> torch.Tensor:
-    """The call itself, in each form (also the custom op's implementation); `mask` is the checked call_mask()."""
+    """A 16-bit call in each form (dense, seq_lens, paged); `mask` is the checked call_mask()."""
     if block_table is not None:
         return _paged.forward_paged(q, k, v, causal, scale, fallback, seq_lens, block_table, mask)
     if seq_lens is not None:

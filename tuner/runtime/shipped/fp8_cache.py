@@ -69,18 +69,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             mask: tuple, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
     """An FP8-cache call (attention() with k_scale and v_scale); `mask` is the checked call_mask()."""
     paged = block_table is not None
-    errors = scale_errors(q, k, v, k_scale, v_scale, paged)
-    if errors:  # nothing can compute it, fallback or not
-        raise AttentionInputError(errors[0])
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
-    scales = full_scales(q, k.shape[2] if paged else k.shape[1], k_scale, v_scale)
-    tensors = (q, k, v) + tuple(t for t in (seq_lens, block_table) if t is not None)
-    layout = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors) + (bool(causal), mask, paged)
-    hit = _cache.get(layout)
+    tensors = (q, k, v, k_scale, v_scale, seq_lens, block_table)
+    layout = tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else t
+                   for t in tensors) + (bool(causal), mask)
+    hit = _cache.get(layout)  # a layout seen before: its scales' checks and the kernel choice hold
     if hit is None or q.get_device() != hit[0] or any(t.data_ptr() % 16 for t in (q, k, v)) \
             or (torch.is_grad_enabled() and q.requires_grad):
+        errors = scale_errors(q, k, v, k_scale, v_scale, paged)
+        if errors:  # nothing can compute it, fallback or not
+            raise AttentionInputError(errors[0])
         hit = _resolve(q, k, v, causal, fallback, seq_lens, block_table, mask, layout)
+    scales = full_scales(q, k.shape[2] if paged else k.shape[1], k_scale, v_scale)
     kernel = hit[1]
     if kernel is None:
         return _dequantised_call(q, k, v, causal, scale, seq_lens, block_table, mask, scales)
@@ -139,9 +140,10 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool, fallback: Optional[str], seq_
     return _cache[layout]
 
 
-def dequantised(t: Any, scale: Any, dtype: Any) -> Any:
-    """An FP8 cache tensor [B, Hkv, S, D] times its [B, Hkv] scale, in `dtype`."""
-    return (t.float() * scale[:, :, None, None]).to(dtype)
+def dequantised(t: Any, scale: Any, dtype: Any, out: Any = None) -> Any:
+    """An FP8 cache tensor [B, Hkv, S, D] times its [B, Hkv] scale, in `dtype` (into `out` when given)."""
+    real = t.float() * scale[:, :, None, None]
+    return real.to(dtype) if out is None else out.copy_(real)
 
 
 def _dequantised_call(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], seq_lens: Any, block_table: Any,

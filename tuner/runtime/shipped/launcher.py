@@ -207,8 +207,9 @@ class AttentionKernel:
 
         seq_lens (decode kernels only): int32 [B] on q's device, the keys of each batch row in use
         (k and v hold Sk >= each; read on the GPU, clamped to [0, Sk]; causal aligns to each length).
-        descales (e4m3 kernels only, required there): (q_descale, k_descale, v_descale), float32 [B, Hkv]
-        each: the real inputs are the stored ones times these; out is bfloat16.
+        descales (FP8 kernels only, required there): an e4m3 kernel's (q_descale, k_descale, v_descale), float32
+        [B, Hkv] each (the real inputs are the stored ones times these; out is bfloat16); an FP8 KV cache's
+        (None, k_scale, v_scale) (out in q's dtype).
         """
         if check:
             check_attention_tensors(q, k, v, out, lse)
@@ -299,7 +300,7 @@ class AttentionKernel:
         try:
             check_attention_tensors(q, k, v, q if not is_fp8(q) else q.new_empty(q.shape, dtype=torch.bfloat16))
             fits = (q.get_device() == k.get_device() == v.get_device() and k.shape[2] > 0
-                    and is_fp8(q) == self.shape.fp8)
+                    and is_fp8(q) == self.shape.fp8 and is_fp8(k) == (self.shape.fp8 or self.shape.kv_fp8))
         except AttentionInputError:
             fits = False
         vmap = v_transposed_like(v) if fits and self.shape.fp8 else v  # an e4m3 kernel's V map is V^T's
@@ -332,7 +333,7 @@ class AttentionKernel:
             # A map depends on the layout (looked up here, unless given) and the address (written per call).
             page = kshape[2] if paging[0] else 0  # a paged cache's K/V boxes stay within a page
             if tails is False:
-                key = (qs, ks, vs, qshape, kshape, q.dtype, page)
+                key = (qs, ks, vs, qshape, kshape, q.dtype, k.dtype, page)
                 tails = self._map_cache.get(key, False)
                 if tails is False:
                     tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v, page))
