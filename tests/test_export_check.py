@@ -46,7 +46,7 @@ problems = st.builds(
     lambda b, hkv, g, s, d, dt, c, kv: Problem(b, hkv * g, s, s, d, dtype=dt, causal=c, heads_kv=hkv, layout=kv[0],
                                                lengths=kv[1]),
     st.integers(1, 32), st.sampled_from([1, 2, 8]), st.sampled_from([1, 4]), st.integers(1, 20000),
-    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16", "e4m3"]), st.booleans(),
+    st.sampled_from([64, 128]), st.sampled_from(["fp16", "bf16", "e4m3", "bf16_kv_e4m3"]), st.booleans(),
     st.sampled_from([("bhsd", "full"), ("bhsd", "uniform:1"), ("paged16", "full"), ("paged32", "uniform:1")]))
 
 

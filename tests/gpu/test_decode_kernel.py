@@ -312,3 +312,33 @@ def test_graphs_of_one_split_kernel_replay_side_by_side(hopper) -> None:
         torch.cuda.synchronize()
         for out, want in zip(outs, expected):
             assert relative_error(out, want) < TOLERANCE["bf16"], built.variant.name
+
+
+@pytest.mark.parametrize("dtype", ["bf16_kv_e4m3", "fp16_kv_e4m3"])
+def test_an_fp8_cache_kernel_scales_queries_of_any_magnitude(hopper, dtype: str) -> None:
+    """Q enters the FP8 cache's fp16 products as q x 2^e with e from the block's largest |q|: a block whose
+    largest row is far above fp16's range (bf16 q, e < 0), one far below it (e > 0), rows of very different sizes
+    in one block, and an all-zero block all match the reference of the real values."""
+    import torch
+
+    from tuner.kernels.feasibility import covering_sample
+    from tuner.runtime.build import build_many
+    from tuner.runtime.fp8 import dequantized
+    from tuner.runtime.verify import TOLERANCE, empty_output, fp8_inputs, reference, relative_error
+
+    problem = Problem(4, 8, 2, 600, 128, dtype=dtype, heads_kv=2)
+    q, k, v, ds = fp8_inputs(problem, seed=6)
+    big = 3e5 if dtype == "bf16_kv_e4m3" else 6e4  # fp16 q cannot exceed 65504
+    q[0] *= big / q[0].abs().amax()                   # batch row 0: its blocks' largest |q| near `big`
+    q[1] *= 1e-6                                       # row 1: tiny
+    q[2, 0] *= 1e3                                     # row 2: one head large, the others as drawn (~1)
+    q[3] = 0                                           # row 3: all zero
+    want = reference(q.float(), dequantized(k, ds.k), dequantized(v, ds.v), False)[0]
+    for built in build_many(covering_sample("attn_decode", problem, hopper, seed=3)[:3], hopper.nvcc_arch):
+        assert built.ok, built.compiled.log[-2000:]
+        out = empty_output(q)
+        built.load()(q, k, v, out, descales=(None, ds.k, ds.v))
+        torch.cuda.synchronize()
+        for b in range(4):
+            err = relative_error(out[b], want[b])
+            assert err < TOLERANCE[dtype], f"{built.variant.name} row {b}: rel error {err:.2e}"
