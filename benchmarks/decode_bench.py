@@ -41,12 +41,6 @@ TARGETS = [  # (problem, fraction of HBM bandwidth the issue asks for)
 ]
 
 
-def kv_bytes(p: Problem) -> int:
-    """What a decode step must read at least: K and V of each row's keys once (elem_bytes an element: 2 for
-    fp16/bf16, 1 for e4m3)."""
-    return 2 * sum(p.key_lengths()) * p.heads_kv * p.head_dim * p.elem_bytes
-
-
 def best_trial(store: Any, gpu: str, p: Problem) -> Any:
     rows = store.prefer_confirmed(store.best_trials(TrialFilter(gpu=gpu, shape=(p.batch, p.heads, p.seq_q, p.seq_k,
                                                                                 p.head_dim), dtype=p.dtype)))
@@ -75,8 +69,8 @@ def measure(p: Problem, row: Any, arch: str, rounds: int, l2_bytes: int, dense_r
         calls[b.name] = lambda b=b: b.time(l2_bytes=l2_bytes)
     times = interleaved_rounds(calls, rounds)
     us = statistics.median(times["tuned"])
-    return {"problem": p.label, "variant": names["tuned"], "us": us, "kv_bytes": kv_bytes(p),
-            "gbs": kv_bytes(p) / us / 1e3, "rel_error": errors["tuned"], "dense_tuned_variant": names.get("dense-tuned"),
+    return {"problem": p.label, "variant": names["tuned"], "us": us, "kv_bytes": p.kv_bytes,
+            "gbs": p.kv_gbs(us), "rel_error": errors["tuned"], "dense_tuned_variant": names.get("dense-tuned"),
             "baselines_us": {n: statistics.median(t) for n, t in times.items() if n != "tuned"},
             "ratios": {n: per_round_ratio(t, times["tuned"]) for n, t in times.items() if n != "tuned"}}
 

@@ -94,9 +94,8 @@ def measure(problem: Problem, names: list[str], rounds: int) -> dict[str, Any]:
     fp8 = [n for n in kernels if parse_variant_name(n).dtype == problem.dtype]
     others = [b.name for b in baselines] + [n for n in kernels if n not in fp8]
     res = summarise(problem, interleaved_timings(timed, rounds), rounds, fp8, others)
-    if problem.seq_q <= 16:  # decode: bandwidth in the bytes each one reads (K and V once)
-        kv = 2 * problem.batch * problem.heads_kv * problem.seq_k * problem.head_dim
-        res["kv_gbs"] = {n: kv * (1 if n in fp8 else 2) / (statistics.median(t) * 1e3)
+    if problem.seq_q <= 16:  # decode: bandwidth in the bytes each one reads (K and V once, 16-bit for the others)
+        res["kv_gbs"] = {n: problem.kv_gbs(statistics.median(t)) * (1 if n in fp8 else 2 // problem.elem_bytes)
                          for n, t in res["times_us"].items()}
     return res
 

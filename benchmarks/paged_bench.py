@@ -92,7 +92,7 @@ def main() -> None:
     for b in available_baselines(p, q, k, v, fa4=False):
         calls[b.name] = lambda b=b: b.time(l2_bytes=l2)
     times = interleaved_rounds(calls, args.rounds)
-    kv_bytes = 2 * p.batch * p.heads_kv * p.seq_k * p.head_dim * p.elem_bytes
+    kv_bytes = p.kv_bytes
     result = {"gpu": torch.cuda.get_device_name(), "problem": p.label, "variant": built.variant.name,
               "rounds": args.rounds, "kv_bytes": kv_bytes, "rows": []}
     for name, t in times.items():

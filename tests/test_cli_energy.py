@@ -83,3 +83,36 @@ def test_a_store_without_energy_shows_the_tables_it_always_did(sqlite_url):
     shown = run_tuner("--db", sqlite_url, "show", str(tuned), env=WIDE).stdout
     assert "mJ" not in results and "TF/W" not in results
     assert "J/call" not in shown and "energy" not in shown and "isolated" not in shown
+
+
+def test_show_gives_a_decode_step_its_k_v_bandwidth(sqlite_url):
+    """A short-query trial reads as bytes over time (K and V of each row's keys once, in their dtype, and the share
+    of the profile's bandwidth); a prefill trial has no such line."""
+    from tuner.problem import Problem
+    from tuner.profiles import load_profile
+
+    cache = Problem(8, 32, 1, 8192, 128, dtype="bf16_kv_e4m3", heads_kv=8)
+    with open_store(sqlite_url) as store:
+        run = store.start_run(H100)
+        step = store.add_trial(trial(run, cache, median_us=53.2))
+        prefill = store.add_trial(trial(run, BIG, median_us=50.0))
+    shown = run_tuner("--db", sqlite_url, "show", str(step), env=WIDE)
+    assert shown.exit_code == 0, shown.stderr
+    gbs = 2 * 8 * 8192 * 8 * 128 / 53.2e-6 / 1e9  # one byte a K/V element
+    share = gbs / load_profile("h100").mem_bandwidth_gbs
+    assert (f"K/V bandwidth: {gbs:.0f} GB/s (134.2 MB of K and V read once, {share:.0%} of the h100 profile's "
+            f"bandwidth)") in " ".join(shown.stdout.split())
+    assert "K/V bandwidth" not in run_tuner("--db", sqlite_url, "show", str(prefill), env=WIDE).stdout
+
+
+def test_kv_bytes_count_each_row_s_keys_its_window_and_the_k_v_dtype() -> None:
+    from tuner.problem import Problem
+
+    dense = Problem(2, 8, 1, 1000, 64, dtype="bf16", heads_kv=2)
+    assert dense.kv_bytes == 2 * 2 * 1000 * 2 * 64 * 2
+    assert Problem(2, 8, 1, 1000, 64, dtype="bf16_kv_e4m3", heads_kv=2).kv_bytes == dense.kv_bytes // 2
+    windowed = Problem(2, 8, 4, 1000, 64, dtype="bf16", heads_kv=2, causal=True, window_left=99)
+    assert windowed.kv_bytes == 2 * 2 * 103 * 2 * 64 * 2  # the last query's window reaches 99 + 4 keys back
+    ragged = Problem(3, 8, 1, 1000, 64, dtype="bf16", heads_kv=2, lengths="uniform:10")
+    assert ragged.kv_bytes == 2 * sum(ragged.key_lengths()) * 2 * 64 * 2
+    assert dense.kv_gbs(10.0) == dense.kv_bytes / 10e3

@@ -163,6 +163,19 @@ class Problem:
         return self.flops / (microseconds * 1e-6) / 1e12
 
     @property
+    def kv_bytes(self) -> int:
+        """What a call must read of K and V at least: each batch row's keys once (those its queries see through a
+        left window), in the K/V dtype: a decode step's time is these bytes over the memory bandwidth."""
+        def seen(n: int) -> int:
+            return n if self.window_left < 0 else min(n, self.window_left + self.seq_q)
+
+        return 2 * sum(seen(n) for n in self.key_lengths()) * self.heads_kv * self.head_dim * self.elem_bytes
+
+    def kv_gbs(self, microseconds: float) -> float:
+        """kv_bytes per second, in GB/s (a decode kernel's figure of merit)."""
+        return self.kv_bytes / (microseconds * 1e3)
+
+    @property
     def label(self) -> str:
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"Sq{self.seq_q} Sk{self.seq_k}"
         gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""

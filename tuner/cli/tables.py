@@ -12,7 +12,8 @@ from tuner.cli.fit import Col, FitTable
 from tuner.kernels.feasibility import Feasibility
 from tuner.kernels.variant import Variant, short_name
 from tuner.problem import Problem
-from tuner.profiles import GpuProfile
+from tuner.errors import TunerError
+from tuner.profiles import GpuProfile, load_profile
 from tuner.reporting.profiling import METRICS
 from tuner.reporting.replay_eval_model import EvalResult
 from tuner.reporting.replay_eval_output import table_rows
@@ -165,6 +166,7 @@ def trial_lines(d: TrialDetail) -> list[Text]:
         _line("params", ", ".join(f"{k}={v}" for k, v in sorted(d.params.items())) or "-"),
         _line("median / p20 / p80", f"{fmt(d.median_us, '.2f')} / {fmt(d.p20_us, '.2f')} / {fmt(d.p80_us, '.2f')} µs"),
         _line("TFLOP/s", fmt(d.tflops, ".1f")),
+        *bandwidth_lines(d),
         *energy_lines(d),
         _line("ratio to best baseline", fmt(d.ratio_to_best_baseline, ".3f", "x") + best),
         _line("relative error", fmt(d.rel_error, ".2e")),
@@ -176,6 +178,21 @@ def trial_lines(d: TrialDetail) -> list[Text]:
         lines.append(_line("cubin sha256", d.cubin_sha256))
     lines.append(_line("source", d.source_path or "-"))
     return lines
+
+
+SHORT_QUERY = 16  # up to this many queries a call is a decode step: its K/V bytes, not its FLOPs, set its time
+
+
+def bandwidth_lines(d: TrialDetail) -> list[Text]:
+    """A decode step's K/V bandwidth (Problem.kv_bytes per second) and its share of the profile's memory bandwidth."""
+    if d.problem.seq_q > SHORT_QUERY or not d.median_us:
+        return []
+    gbs = d.problem.kv_gbs(d.median_us)
+    try:
+        share = f", {gbs / load_profile(d.profile).mem_bandwidth_gbs:.0%} of the {d.profile} profile's bandwidth"
+    except TunerError:  # a profile this tuner does not ship
+        share = ""
+    return [_line("K/V bandwidth", f"{gbs:.0f} GB/s ({d.problem.kv_bytes / 1e6:.1f} MB of K and V read once{share})")]
 
 
 def energy_lines(d: TrialDetail) -> list[Text]:
