@@ -366,7 +366,8 @@ def test_tampered_cubin_is_refused(export_store, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["no_manifest", "not_json", "no_kernels", "path_outside", "null_sha256",
-                                    "cubin_sha256_number", "header_sha256_null", "kernels_a_list"])
+                                    "cubin_sha256_number", "header_sha256_null", "kernels_a_list", "page_size_12",
+                                    "seq_lens_string"])
 def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage) -> None:
     name = _unique("broken")
     out = tmp_path / name
@@ -379,6 +380,10 @@ def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage)
         manifest_path.write_text(manifest_path.read_text()[:-40])
     elif damage == "no_kernels":
         del manifest["kernels"]
+        manifest_path.write_text(json.dumps(manifest))
+    elif damage in ("page_size_12", "seq_lens_string"):  # a call form no call has: refused on import
+        key = manifest["entries"][0]["key"]
+        key.update(page_size=12) if damage == "page_size_12" else key.update(seq_lens="yes")
         manifest_path.write_text(json.dumps(manifest))
     elif damage in ("null_sha256", "cubin_sha256_number", "header_sha256_null", "kernels_a_list"):
         kernel = next(iter(manifest["kernels"].values()))

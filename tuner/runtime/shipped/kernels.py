@@ -81,7 +81,7 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
                 return f"kernel {name}'s {what} is {digest!r}, not a sha256"
     for i, entry in enumerate(data["entries"]):
         key = entry.get("key") if isinstance(entry, dict) else None
-        wrong = _bad_mask(key) if isinstance(key, dict) else None
+        wrong = (_bad_mask(key) or _bad_form(key)) if isinstance(key, dict) else None
         if wrong:
             return f"entry {i}'s key {wrong}"
         launch = data["kernels"].get(str(entry.get("kernel")), {}).get("launch", {}) if isinstance(key, dict) else {}
@@ -110,6 +110,17 @@ def _bad_mask(fields: dict[str, Any]) -> Optional[str]:
     softcap = fields.get("softcap", 0.0)
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
         return f"softcap is {softcap!r}, not a number >= 0"
+    return None
+
+
+def _bad_form(key: dict[str, Any]) -> Optional[str]:
+    """What is wrong with an entry key's optional call form (None: absent or well-formed): page_size 0 (dense) or
+    a page of 16 to 256 rows, seq_lens true or false. A manifest written before them has neither (dense)."""
+    page = key.get("page_size", 0)
+    if isinstance(page, bool) or page not in (0, 16, 32, 64, 128, 256):
+        return f"page_size is {page!r}, not 0 (dense) or a page size of 16 to 256 rows"
+    if not isinstance(key.get("seq_lens", False), bool):
+        return f"seq_lens is {key['seq_lens']!r}, not true or false"
     return None
 
 
