@@ -156,3 +156,33 @@ def test_bad_scales_are_one_line_errors_fallback_or_not(cache_export, case: str,
         with pytest.raises(mod.AttentionInputError) as err:
             mod.attention(q, k, v, fallback=fallback, **kwargs)
         assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _cache_url(cache_export) -> str:
+    report, _ = cache_export
+    return f"sqlite:///{report.out.parent / 'r.db'}"
+
+
+def test_the_header_names_an_fp8_cache_bucket_and_nvcc_instantiates_it(cache_export, tmp_path) -> None:
+    """The C++ header's FP8-cache bucket: q's element type, code 4, the decode template's KvE4m3 Config; a user
+    kernel instantiating that Config builds for sm_90a."""
+    from header_build import assert_user_kernel_builds
+
+    out = tmp_path / "hdr"
+    export(ExportOptions(gpu="h100", out=out, db_url=_cache_url(cache_export), format="header", name="fc_kv8"))
+    text = (out / "fc_kv8.h").read_text()
+    name = "bf16_kv_e4m3_d128_noncausal_g4_sq0_sk13_bh8"
+    struct = text[text.index(f"struct {name} {{"):]
+    struct = struct[:struct.index("};")]
+    assert "using Element = __nv_bfloat16;" in struct and "using Output = __nv_bfloat16;" in struct
+    assert "using Config = fc::DecodeConfig<fc::KvE4m3<__nv_bfloat16>, 128, 16, 128, 4, 2, 2, false" in struct
+    assert "4 = an" in " ".join(text.split()) and "k_scale and v_scale" in text
+    assert_user_kernel_builds(out, "attn_decode.cu", "fc_kv8.h", f"fc_kv8::h100::{name}::Config")
+
+
+def test_the_readme_example_of_an_fp8_cache_package_passes_its_scales(cache_export) -> None:
+    report, _ = cache_export
+    readme = (report.out / "README.md").read_text()
+    code = readme[readme.index("```python\n") + 10:readme.index("```\n\n")]
+    assert "torch.float8_e4m3fn" in code and "k_scale=one, v_scale=one" in code
+    compile(code, "README.md", "exec")
