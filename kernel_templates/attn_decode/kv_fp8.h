@@ -115,12 +115,7 @@ __device__ __forceinline__ void warp_qk_kv8(float (&acc_s)[C::MT][C::NT][4], uin
                                             uint32_t k_rb, uint32_t k_cb) {
   using QL = typename C::QLayout;
   using KL = typename C::KVLayout;
-#pragma unroll
-  for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+  zero_acc(acc_s);
 #pragma unroll
   for (int kc = 0; kc < C::D / 32; ++kc) {  // 32 dims: two k16 slices
     uint32_t a_frag[2][C::MT][4];

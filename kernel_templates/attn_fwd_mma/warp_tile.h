@@ -13,17 +13,23 @@
 
 namespace fc {
 
-// S = Q K^T over the head dim (KD steps of 16): load_a(frag, mt, kd) gives Q's A fragment (from shared
-// memory or registers), K's B fragments come by ldmatrix from the tile at (k_rb, k_cb).
-template <class T, class L, int MT, int NT, int KD, class LoadA>
-__device__ __forceinline__ void warp_qk(float (&acc_s)[MT][NT][4], LoadA&& load_a, uint32_t k_rb, uint32_t k_cb) {
-  using M = Mma<T>;
+// Accumulators [MT][NT][4] set to zero (before a product that adds into them).
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+}
+
+// S = Q K^T over the head dim (KD steps of 16): load_a(frag, mt, kd) gives Q's A fragment (from shared
+// memory or registers), K's B fragments come by ldmatrix from the tile at (k_rb, k_cb).
+template <class T, class L, int MT, int NT, int KD, class LoadA>
+__device__ __forceinline__ void warp_qk(float (&acc_s)[MT][NT][4], LoadA&& load_a, uint32_t k_rb, uint32_t k_cb) {
+  using M = Mma<T>;
+  zero_acc(acc_s);
 #pragma unroll
   for (int kd = 0; kd < KD; ++kd) {
     uint32_t a_frag[MT][4];
