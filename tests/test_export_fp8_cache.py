@@ -133,6 +133,8 @@ def test_the_fallback_of_a_paged_fp8_cache_with_lengths(cache_export) -> None:
     ("mixed", "an FP8 KV cache has k and v both float8_e4m3fn"),
     ("descales", "an FP8 KV cache takes k_scale and v_scale, not q/k/v descales"),
     ("bf16_cache", "k_scale and v_scale scale an FP8 KV cache"),
+    ("list_scale", "k_scale must be a float32 tensor"),
+    ("list_lens", "seq_lens and block_table must be torch.Tensors"),
 ])
 def test_bad_scales_are_one_line_errors_fallback_or_not(cache_export, case: str, message: str) -> None:
     import torch
@@ -152,6 +154,10 @@ def test_bad_scales_are_one_line_errors_fallback_or_not(cache_export, case: str,
         kwargs["k_descale"] = ks
     elif case == "bf16_cache":
         k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    elif case == "list_scale":
+        kwargs["k_scale"] = [1.0, 2.0]
+    elif case == "list_lens":
+        kwargs["seq_lens"] = [300, 300]
     for fallback in (None, "sdpa"):
         with pytest.raises(mod.AttentionInputError) as err:
             mod.attention(q, k, v, fallback=fallback, **kwargs)

@@ -72,7 +72,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
     tensors = (q, k, v, k_scale, v_scale, seq_lens, block_table)
-    layout = tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else t
+    layout = tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
                    for t in tensors) + (bool(causal), mask)
     hit = _cache.get(layout)  # a layout seen before: its scales' checks and the kernel choice hold
     if hit is None or q.get_device() != hit[0] or any(t.data_ptr() % 16 for t in (q, k, v)) \
@@ -112,6 +112,8 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool, fallback: Optional[str], seq_
     """Validate fully and choose the decode kernel, remembered per layout: (device, kernel or None). Inputs no
     kernel can take raise unless fallback="sdpa" (then None: the dequantising fallback, not remembered)."""
     paged = block_table is not None
+    if any(t is not None and not isinstance(t, torch.Tensor) for t in (seq_lens, block_table)):
+        raise AttentionInputError("seq_lens and block_table must be torch.Tensors (int32)")
     if paged:
         if seq_lens is None:
             raise AttentionInputError("a paged call needs seq_lens (int32 [B]) with its block_table")
