@@ -15,6 +15,7 @@
 #include "attn_fwd_mma/load_tile.h"
 #include "attn_fwd_mma/ptx_sm80.h"
 #include "attn_fwd_mma/tree_reduce.h"
+#include "attn_fwd_mma/warp_tile.h"
 #include "common/attn_args.h"
 #include "common/utils.h"
 
@@ -132,12 +133,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
 
     // ---- S = Q K^T for this warp's rows x keys
     float acc_s[C::MT][C::NT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc_s[mt][nt][i] = 0.f;
+    zero_acc(acc_s);
 
 #pragma unroll
     for (int kd = 0; kd < C::KD; ++kd) {
@@ -243,13 +239,7 @@ __device__ __forceinline__ void attn_fwd(const AttnArgs& a) {
 #pragma unroll
     for (int kk = 0; kk < C::KN; ++kk) {
       uint32_t p_frag[C::MT][4];
-#pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
-        p_frag[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        p_frag[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        p_frag[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        p_frag[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
+      pack_p_frag<T>(p_frag, acc_s, kk);
 #pragma unroll
       for (int dp = 0; dp < C::DT / 2; ++dp) {
         uint32_t b_frag[4];

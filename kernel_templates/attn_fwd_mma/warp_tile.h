@@ -1,8 +1,8 @@
 // One warp's share of a K/V tile with mma.sync m16n8k16 (sm_80 and newer): S = Q K^T, the
 // online-softmax step of one row, and O += P V. Used by the decode templates (attn_decode/tile.h).
-// attn_fwd_mma.cu still writes the same three loops inline: switched to these helpers its PTX is the
-// same instruction stream (up to register names and the order of initial moves), but ptxas then
-// schedules differently, so it moves once a GPU run has re-timed it. S accumulators are [MT][NT][4] (MT row blocks of 16, NT key blocks
+// attn_fwd_mma.cu calls zero_acc and pack_p_frag (its cubins byte-identical) but still writes the three
+// loops inline: switched to warp_qk / warp_pv its PTX is the same instruction stream, but ptxas then schedules
+// differently (3 of 5 sampled variants' cubins change), so it moves once a GPU run has re-timed it. S accumulators are [MT][NT][4] (MT row blocks of 16, NT key blocks
 // of 8), O accumulators [MT][DT][4]; K and V tiles are addressed through a layout L (row base +
 // chunk offset, L::addr).
 #pragma once
