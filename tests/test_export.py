@@ -116,6 +116,18 @@ def _unique(prefix: str = "attn") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
+    """A copy of the exported package under a new name, its manifest.json changed by edit(manifest)."""
+    name = _unique(prefix)
+    shutil.copytree(report.out / report.package, tmp_path / name)
+    path = tmp_path / name / "manifest.json"
+    m = json.loads(path.read_text())
+    m["package"] = name
+    edit(m)
+    path.write_text(json.dumps(m))
+    return name
+
+
 @pytest.fixture(scope="module")
 def exported(export_store, tmp_path_factory):
     """(report, imported module) of one package export, imported in this process."""

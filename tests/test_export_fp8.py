@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from header_build import assert_user_kernel_builds
 
-from tests.test_export import GPU_NAME, _unique, import_exported
+from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -115,17 +115,6 @@ def test_the_manifest_holds_e4m3_entries_and_their_launch_fields(fp8_export) -> 
         assert LaunchShape(**launch) == launch_shape(_variant(p))
     old = {k: v for k, v in m["kernels"][_variant(BF16).name]["launch"].items() if k not in ("descales", "fp8")}
     assert (LaunchShape(**old).descales, LaunchShape(**old).fp8) == (False, False)
-
-
-def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
-    name = _unique(prefix)
-    shutil.copytree(report.out / report.package, tmp_path / name)
-    path = tmp_path / name / "manifest.json"
-    m = json.loads(path.read_text())
-    m["package"] = name
-    edit(m)
-    path.write_text(json.dumps(m))
-    return name
 
 
 def test_a_manifest_from_before_fp8_still_loads(fp8_export, tmp_path) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from header_build import assert_user_kernel_builds
 
-from tests.test_export import GPU_NAME, _unique, import_exported
+from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -225,18 +225,6 @@ def test_windows_and_softcap_trace_under_torch_compile(windows_export) -> None:
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), step(q, k, v))
-
-
-def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
-    """A copy of the exported package under a new name, its manifest.json changed by edit(manifest)."""
-    name = _unique(prefix)
-    shutil.copytree(report.out / report.package, tmp_path / name)
-    path = tmp_path / name / "manifest.json"
-    m = json.loads(path.read_text())
-    m["package"] = name
-    edit(m)
-    path.write_text(json.dumps(m))
-    return name
 
 
 def test_a_manifest_from_before_windows_still_loads_as_no_window(windows_export, tmp_path) -> None:
