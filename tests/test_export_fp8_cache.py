@@ -192,3 +192,18 @@ def test_the_readme_example_of_an_fp8_cache_package_passes_its_scales(cache_expo
     code = readme[readme.index("```python\n") + 10:readme.index("```\n\n")]
     assert "torch.float8_e4m3fn" in code and "k_scale=one, v_scale=one" in code
     compile(code, "README.md", "exec")
+
+
+def test_gather_pages_moves_an_fp8_cache_as_bytes_into_a_buffer_too() -> None:
+    """paged.gather_pages takes float8_e4m3fn caches itself (as bytes), with or without an `out` buffer."""
+    import torch
+
+    from tuner.runtime.shipped.paged import gather_pages
+
+    cache = torch.randn(5, 16, 2, 128).to(torch.float8_e4m3fn)
+    table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    out = torch.empty(4, 16, 2, 128, dtype=torch.float8_e4m3fn)
+    into, fresh = gather_pages(cache, table, out=out), gather_pages(cache, table)
+    assert into.dtype == fresh.dtype == torch.float8_e4m3fn and into.shape == (2, 2, 32, 128)
+    assert torch.equal(into.view(torch.uint8), fresh.view(torch.uint8))
+    assert torch.equal(fresh[1, :, 16:].view(torch.uint8), cache[3].transpose(0, 1).view(torch.uint8))

@@ -25,12 +25,9 @@ def gathered(pkg: Any, data: dict[str, Any], seq_k: int) -> tuple[tuple[Any, Any
 
     paged = importlib.import_module(f"{pkg.__name__}._runtime.paged")
     table, caches = data["block_table"], (data["k_cache"], data["v_cache"])
-    dtype = caches[0].dtype
-    if caches[0].element_size() == 1:  # an FP8 cache's pages move as bytes (as the package's fallback moves them)
-        caches = tuple(c.view(torch.uint8) for c in caches)
     pages = [torch.empty((table.numel(), *c.shape[1:]), dtype=c.dtype, device=c.device) for c in caches]
 
-    k, v = (paged.gather_pages(cache, table, out=out)[:, :, :seq_k].view(dtype) for cache, out in zip(caches, pages))
+    k, v = (paged.gather_pages(cache, table, out=out)[:, :, :seq_k] for cache, out in zip(caches, pages))
 
     def gather() -> None:
         for cache, out in zip(caches, pages):

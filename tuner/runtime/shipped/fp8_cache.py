@@ -151,9 +151,9 @@ def dequantised(t: Any, scale: Any, dtype: Any, out: Any = None) -> Any:
 def _dequantised_call(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], seq_lens: Any, block_table: Any,
                       mask: tuple, scales: tuple) -> torch.Tensor:
     """SDPA (masked for lengths and windows; the softcap implementation with a softcap) on k and v in q's dtype."""
-    if block_table is not None:  # pages moved as bytes (fp8 indexing is not every torch's), then dense
+    if block_table is not None:  # the pages gathered into dense K/V
         seq_lens = seq_lens.clamp(max=block_table.shape[1] * k.shape[1])  # as the decode kernels clamp
-        k, v = (_paged.gather_pages(t.view(torch.uint8), block_table).view(FP8) for t in (k, v))
+        k, v = _paged.gather_pages(k, block_table), _paged.gather_pages(v, block_table)
     k, v = dequantised(k, scales[0], q.dtype), dequantised(v, scales[1], q.dtype)
     if seq_lens is not None:
         return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)

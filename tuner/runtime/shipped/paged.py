@@ -101,11 +101,14 @@ def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, 
 
 def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The dense [B, Hkv, pages_per_seq * page_size, D] view of each row's pages (unused entries: page 0), copied
-    into `out` ([B * pages_per_seq, page_size, Hkv, D]) when given."""
+    into `out` ([B * pages_per_seq, page_size, Hkv, D]) when given. An FP8 cache's pages move as bytes (not every
+    torch indexes float8 tensors)."""
     b, n = block_table.shape
-    pages = torch.index_select(cache, 0, block_table.clamp(0, cache.shape[0] - 1).reshape(-1).long(), out=out)
+    raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+    raw_out = out.view(torch.uint8) if out is not None and out.element_size() == 1 else out
+    pages = torch.index_select(raw, 0, block_table.clamp(0, cache.shape[0] - 1).reshape(-1).long(), out=raw_out)
     _, page, hkv, d = cache.shape
-    return pages.view(b, n * page, hkv, d).transpose(1, 2)
+    return pages.view(b, n * page, hkv, d).transpose(1, 2).view(cache.dtype)
 
 
 def _sdpa_paged(q: Any, k_cache: Any, v_cache: Any, causal: bool, scale: Optional[float], seq_lens: Any,
