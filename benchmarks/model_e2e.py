@@ -1,6 +1,11 @@
 """End to end: a Llama-style model with an exported package's attention against torch SDPA, one process.
 
     python benchmarks/model_e2e.py --package OUT/NAME [--layers 8] [--rounds 7] [--json e2e.json]
+    python benchmarks/model_e2e.py --package OUT/NAME --model mistral-7b-v0.1 [--layers 4]
+
+--model mistral-7b-v0.1 runs Mistral-7B-v0.1's shape instead (sliding window 4096 in every layer, vocab
+32000): prefill at B1 S16384 only, its kernel alone against SDPA with the window's boolean mask (what
+transformers' SDPA path computes), and the last position's logits against SDPA's and a control.
 
 The model has Llama-3.1-8B's published shape (hidden 4096, 32 heads over 8 K/V heads, head dim 128,
 MLP 14336, vocab 128256), `--layers` of them, random weights (nothing is downloaded), bf16 on the GPU.
@@ -33,7 +38,11 @@ import torch
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5,
                 max_position_embeddings=32768)
+MISTRAL_V01 = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128, rope_theta=10000.0, rms_norm_eps=1e-5,
+                   max_position_embeddings=32768, sliding_window=4096)
 PREFILL = ((4, 4096), (1, 16384))
+MISTRAL_PREFILL = ((1, 16384),)
 DECODE = (8, 8192)
 SDPA_KERNEL = re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)
 
@@ -44,10 +53,13 @@ def load_package(path: str) -> Any:
     return importlib.import_module(folder.name)
 
 
-def build_model(layers: int) -> Any:
+def build_model(layers: int, model: str = "llama-3.1-8b") -> Any:
     import transformers
 
-    cfg = transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA_8B)
+    if model == "mistral-7b-v0.1":
+        cfg = transformers.MistralConfig(num_hidden_layers=layers, **MISTRAL_V01)
+    else:
+        cfg = transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA_8B)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16)
@@ -173,11 +185,13 @@ def kernel_differences(k_ours: dict[str, float], k_sdpa: dict[str, float], top: 
     return dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:top])
 
 
-def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str, Any]]:
+def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int,
+                 shapes: tuple[tuple[int, int], ...] = PREFILL) -> list[dict[str, Any]]:
     rows = []
     ours = set(pkg.MANIFEST["kernels"])
     cfg = model.config
-    for b, s in PREFILL:
+    window = getattr(cfg, "sliding_window", None)
+    for b, s in shapes:
         ids = torch.randint(0, cfg.vocab_size, (b, s), device="cuda")
 
         def forward() -> Any:
@@ -193,11 +207,17 @@ def prefill_rows(model: Any, pkg: Any, impl: str, rounds: int) -> list[dict[str,
         k, v = (torch.randn(b, cfg.num_key_value_heads, s, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
         with torch.inference_mode():
-            kernel = interleaved({
-                "ours": lambda: pkg.attention(q, k, v, causal=True),
-                "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                 enable_gqa=True)}, rounds, reps=5,
-                clocks=kernel_clocks)
+            if window and window < s:  # transformers' window: q - window < j <= q, i.e. window_size (window - 1, 0)
+                i = torch.arange(s, device="cuda")
+                keep = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+                ours_fn = lambda: pkg.attention(q, k, v, causal=True, window_size=(window - 1, 0))  # noqa: E731
+                sdpa_fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                    q, k, v, attn_mask=keep, enable_gqa=True)
+            else:
+                ours_fn = lambda: pkg.attention(q, k, v, causal=True)  # noqa: E731
+                sdpa_fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                    q, k, v, is_causal=True, enable_gqa=True)
+            kernel = interleaved({"ours": ours_fn, "sdpa": sdpa_fn}, rounds, reps=5, clocks=kernel_clocks)
         k_ours: dict[str, float] = {}
         k_sdpa: dict[str, float] = {}
         a_ours, t_ours, launches, span_ours = attention_ms(model, impl, forward, ours, k_ours)
@@ -354,6 +374,51 @@ def greedy_row(model: Any, pkg: Any, impl: str, tokens: int = 32, prompt_len: in
             "first_logits_max_abs": float(first[1].abs().max())}
 
 
+def logits_row(model: Any, impl: str, shape: tuple[int, int]) -> dict[str, Any]:
+    """The last position's logits of one forward with each implementation, and a control: SDPA's two masked
+    backends (memory-efficient, cuDNN) against each other, how far two correct bf16 attentions drift."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, s = shape
+    ids = torch.randint(0, model.config.vocab_size, (b, s), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(2))
+    logits = {}
+    for label, name, backend in ((impl, impl, None), ("sdpa", "sdpa", None),
+                                 ("sdpa_efficient", "sdpa", SDPBackend.EFFICIENT_ATTENTION),
+                                 ("sdpa_cudnn", "sdpa", SDPBackend.CUDNN_ATTENTION)):
+        model.set_attn_implementation(name)
+        try:
+            with torch.inference_mode(), (sdpa_kernel([backend]) if backend else contextlib.nullcontext()):
+                logits[label] = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits.float()
+        except RuntimeError as exc:  # a backend this build lacks for the mask
+            logits[label] = None
+            print(f"{label}: {exc}".splitlines()[0], flush=True)
+    ref = logits["sdpa"]
+
+    def diff(x: str, y: str) -> float | None:
+        return None if logits[x] is None or logits[y] is None else float((logits[x] - logits[y]).abs().max())
+
+    return {"shape": f"B{b} S{s}", "max_abs_logit": float(ref.abs().max()),
+            "ours_vs_sdpa": diff(impl, "sdpa"), "control_efficient_vs_cudnn": diff("sdpa_efficient", "sdpa_cudnn"),
+            "ours_vs_efficient": diff(impl, "sdpa_efficient")}
+
+
+def mistral_markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result['gpu']}, {result['layers']} layers of Mistral-7B-v0.1's shape (sliding window 4096), bf16, "
+             f"random weights; {result['rounds']} interleaved rounds, median per-round ratios.", "",
+             "| run | ours tok/s | SDPA tok/s | end to end | kernel alone | in model | attention share (ours / SDPA) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["prefill"]:
+        inside = f"{r['in_model_attn_ratio']:.3f}x" if r["in_model_attn_ratio"] else "n/a"
+        lines.append(f"| prefill {r['shape']} | {r['ours_tok_s']:,.0f} | {r['sdpa_tok_s']:,.0f} | "
+                     f"**{r['e2e_ratio']:.3f}x** | {r['kernel_ratio']:.3f}x | {inside} | "
+                     f"{r['attn_share_ours']:.1%} / {r['attn_share_sdpa']:.1%} |")
+    g = result["logits"]
+    lines += ["", f"Last-position logits ({g['shape']}): ours vs SDPA max |diff| {g['ours_vs_sdpa']}, of max |logit| "
+                  f"{g['max_abs_logit']:.3g}; control, SDPA memory-efficient vs cuDNN: {g['control_efficient_vs_cudnn']}."]
+    return "\n".join(lines)
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"{result['gpu']}, {result['layers']} layers of Llama-3.1-8B's shape, bf16, random weights; "
              f"{result['rounds']} interleaved rounds, median per-round ratios.", "",
@@ -385,12 +450,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--model", default="llama-3.1-8b", choices=("llama-3.1-8b", "mistral-7b-v0.1"))
     args = parser.parse_args()
     pkg = load_package(args.package)
     impl = pkg.register_transformers("tuned_e2e")
-    model = build_model(args.layers)
+    model = build_model(args.layers, args.model)
     result = {"gpu": torch.cuda.get_device_name(), "layers": args.layers, "rounds": args.rounds,
-              "package": pkg.MANIFEST["package"]}
+              "package": pkg.MANIFEST["package"], "model": args.model}
+    if args.model == "mistral-7b-v0.1":
+        result["prefill"] = prefill_rows(model, pkg, impl, args.rounds, MISTRAL_PREFILL)
+        result["logits"] = logits_row(model, impl, MISTRAL_PREFILL[0])
+        print(json.dumps(result["logits"]), flush=True)
+        print(mistral_markdown(result))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return
     # Each part is printed as it is measured: a failure later keeps the figures already taken.
     result["prefill"] = prefill_rows(model, pkg, impl, args.rounds)
     result["decode"] = decode_row(model, pkg, impl, args.rounds)

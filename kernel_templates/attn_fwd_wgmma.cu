@@ -23,7 +23,8 @@
 // the keys of every 16 in wgmma's A-fragment order (config.h, issue_pv), as
 // fc_v_transpose_e4m3 (attn_fwd_wgmma/v_transpose.h) copies it, and
 // per-(batch, K/V head) descales; O is bf16. Causal masking is bottom-right aligned: query i sees key j
-// iff j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf.
+// iff j <= i + (Sk - Sq). Rows that see no key produce 0 and lse = -inf. Packed sequences (PACKED,
+// 16-bit): [total, H, D] tensors with cumulative lengths, each sequence its own Sq, Sk and alignment.
 
 #include "attn_fwd_wgmma/config.h"
 #include "attn_fwd_wgmma/consumer_mainloop.h"
@@ -76,4 +77,15 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   args.q_descale = q_descale;                                     \
   args.k_descale = k_descale;                                     \
   args.v_descale = v_descale;                                     \
+  fc::attn_fwd_wgmma<CFG>(tmap_q, tmap_k, tmap_v, args);
+
+// Packed sequences (HopperConfig's PACKED): the cumulative sequence lengths follow, int32 [batch + 1]
+// each (FlashAttention's cu_seqlens_q / cu_seqlens_k); the maps and strides are of [1, H, total, D]
+// views, sq and sk the longest sequence's lengths, batch the number of sequences.
+#define ATTN_FWD_PARAMS_PACKED ATTN_FWD_PARAMS, const int *cu_seqlens_q, const int *cu_seqlens_k
+
+#define ATTN_FWD_BODY_PACKED(CFG)                                 \
+  fc::AttnArgs args = ATTN_FWD_ARGS(heads, batch);                \
+  args.cu_q = cu_seqlens_q;                                       \
+  args.cu_k = cu_seqlens_k;                                       \
   fc::attn_fwd_wgmma<CFG>(tmap_q, tmap_k, tmap_v, args);

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.problem import DTYPES, LAYOUTS, Problem, causal_pairs
+from tuner.problem import DTYPES, LAYOUTS, PACKED, Problem, causal_pairs
 
 
 def _kept(seq_q: int, seq_k: int) -> int:
@@ -31,9 +31,29 @@ def test_causal_flops_with_sq_ne_sk_count_the_kept_pairs() -> None:
 
 @given(st.builds(Problem, st.integers(1, 64), st.sampled_from([8, 16, 32]), st.integers(1, 9000), st.integers(1, 9000),
                  st.sampled_from([64, 128]), st.sampled_from(DTYPES), st.booleans(),
-                 st.sampled_from([1, 2, 8]), st.sampled_from(LAYOUTS)))
+                 st.sampled_from([1, 2, 8]), st.sampled_from([lay for lay in LAYOUTS if lay != PACKED])))
 def test_to_dict_round_trips(problem: Problem) -> None:
     assert Problem.from_dict(problem.to_dict()) == problem
+
+
+@given(st.integers(1, 64), st.integers(1, 9000), st.sampled_from(["fp16", "bf16"]), st.booleans(), st.data())
+def test_a_packed_problem_round_trips_and_counts_each_sequence(batch: int, seq: int, dtype: str, causal: bool,
+                                                                data: st.DataObject) -> None:
+    low = data.draw(st.integers(1, seq))
+    p = Problem(batch, 8, seq, seq, 128, dtype, causal, heads_kv=2, layout=PACKED, lengths=f"uniform:{low}")
+    assert Problem.from_dict(p.to_dict()) == p
+    assert p.packed and p.label.endswith(f" packed lengths uniform:{low}")
+    lengths = p.key_lengths()
+    assert len(lengths) == batch and all(low <= n <= seq for n in lengths)
+    # Each sequence attends to itself only: its queries are its keys (half of them causal, FlashAttention's count).
+    assert p.flops == sum(4 * 8 * 128 * n * n / (2 if causal else 1) for n in lengths)
+
+
+def test_packed_sequences_are_a_16_bit_self_attention_prefill() -> None:
+    with pytest.raises(TunerError, match=r"^packed sequences are a prefill of 16-bit inputs.*Sq 1 Sk 4096"):
+        Problem(4, 8, 1, 4096, 128, "bf16", layout="packed")
+    with pytest.raises(TunerError, match=r"^packed sequences are a prefill of 16-bit inputs.*dtype e4m3"):
+        Problem(4, 8, 4096, 4096, 128, "e4m3", layout="packed")
 
 
 def test_an_fp8_problem_is_e4m3_with_one_byte_elements() -> None:

@@ -35,10 +35,14 @@ def dtype_pattern() -> str:
 MAX_EXTENT = 2**31 - 1  # a batch, head count or length beyond this fits no CUDA grid (nor a 32-bit index)
 PAGE_SIZES = (16, 32, 64, 128, 256)
 # bhsd / bshd: dense K/V in that order; pagedN: K/V in a paged cache of N-row pages ([pages, N, Hkv, D], vLLM's
-# layout, the pages in shuffled order; decode templates only), Q and O BHSD.
-LAYOUTS = ("bhsd", "bshd") + tuple(f"paged{n}" for n in PAGE_SIZES)
+# layout, the pages in shuffled order; decode templates only), Q and O BHSD. packed: a batch of sequences one
+# after another in [total, H, D] tensors with cumulative lengths (FlashAttention's varlen form, a serving
+# engine's many-prompt prefill): sequence b has key_lengths()[b] queries and as many keys, Sq = Sk is the longest
+# a sequence may be; the Hopper prefill template.
+PACKED = "packed"
+LAYOUTS = ("bhsd", "bshd", PACKED) + tuple(f"paged{n}" for n in PAGE_SIZES)
 # How many keys each batch row uses: "full" (all Sk) or "uniform:LO" (each row's length drawn uniformly from
-# LO .. Sk, a serving batch of sequences at different points; decode templates only). The draw is seeded by
+# LO .. Sk, a serving batch of sequences at different points; decode templates, and packed sequences' lengths). The draw is seeded by
 # the problem, so every trial, baseline and later re-timing sees the same batch.
 FULL_LENGTHS = "full"
 LENGTHS_SEED = 20261126
@@ -84,11 +88,19 @@ class Problem:
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
         parse_lengths(self.lengths, self.seq_k)
+        if self.packed and (self.seq_q != self.seq_k or self.fp8):
+            raise TunerError("packed sequences are a prefill of 16-bit inputs: each sequence's queries are its keys "
+                             f"(Sq = Sk, got Sq {self.seq_q} Sk {self.seq_k}; dtype {self.dtype})")
 
     @property
     def local(self) -> bool:
         """Whether a sliding window bounds the keys a query sees (beyond causality)."""
         return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def packed(self) -> bool:
+        """Whether the sequences lie packed in [total, H, D] tensors (layout "packed"), each key_lengths()[b] long."""
+        return self.layout == PACKED
 
     @property
     def ragged(self) -> bool:
@@ -150,14 +162,15 @@ class Problem:
         return per_pair * self.batch * self._pairs(self.seq_k)
 
     def _pairs(self, seq_k: int) -> float:
+        seq_q = seq_k if self.packed else self.seq_q  # a packed sequence's queries are its keys
         if self.local:
             right = 0 if self.causal else self.window_right
-            return window_pairs(self.seq_q, seq_k, self.window_left, right)
+            return window_pairs(seq_q, seq_k, self.window_left, right)
         if not self.causal:
-            return self.seq_q * seq_k
-        if self.seq_q == seq_k:
-            return self.seq_q * seq_k / 2
-        return causal_pairs(self.seq_q, seq_k)
+            return seq_q * seq_k
+        if seq_q == seq_k:
+            return seq_q * seq_k / 2
+        return causal_pairs(seq_q, seq_k)
 
     def tflops(self, microseconds: float) -> float:
         return self.flops / (microseconds * 1e-6) / 1e12
@@ -180,7 +193,7 @@ class Problem:
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"Sq{self.seq_q} Sk{self.seq_k}"
         gqa = f" Hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
         causal = " causal" if self.causal else ""
-        paged = f" paged{self.page_size}" if self.page_size else ""
+        paged = f" paged{self.page_size}" if self.page_size else " packed" if self.packed else ""
         lengths = f" lengths {self.lengths}" if self.ragged else ""
         window = f" window {window_text(self.window_left, self.window_right, self.causal)}" if self.local else ""
         softcap = f" softcap {self.softcap:g}" if self.softcap else ""

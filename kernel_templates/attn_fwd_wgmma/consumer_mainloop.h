@@ -59,12 +59,12 @@ __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint3
 // Accumulator element e of a 64 x N wgmma tile held by a thread: column
 // block e / 4 (8 columns), row half (e / 2) % 2 (+8 rows), column pair e % 2.
 template <class C>
-__device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane, const AttnArgs& a) {
+__device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane, int sq, int sk) {
 #pragma unroll
   for (int e = 0; e < C::BN / 2; ++e) {
     const int col = kv0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
     const int row = row0 + ((e / 2) % 2) * 8;
-    if (C::Keys::hidden(col, row + a.sk - a.sq, a.sk)) s[e] = NEG_INF;
+    if (C::Keys::hidden(col, row + sk - sq, sk)) s[e] = NEG_INF;
   }
 }
 
@@ -209,8 +209,9 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     uint32_t p[C::BN / C::KSTEP][4];
 
     // Tile j of the item is key tile it.n0 + j; a mask where it is partial for this warpgroup's rows.
-    const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + a.sk - a.sq;
-    auto needs_mask = [&](int j) { return C::Keys::partial(kv_first + j * C::BN, C::BN, p_lo, p_lo + 63, a.sk); };
+    const int sq = item_sq<C>(a, it), sk = item_sk<C>(a, it);  // the sequence's (packed) or the call's
+    const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + sk - sq;
+    auto needs_mask = [&](int j) { return C::Keys::partial(kv_first + j * C::BN, C::BN, p_lo, p_lo + 63, sk); };
     // Slot and phase of this work item's K/V tile j in the ring.
     auto slot = [&](int j) { return (ring + j) % C::STAGES; };
     auto phase = [&](int j) { return static_cast<uint32_t>(((ring + j) / C::STAGES) & 1); };
@@ -233,7 +234,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       fence_regs<C::BN / 2>(s);
       release_k(j);
       C::Cap::template apply<C::BN / 2>(s, cap_pre);
-      if (needs_mask(j)) mask_tile<C>(s, kv_first + j * C::BN, row0, lane, a);
+      if (needs_mask(j)) mask_tile<C>(s, kv_first + j * C::BN, row0, lane, sq, sk);
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
     };
     // Issue O += P_j V_j (P packed from S_j).

@@ -32,6 +32,7 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
     const int cb = col / EO, chunk = (col % EO) / 8;
     return cb * C::BM * C::SWB + (cw * 64 + r) * C::SWB + ((chunk ^ (r % CPR)) * 16);
   };
+  const int sq = item_sq<C>(a, it), q_row = q_row_of<C>(it);
   named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -45,18 +46,21 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
       *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
           pack2<T>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
     const int row = row0 + 8 * i;
-    if (a.lse != nullptr && lane % 4 == 0 && row < a.sq)
-      a.lse[((long long)it.b * a.heads + it.h) * a.sq + row] =
-          l > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + logf(l) - C::P_SHIFT * LN2 : NEG_INF;
+    if (a.lse != nullptr && lane % 4 == 0 && row < sq) {
+      // [B, H, Sq]; packed, [H, total] (FlashAttention's varlen lse), total = cu_q[batch].
+      const long long at = C::PACKED ? (long long)it.h * a.cu_q[a.batch] + q_row + row
+                                     : ((long long)it.b * a.heads + it.h) * a.sq + row;
+      a.lse[at] = l > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + logf(l) - C::P_SHIFT * LN2 : NEG_INF;
+    }
   }
   named_sync(4 + cw, 128);
-  T* out = reinterpret_cast<T*>(a.o) + it.b * a.o_sb + it.h * a.o_sh;
+  T* out = reinterpret_cast<T*>(a.o) + tma_batch_of<C>(it) * a.o_sb + it.h * a.o_sh + q_row * a.o_ss;
   constexpr int CHUNKS = 64 * C::D / 8;
 #pragma unroll
   for (int idx = tid % 128; idx < CHUNKS; idx += 128) {
     const int r = idx / (C::D / 8), col = idx % (C::D / 8) * 8;
     const int row = it.m0 + cw * 64 + r;
-    if (row < a.sq)
+    if (row < sq)
       *reinterpret_cast<uint4*>(out + row * a.o_ss + col) =
           *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));
   }

@@ -17,23 +17,24 @@ namespace fc {
 // (ring / STAGES) & 1); it comes back advanced by the item's tiles. K_{j+1}
 // is loaded before V_j: a consumer frees V_j's slot only after its P V, late
 // in its next tile, and K_{j+1} must not wait behind that in this one thread.
+// Packed sequences: keys past the sequence's end (the next one's) are masked.
 template <class C>
 __device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, const AttnArgs& a,
                                         const SmemLayout<C>& sm, const Work& it, int& ring) {
-  const int hk = it.h / a.h_per_kv;
+  const int hk = it.h / a.h_per_kv, tb = tma_batch_of<C>(it), k_row = k_row_of<C>(it);
   // A K tile (and a 16-bit V tile): BN rows of keys in CB column blocks of the head dim. An FP8 V tile
   // comes from V^T: D rows in CBV column blocks of keys.
   auto load = [&](const TmaDesc& t, uint32_t dst, uint32_t empty, uint32_t full, int j, bool transposed) {
     const uint32_t phase = ((ring + j) / C::STAGES) & 1;
     mbar_wait(empty, phase ^ 1);  // a fresh barrier counts as released
     mbar_expect_tx(full, C::KV_BYTES);
-    const int key0 = (it.n0 + j) * C::BN;
+    const int key0 = (it.n0 + j) * C::BN + k_row;
     if (transposed) {
 #pragma unroll
-      for (int cb = 0; cb < C::CBV; ++cb) tma_load(dst + cb * C::D * C::SWB, &t, full, key0 + cb * C::E, 0, hk, it.b);
+      for (int cb = 0; cb < C::CBV; ++cb) tma_load(dst + cb * C::D * C::SWB, &t, full, key0 + cb * C::E, 0, hk, tb);
     } else {
 #pragma unroll
-      for (int cb = 0; cb < C::CB; ++cb) tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, key0, hk, it.b);
+      for (int cb = 0; cb < C::CB; ++cb) tma_load(dst + cb * C::BN * C::SWB, &t, full, cb * C::E, key0, hk, tb);
     }
   };
   auto load_k = [&](int j) {
@@ -53,7 +54,8 @@ __device__ __forceinline__ void load_kv(const TmaDesc& tk, const TmaDesc& tv, co
 }
 
 // Each consumer's Q rows of one work item; `round` counts the items loaded
-// before this one.
+// before this one. Packed sequences: rows past the sequence's end are the next
+// sequence's (or zeros past the tensor): computed, never stored.
 template <class C>
 __device__ __forceinline__ void load_q(const TmaDesc& tq, const SmemLayout<C>& sm, const Work& it, int round) {
   for (int c = 0; c < C::CONSUMERS; ++c) {
@@ -62,7 +64,7 @@ __device__ __forceinline__ void load_q(const TmaDesc& tq, const SmemLayout<C>& s
 #pragma unroll
     for (int cb = 0; cb < C::CB; ++cb)
       tma_load(sm.sQ + cb * C::BM * C::SWB + c * C::Q_ROWS * C::SWB, &tq, sm.q_full(c), cb * C::E,
-               it.m0 + c * C::Q_ROWS, it.h, it.b);
+               q_row_of<C>(it) + it.m0 + c * C::Q_ROWS, it.h, tma_batch_of<C>(it));
   }
 }
 

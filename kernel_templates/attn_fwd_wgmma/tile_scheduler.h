@@ -10,13 +10,46 @@ namespace fc {
 
 struct Work {
   int m0, h, b, n0, n_tiles;  // key tiles n0 .. n0 + n_tiles - 1 (a window skips the others)
-  bool skip;  // the empty second half of a causal unit (the middle tile has no partner)
+  bool skip;  // the empty second half of a causal unit (the middle tile has no partner), or an empty item
+  // Packed sequences only (C::PACKED): the sequence's lengths and its first query and key rows in the
+  // [total, H, D] tensors. Dense items read the call's lengths (item_sq / item_sk) and leave these unset.
+  int sq, sk, q_row, k_row;
 };
+
+// The query and key lengths an item's rows and keys are bounded by; the rows of its sequence start at
+// q_row_of (the tensor maps' row coordinate), and tma_batch_of is its batch coordinate in the maps.
+template <class C>
+__device__ __forceinline__ int item_sq(const AttnArgs& a, const Work& it) {
+  if constexpr (C::PACKED) return it.sq;
+  return a.sq;
+}
+template <class C>
+__device__ __forceinline__ int item_sk(const AttnArgs& a, const Work& it) {
+  if constexpr (C::PACKED) return it.sk;
+  return a.sk;
+}
+template <class C>
+__device__ __forceinline__ int q_row_of(const Work& it) {
+  if constexpr (C::PACKED) return it.q_row;
+  return 0;
+}
+template <class C>
+__device__ __forceinline__ int k_row_of(const Work& it) {
+  if constexpr (C::PACKED) return it.k_row;
+  return 0;
+}
+template <class C>
+__device__ __forceinline__ int tma_batch_of(const Work& it) {
+  if constexpr (C::PACKED) return 0;  // the packed tensors are one batch row of `total` rows
+  return it.b;
+}
 
 // Persistent CTAs take units of consecutive items of one head, strided
 // across the grid: concurrent CTAs share heads (K/V stay in L2). A causal
 // unit pairs query tile q with tile m_blocks - 1 - q: every unit costs
-// about the same, so static striding stays balanced.
+// about the same, so static striding stays balanced. Packed sequences: the
+// units and the grid are those of the longest sequence; a shorter one's
+// query tiles past its end are empty items (skipped, or a CTA that exits).
 template <class C>
 struct TileScheduler {
   static constexpr int UNIT_ITEMS = C::PERSISTENT && C::CAUSAL ? 2 : 1;
@@ -40,23 +73,38 @@ struct TileScheduler {
       const int hb = unit / units_per_head, q = unit % units_per_head;
       it.h = hb % a.heads;
       it.b = hb / a.heads;
+      const int blocks = C::PACKED ? locate(it) : m_blocks;  // this sequence's query tiles
       if constexpr (C::CAUSAL) {
-        m_block = r % 2 == 0 ? m_blocks - 1 - q : q;
-        it.skip = r % 2 == 1 && q == m_blocks - 1 - q;
+        m_block = r % 2 == 0 ? blocks - 1 - q : q;
+        it.skip = (r % 2 == 1 && q == blocks - 1 - q) || (C::PACKED && 2 * q >= blocks);
       } else {
         m_block = q;
+        it.skip = C::PACKED && q >= blocks;
       }
     } else {
       if (r > 0) return false;
       m_block = gridDim.x - 1 - blockIdx.x;
       it.h = blockIdx.y;
       it.b = blockIdx.z;
+      if constexpr (C::PACKED) {
+        if (m_block >= locate(it)) return false;  // past this sequence's end: the CTA has nothing to do
+      }
     }
     it.m0 = m_block * C::BM;
-    const int p_lo = it.m0 + a.sk - a.sq;  // key-aligned positions of the item's first and last rows
+    const int sq = item_sq<C>(a, it), sk = item_sk<C>(a, it);
+    const int p_lo = it.m0 + sk - sq;  // key-aligned positions of the item's first and last rows
     it.n0 = C::Keys::first(p_lo) / C::BN;
-    it.n_tiles = max(0, (C::Keys::end(p_lo + C::BM - 1, a.sk) + C::BN - 1) / C::BN - it.n0);
+    it.n_tiles = max(0, (C::Keys::end(p_lo + C::BM - 1, sk) + C::BN - 1) / C::BN - it.n0);
     return true;
+  }
+
+  // Packed: the item's sequence offsets and lengths, from the cumulative lengths; its query tiles.
+  __device__ __forceinline__ int locate(Work& it) const {
+    it.q_row = a.cu_q[it.b];
+    it.k_row = a.cu_k[it.b];
+    it.sq = a.cu_q[it.b + 1] - it.q_row;
+    it.sk = a.cu_k[it.b + 1] - it.k_row;
+    return (it.sq + C::BM - 1) / C::BM;
   }
 };
 

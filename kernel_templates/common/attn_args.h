@@ -27,6 +27,11 @@ struct AttnArgs {
   const float* q_descale = nullptr;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
+  // Packed sequences (FlashAttention's varlen form): q, k, v and o hold the batch's sequences one after
+  // another, [total, H, D]; sequence b's rows are cu_q[b] .. cu_q[b+1] - 1 (keys: cu_k). sq and sk are then
+  // the longest sequence's lengths, batch the number of sequences. Null for a dense batch.
+  const int* cu_q = nullptr;
+  const int* cu_k = nullptr;
 };
 
 }  // namespace fc

@@ -34,7 +34,7 @@ def expression_names(variant: Variant) -> dict[str, object]:
     """The names a manifest expression may use for this variant (elem_bytes: of a k or v element, 2 for
     fp16/bf16, 1 for e4m3 and an FP8 KV cache; kv_fp8: 1 for an FP8 KV cache with 16-bit queries)."""
     return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": DTYPE_BYTES[variant.dtype],
-            "kv_fp8": int(variant.dtype.endswith(KV_E4M3)), "causal": variant.causal}
+            "kv_fp8": int(variant.dtype.endswith(KV_E4M3)), "causal": variant.causal, "packed": variant.packed}
 
 
 def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, int]:
@@ -74,7 +74,7 @@ def supports_problem(manifest: Manifest, problem: Problem) -> str:
         return f"{manifest.name} has no sliding windows"
     if problem.softcap and not feats.softcap:
         return f"{manifest.name} has no logit softcapping"
-    if problem.ragged and not feats.seq_lens:
+    if problem.ragged and not feats.seq_lens and not problem.packed:
         return f"{manifest.name} takes no per-row key lengths (lengths {problem.lengths}: a decode template does)"
     if feats.max_seq_q and problem.seq_q > feats.max_seq_q:
         return f"{manifest.name} is for queries of at most {feats.max_seq_q} rows (Sq {problem.seq_q})"
@@ -88,6 +88,8 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
         return Feasibility(False, "variant was built for another head dim, dtype or causality than the problem")
     if (variant.window_left, variant.window_right, variant.softcap) != mask_of(problem):
         return Feasibility(False, "variant was built for another window or softcap than the problem")
+    if variant.packed != problem.packed:
+        return Feasibility(False, "variant was built for packed sequences and the problem is not, or the reverse")
     why = supports_problem(manifest, problem)
     if why:
         return Feasibility(False, why)

@@ -166,7 +166,7 @@ def load_manifest_file(path: Path) -> Manifest:
         params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx)
     config_args = tuple(_require(data, "config_args", list, where))
     for arg in config_args:
-        if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask"):
+        if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask", "packed"):
             raise TunerError(f"{where}: config_args names unknown parameter {arg!r}")
     name_format = _require(data, "name_format", str, where)
     for pname in params:

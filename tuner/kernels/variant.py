@@ -30,6 +30,8 @@ class Variant:
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
+    # Packed sequences (Problem layout "packed"): [total, H, D] tensors with cumulative lengths, compiled in.
+    packed: bool = False
     _key: tuple = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,7 +40,7 @@ class Variant:
 
     def _identity(self) -> tuple:
         return (self.template, self.head_dim, self.dtype, self.causal, self.window_left, self.window_right,
-                self.softcap, self._key)
+                self.softcap, self.packed, self._key)
 
     def __hash__(self) -> int:
         return hash(self._identity())
@@ -57,11 +59,12 @@ class Variant:
         labels = {p: manifest.params[p].label(v) for p, v in self.params.items()}
         suffix = "_causal" if self.causal else ""
         suffix += mask_suffix(self.window_left, self.window_right, self.softcap)
+        suffix += "_packed" if self.packed else ""
         return f"{self.template}_d{self.head_dim}_{self.dtype}_{manifest.name_format.format(**labels)}{suffix}"
 
     def stored_params(self) -> dict[str, ParamValue]:
-        """Tunables plus the compiled-in problem features: the variant's identity in the store (a window
-        and a softcap only where set, so a variant from before them keeps its identity)."""
+        """Tunables plus the compiled-in problem features: the variant's identity in the store (a window,
+        a softcap and packing only where set, so a variant from before them keeps its identity)."""
         features: dict[str, ParamValue] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal}
         if self.window_left >= 0:
             features["window_left"] = self.window_left
@@ -69,6 +72,8 @@ class Variant:
             features["window_right"] = self.window_right
         if self.softcap > 0:
             features["softcap"] = self.softcap  # type: ignore[assignment] - a float feature, not a tunable
+        if self.packed:
+            features["packed"] = True
         return {**self.params, **features}
 
     @classmethod
@@ -78,7 +83,7 @@ class Variant:
         try:
             variant = cls(template, int(stored["head_dim"]), str(stored["dtype"]), bool(stored["causal"]), params,
                           int(stored.get("window_left", -1)), int(stored.get("window_right", -1)),
-                          float(stored.get("softcap", 0.0)))
+                          float(stored.get("softcap", 0.0)), bool(stored.get("packed", False)))
         except KeyError as exc:
             raise TunerError(f"stored variant of {template} lacks {exc.args[0]!r}") from None
         validate_variant(variant)
@@ -87,10 +92,10 @@ class Variant:
     def to_dict(self) -> dict:
         return {"template": self.template, "head_dim": self.head_dim, "dtype": self.dtype,
                 "causal": self.causal, "window_left": self.window_left, "window_right": self.window_right,
-                "softcap": self.softcap, "params": dict(self.params), "name": self.name}
+                "softcap": self.softcap, "packed": self.packed, "params": dict(self.params), "name": self.name}
 
 
-_FEATURES = ("head_dim", "dtype", "causal", "window_left", "window_right", "softcap")
+_FEATURES = ("head_dim", "dtype", "causal", "window_left", "window_right", "softcap", "packed")
 
 
 def mask_suffix(left: int, right: int, softcap: float, sep: str = "_") -> str:
@@ -136,6 +141,8 @@ def validate_variant(variant: Variant, manifest: Manifest | None = None) -> None
         raise TunerError(f"{manifest.name}: sliding windows unsupported")
     if variant.softcap > 0 and not manifest.features.softcap:
         raise TunerError(f"{manifest.name}: logit softcapping unsupported")
+    if variant.packed and "packed" not in manifest.features.layouts:
+        raise TunerError(f"{manifest.name}: packed sequences unsupported")
     try:  # the Problem's rules
         check_window(variant.window_left, variant.window_right, variant.causal)
         check_softcap(variant.softcap)
@@ -153,7 +160,7 @@ def _tunables_pattern(template: str) -> str:
     for pname, spec in manifest.params.items():
         alternatives = "|".join(re.escape(lab) for lab in sorted(spec.labels, key=len, reverse=True))
         pattern = pattern.replace(re.escape("{" + pname + "}"), f"(?P<{pname}>{alternatives})")
-    return pattern + r"(?P<causal>_causal)?(?:_wl(?P<wl>\d+))?(?:_wr(?P<wr>\d+))?(?:_sc(?P<sc>\d+(?:p\d+)?(?:em?\d+)?))?"
+    return pattern + r"(?P<causal>_causal)?(?:_wl(?P<wl>\d+))?(?:_wr(?P<wr>\d+))?(?:_sc(?P<sc>\d+(?:p\d+)?(?:em?\d+)?))?(?P<packed>_packed)?"
 
 
 @lru_cache(maxsize=None)
@@ -174,7 +181,7 @@ def parse_variant_name(name: str) -> Variant:
         wl, wr, sc = match.group("wl"), match.group("wr"), match.group("sc")
         variant = Variant(manifest.name, int(match.group("head_dim")), match.group("dtype"),
                           bool(match.group("causal")), params, int(wl) if wl else -1, int(wr) if wr else -1,
-                          parse_softcap_label(sc) if sc else 0.0)
+                          parse_softcap_label(sc) if sc else 0.0, bool(match.group("packed")))
         validate_variant(variant, manifest)
         return variant
     raise TunerError(f"not a variant name: {name!r}")
@@ -200,7 +207,8 @@ def full_name(short: str, template: str, head_dim: int, dtype: str) -> str:
 
 
 def variant_from_params(template: str, problem: Problem, params: Mapping[str, ParamValue]) -> Variant:
-    variant = Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(params), *mask_of(problem))
+    variant = Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(params), *mask_of(problem),
+                      packed=problem.packed)
     validate_variant(variant)
     return variant
 
@@ -216,4 +224,4 @@ def enumerate_space(template: str, problem: Problem) -> Iterator[Variant]:
     names = list(manifest.params)
     for values in itertools.product(*(manifest.params[n].values for n in names)):
         yield Variant(template, problem.head_dim, problem.dtype, problem.causal, dict(zip(names, values)),
-                      *mask_of(problem))
+                      *mask_of(problem), packed=problem.packed)

@@ -29,7 +29,8 @@ def launch_shape(variant: Variant) -> LaunchShape:
     return LaunchShape(int(variant.params["BLOCK_M"]), res["threads"], res.get("smem_bytes", 0),
                        res.get("tma_swizzle", 0), res.get("tma_kv_rows", 0), res.get("tma_q_rows", 0),
                        bool(res.get("persistent", 0)), res.get("splits", 0), bool(res.get("workspace_merge", 0)),
-                       bool(res.get("descales", 0)), bool(res.get("fp8", 0)), bool(res.get("kv_fp8", 0)))
+                       bool(res.get("descales", 0)), bool(res.get("fp8", 0)), bool(res.get("kv_fp8", 0)),
+                       variant.packed)
 
 
 @dataclass(frozen=True)

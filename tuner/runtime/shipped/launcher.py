@@ -25,6 +25,12 @@ from .cuda_driver import (  # noqa: F401 - the errors are this module's API too
     stream_getter,
 )
 from .fp8 import VTransposer, check_descales, is_fp8, v_transposed_like
+from .input_checks import (  # noqa: F401 - the checks are this module's API too
+    check_attention_tensors,
+    check_packed_inputs,
+    check_paged_inputs,
+    packed_view,
+)
 
 ARG_FORMAT = "PPPPP" + "q" * 12 + "iiif"  # q, k, v, o, lse; 4x3 strides; sq, sk, h_per_kv; scale
 # TMA kernels: the 128-byte tensor maps of q, k, v first, each as its global
@@ -47,6 +53,7 @@ class LaunchShape:
     descales: bool = False  # the kernel takes q/k/v descale pointers after heads and batch (null unless fp8)
     fp8: bool = False  # e4m3 q, k, v (bf16 out), per-(batch, K/V head) descales, V read transposed (fp8.py)
     kv_fp8: bool = False  # an FP8 KV cache: 16-bit q and out, e4m3 k and v with scales [B, Hkv] (k's, v's descales)
+    packed: bool = False  # packed sequences: [total, H, D] tensors and cumulative lengths (AttentionKernel.packed)
 
 
 def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count: int) -> tuple[int, int, int]:
@@ -59,86 +66,6 @@ def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count:
     if shape.persistent:
         return (min(tiles * h * b, sm_count), 1, 1)
     return (tiles, h, b)
-
-
-def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
-    """Raise AttentionInputError naming the first limit the tensors break."""
-    import torch
-
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if not isinstance(t, torch.Tensor):
-            raise AttentionInputError(f"{name} must be a torch.Tensor")
-        if not t.is_cuda:
-            raise AttentionInputError(f"{name} must be a CUDA tensor (got device {t.device})")
-        if t.dim() != 4:
-            raise AttentionInputError(f"{name} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})")
-        want = torch.bfloat16 if name == "out" and is_fp8(q) else q.dtype  # e4m3 inputs write bf16
-        fp8_cache = name in ("k", "v") and is_fp8(t) and not is_fp8(q) and is_fp8(k) and is_fp8(v)
-        if not (t.dtype in (torch.float16, torch.bfloat16) or is_fp8(t)) or (t.dtype != want and not fp8_cache):
-            raise AttentionInputError(f"{name} must be float16, bfloat16 or float8_e4m3fn like q (k and v may both be "
-                                      f"float8_e4m3fn: an FP8 KV cache), out bfloat16 for float8_e4m3fn q (got "
-                                      f"{t.dtype}, q is {q.dtype})")
-        check_strides(name, t)
-    if not (q.device == k.device == v.device == out.device):
-        raise AttentionInputError(f"q, k, v and out must be on one device (got {q.device}, {k.device}, {v.device}, "
-                                  f"{out.device})")
-    b, h, sq, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
-        raise AttentionInputError(
-            f"k and v must be [B, Hkv, Sk, D] matching q's B and D (q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
-    if h % k.shape[1]:
-        raise AttentionInputError(f"q heads ({h}) must be a multiple of k/v heads ({k.shape[1]})")
-    if tuple(out.shape) != tuple(q.shape):
-        raise AttentionInputError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
-    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (b, h, sq) or not lse.is_contiguous()):
-        raise AttentionInputError(f"lse must be a contiguous float32 tensor of shape {(b, h, sq)}")
-
-
-def check_strides(name: str, t: Any) -> None:
-    """The strides a kernel reads a rank-4 tensor through: the last dim contiguous, the others and the data
-    16-byte aligned (TMA's and the 16-byte loads' rule)."""
-    if t.stride(3) != 1:
-        raise AttentionInputError(f"{name} must be contiguous in the head dim (stride {t.stride(3)})")
-    align = 16 // t.element_size()
-    if any(s % align for s in t.stride()[:3]) or t.data_ptr() % 16:
-        raise AttentionInputError(f"{name} strides must be multiples of {align} elements (16 bytes) and its data "
-                                  f"16-byte aligned")
-
-
-def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any) -> None:
-    """Raise AttentionInputError naming the first limit a paged call breaks: k_cache and v_cache
-    [pages, page_size, Hkv, D] (vLLM's layout, page_size a power of two from 16 to 256), block_table
-    int32 [B, pages_per_seq] and seq_lens int32 [B], contiguous, on q's device."""
-    import torch
-
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise AttentionInputError(f"{name} must be a rank-4 tensor [pages, page_size, Hkv, D]")
-    pages, page, hkv, d = k_cache.shape
-    fp8_cache = is_fp8(k_cache) and is_fp8(v_cache) and not is_fp8(q)  # an FP8 KV cache with 16-bit queries
-    if (k_cache.dtype != v_cache.dtype or (k_cache.dtype != q.dtype and not fp8_cache) or k_cache.device != q.device
-            or v_cache.device != q.device):
-        raise AttentionInputError(f"k_cache and v_cache must have q's dtype (or both float8_e4m3fn: an FP8 cache) and "
-                                  f"device ({q.dtype} on {q.device}; got {k_cache.dtype} on {k_cache.device}, "
-                                  f"{v_cache.dtype} on {v_cache.device})")
-    if v_cache.shape != k_cache.shape or d != q.shape[-1] or q.shape[1] % max(hkv, 1):
-        raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D and Hkv dividing "
-                                  f"q's heads (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
-                                  f"v_cache {tuple(v_cache.shape)})")
-    if page not in (16, 32, 64, 128, 256):
-        raise AttentionInputError(f"page_size must be 16, 32, 64, 128 or 256 (got {page})")
-    b = q.shape[0]
-    for name, t, dims in (("block_table", block_table, 2), ("seq_lens", seq_lens, 1)):
-        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != dims or t.shape[0] != b
-                or not t.is_contiguous() or t.device != q.device):
-            want = f"({b}, pages_per_seq)" if dims == 2 else f"({b},)"
-            raise AttentionInputError(f"{name} must be a contiguous int32 tensor of shape {want} on {q.device}")
-    if block_table.shape[1] < 1 or pages < 1:
-        raise AttentionInputError(f"a paged cache needs at least one page (block_table {tuple(block_table.shape)}, "
-                                  f"k_cache {tuple(k_cache.shape)})")
-    # The kernel reads pages through k_cache.transpose(1, 2): [pages, Hkv, page_size, D], a strided 4-D tensor.
-    check_strides("k_cache", k_cache.transpose(1, 2))
-    check_strides("v_cache", v_cache.transpose(1, 2))
 
 
 def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
@@ -189,6 +116,8 @@ class AttentionKernel:
             self._format += "PPii"  # block_table (int32*, null: dense K/V), log2 page_size, pages_per_seq
         if shape.workspace:
             self._format += "PP"  # the split merge's workspace (float*) and arrival counters (int32*)
+        if shape.packed:
+            self._format += "PP"  # cu_seqlens_q, cu_seqlens_k (int32*)
         self._kernel.use_format(self._format)
         self._merge_buffers: dict[int, tuple[Any, Any]] = {}  # per stream: (workspace, counters)
         self._outgrown: list[tuple[Any, Any]] = []  # replaced or captured buffers a graph may still use
@@ -259,6 +188,24 @@ class AttentionKernel:
                      paging=(block_table.data_ptr(), k.shape[2].bit_length() - 1, block_table.shape[1]),
                      descales=_pointers(descales))
 
+    def packed(self, q: Any, k: Any, v: Any, out: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+               max_seqlen_k: int, scale: float | None = None, check: bool = True, lse: Any = None) -> None:
+        """Packed kernels: sequences one after another (FlashAttention's varlen form, check_packed_inputs), q and
+        out [total_q, H, D], k and v [total_k, Hkv, D]; sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1
+        of q with keys cu_seqlens_k[b] .. of k and v, causal and windows aligned to its own end; lse [H, total_q]."""
+        if check:
+            if not self.shape.packed:
+                raise AttentionInputError(f"{self.entry} takes no packed sequences: a kernel tuned for them does")
+            check_packed_inputs(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, lse)
+        b = cu_seqlens_q.shape[0] - 1
+        if not q.shape[0] * b:
+            return
+        q4, k4, v4, o4 = packed_view(q), packed_view(k), packed_view(v), packed_view(out)
+        self._launch(q4, k4, v4, o4, lse, scale, (b, q.shape[1], max_seqlen_q, q.shape[2]),
+                     (b, k.shape[1], max_seqlen_k if k.shape[0] else 0, k.shape[2]), q4.stride(), k4.stride(),
+                     v4.stride(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                     packing=(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()))
+
     def launch_unchecked(self, q: Any, k: Any, v: Any, out: Any, lse: Any = None, scale: float | None = None,
                          seq_lens: Any = None, descales: Any = None) -> None:
         """The launch alone (inputs already validated)."""
@@ -309,7 +256,8 @@ class AttentionKernel:
 
     def _launch(self, q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, qshape: Any, kshape: Any,
                 qs: Any, ks: Any, vs: Any, qp: int, kp: int, vp: int, tails: Any = False, lens: int = 0,
-                paging: tuple[int, int, int] = (0, 0, 0), descales: tuple[int, int, int] = (0, 0, 0)) -> None:
+                paging: tuple[int, int, int] = (0, 0, 0), descales: tuple[int, int, int] = (0, 0, 0),
+                packing: tuple[int, int] = (0, 0)) -> None:
         b, h, sq, d = qshape
         hkv, sk = kshape[1], (paging[2] << paging[1] if paging[0] else kshape[2])  # paged: the table's capacity
         if not b * h * sq:
@@ -333,7 +281,7 @@ class AttentionKernel:
             # A map depends on the layout (looked up here, unless given) and the address (written per call).
             page = kshape[2] if paging[0] else 0  # a paged cache's K/V boxes stay within a page
             if tails is False:
-                key = (qs, ks, vs, qshape, kshape, q.dtype, k.dtype, page)
+                key = (qs, ks, vs, q.shape, k.shape, qshape, kshape, q.dtype, k.dtype, page)  # q, k: packed's totals
                 tails = self._map_cache.get(key, False)
                 if tails is False:
                     tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v, page))
@@ -355,6 +303,8 @@ class AttentionKernel:
             args += (lens,) + paging
         if shape.workspace:
             args += self._merge_space(stream, grid, d)
+        if shape.packed:
+            args += packing
         self._kernel.launch(grid, self._block, args, shape.smem_bytes, stream)
 
     def _merge_space(self, stream: int, grid: tuple[int, int, int], d: int) -> tuple[int, int]:

@@ -1,0 +1,61 @@
+"""Packed sequences (layout "packed") as the tuner sees them before a GPU: which templates and variants take
+them, how a packed variant is named, stored and rendered, and how it is launched."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.errors import TunerError
+from tuner.kernels.feasibility import check, covering_sample, feasible_space, supports_problem
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.render import render
+from tuner.kernels.variant import Variant, parse_variant_name, variant_from_params
+from tuner.problem import Problem
+from tuner.profiles import load_profile
+from tuner.runtime.build import launch_shape
+
+H100 = load_profile("h100")
+PACKED = Problem(16, 32, 4096, 4096, 128, "bf16", causal=True, heads_kv=8, layout="packed", lengths="uniform:64")
+DENSE = Problem(1, 32, 4096, 4096, 128, "bf16", causal=True, heads_kv=8, layout="bshd")
+
+
+def test_only_the_hopper_prefill_template_takes_packed_sequences() -> None:
+    assert supports_problem(load_manifest("attn_fwd_wgmma"), PACKED) == ""
+    for name in ("attn_fwd_mma", "attn_decode", "attn_decode_sm80"):
+        assert "layout packed unsupported" in supports_problem(load_manifest(name), PACKED)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_a_packed_variant_names_itself_and_reads_back(data: st.DataObject) -> None:
+    variants = feasible_space("attn_fwd_wgmma", PACKED, H100)
+    variant = data.draw(st.sampled_from(variants))
+    assert variant.packed and variant.name.endswith("_causal_packed")
+    assert parse_variant_name(variant.name) == variant
+    assert Variant.from_stored(variant.template, variant.stored_params()) == variant
+    assert variant.stored_params()["packed"] is True
+
+
+def test_packed_and_dense_variants_are_different_kernels() -> None:
+    dense = covering_sample("attn_fwd_wgmma", DENSE, H100, seed=0)[0]
+    packed = variant_from_params("attn_fwd_wgmma", PACKED, dense.params)
+    assert dense != packed and dense.name + "_packed" == packed.name
+    assert "packed" not in dense.stored_params()  # a dense variant's stored identity is as before packing
+    assert not check(dense, PACKED, H100) and "packed" in check(dense, PACKED, H100).reason
+    assert not check(packed, DENSE, H100)
+    assert check(packed, PACKED, H100)
+    # Rendered with the packed entry point (cumulative lengths after the descales) and launched so.
+    source = render(packed)
+    assert "(ATTN_FWD_PARAMS_PACKED)" in source and "ATTN_FWD_BODY_PACKED(TunerCfg)" in source
+    assert "fc::NoMask, true>" in source and "fc::NoMask, false>" in render(dense)
+    assert launch_shape(packed).packed and not launch_shape(dense).packed
+
+
+def test_a_packed_variant_of_a_template_without_packing_is_refused() -> None:
+    mma = covering_sample("attn_fwd_mma", DENSE, H100, seed=0)[0]
+    with pytest.raises(TunerError, match="^attn_fwd_mma: packed sequences unsupported$"):
+        parse_variant_name(mma.name + "_packed")
+    with pytest.raises(TunerError, match="^attn_fwd_mma: packed sequences unsupported$"):
+        Variant.from_stored("attn_fwd_mma", {**mma.stored_params(), "packed": True})
