@@ -9,6 +9,10 @@ is verified against the fp32 reference first.
     python benchmarks/ab_ratio.py --shape 8,16,2048,128 --rounds 7 VARIANT [VARIANT ...]
     python benchmarks/ab_ratio.py --shape 1,32,16384,128 --hkv 8 --cubins old=.ab/old VARIANT   # old vs new
     python benchmarks/ab_ratio.py --shape 1,32,16384,128 --hkv 8 attn_fwd_wgmma_d128_bf16_..._causal_wl4096
+    python benchmarks/ab_ratio.py --shape 16,32,4096,128 --hkv 8 --lengths uniform:64 ..._causal_packed
+
+Packed variants (name suffix _packed) make a packed problem: B sequences of --lengths, timed on their packed
+copies, against SDPA once per sequence and FlashAttention-4's varlen call (tuner.runtime.packed).
 """
 
 from __future__ import annotations
@@ -30,17 +34,27 @@ from tuner.runtime.build import build, launch_shape
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.shipped.launcher import AttentionKernel
 from tuner.runtime.energy import EnergyMeter
+from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
 from tuner.runtime.verify import TOLERANCE, Expected, empty_output, expected_output, make_inputs
 
 
-def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Expected, scale: float, dtype: str, label: str) -> Callable:
+def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Expected, scale: float, dtype: str, label: str,
+                  packed: Any = None) -> Callable:
+    """The kernel's unchecked launch, after one checked launch verified against `ref` (packed: on the packed
+    copies, scattered back to be checked)."""
     out = empty_output(q)
-    kern(q, k, v, out, None, scale)
+    if packed is not None:
+        data = {"packed": packed, "scale": scale}
+        packed_call(kern, data, out, checked=True)()
+    else:
+        kern(q, k, v, out, None, scale)
     torch.cuda.synchronize()
     err = ref.error(out)
     assert err < TOLERANCE[dtype], (label, err)
     print(f"  {label}: relative error {err:.2e}", flush=True)
+    if packed is not None:
+        return packed_call(kern, data, out, checked=False)
     return lambda: kern.launch_unchecked(q, k, v, out, None, scale)
 
 
@@ -51,10 +65,12 @@ def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str
     q, k, v = make_inputs(problem, seed=0)
     scale = 1.0 / math.sqrt(problem.head_dim)
     ref = expected_output(problem, q, k, v, scale)  # sampled query rows at 128K
+    packed = packed_inputs(problem, q, k, v) if problem.packed else None
     calls: dict[str, Callable] = {}
     for name in variants:
         var = parse_variant_name(name)
-        calls[name] = _checked_call(build(var, profile.nvcc_arch).load(), q, k, v, ref, scale, problem.dtype, name)
+        calls[name] = _checked_call(build(var, profile.nvcc_arch).load(), q, k, v, ref, scale, problem.dtype, name,
+                                    packed)
         for label, folder in cubins.items():  # the same variant built from other template revisions
             other = AttentionKernel((folder / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
             calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}")
@@ -108,6 +124,7 @@ def main() -> None:
     ap.add_argument("--shape", required=True, help="B,H,S,D or B,H,Sq,Sk,D")
     ap.add_argument("--hkv", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--lengths", default="full", help="packed variants: each sequence's length, e.g. uniform:64")
     ap.add_argument("--cubins", action="append", default=[], metavar="LABEL=DIR",
                     help="time <variant>.cubin of DIR (from build_cubins.py) too, as <variant>@LABEL; repeatable")
     ap.add_argument("--json", type=Path, default=None, help="append the result as one JSON line")
@@ -117,7 +134,8 @@ def main() -> None:
     # The variants' compiled-in features make the problem: a window or softcap too (FA4 gets them, SDPA the
     # window as a mask; a softcap has no SDPA baseline).
     problem = problem_from_shape(args.shape, dtype=first.dtype, causal=first.causal, heads_kv=args.hkv,
-                                 window=(first.window_left, first.window_right), softcap=first.softcap)
+                                 window=(first.window_left, first.window_right), softcap=first.softcap,
+                                 layout="packed" if first.packed else "bhsd", lengths=args.lengths)
     cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
     res = measure(problem, args.variants, args.rounds, cubins)
     print_result(res)

@@ -59,3 +59,18 @@ def test_a_packed_variant_of_a_template_without_packing_is_refused() -> None:
         parse_variant_name(mma.name + "_packed")
     with pytest.raises(TunerError, match="^attn_fwd_mma: packed sequences unsupported$"):
         Variant.from_stored("attn_fwd_mma", {**mma.stored_params(), "packed": True})
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=40), st.sampled_from([64, 128, 192]),
+       st.booleans())
+def test_a_packed_grid_has_a_cta_for_every_query_tile_of_every_sequence(lengths: list[int], block_m: int,
+                                                                       persistent: bool) -> None:
+    from tuner.runtime.shipped.launcher import LaunchShape, launch_grid
+
+    shape = LaunchShape(block_m, 128 * (block_m // 64 + 1), 1024, 128, 128, 64, persistent, packed=True)
+    longest = max(max(lengths), 1)  # max_seqlen_q
+    x, y, z = launch_grid(shape, len(lengths), 32, 8, longest, 132)
+    if persistent:  # units of the longest sequence's tiles, strided over at most one CTA per SM
+        assert x * y * z <= 132
+    else:  # one CTA per (query tile of the longest, head, sequence); a shorter sequence's extra CTAs exit
+        assert (y, z) == (32, len(lengths)) and x * block_m >= max(lengths)

@@ -28,6 +28,7 @@ from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import ENERGY, ISOLATED, TIME
+from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import (
     TOLERANCE,
@@ -144,7 +145,7 @@ class CudaRunner:
         lengths = problem.key_lengths() if problem.ragged else None
         ref = expected_output(problem, q, k, v, scale, key_lengths=lengths, descales=descales)  # sampled rows at 128K
         entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1,
-                 **layout_inputs(problem, k, v, seed)}
+                 **layout_inputs(problem, q, k, v, seed)}
         if descales is not None:
             entry["descales"] = descales
         self._inputs[problem] = entry
@@ -345,11 +346,14 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         conn.close()
 
 
-def layout_inputs(problem: Problem, k: Any, v: Any, seed: int) -> dict[str, Any]:
+def layout_inputs(problem: Problem, q: Any, k: Any, v: Any, seed: int) -> dict[str, Any]:
     """What kernel_call takes besides q, k, v for the problem's K/V layout and lengths: a paged layout's shuffled
     pages, table and lengths (the reference and SDPA read k and v dense), a ragged batch's lengths (each row's
-    keys, read by the kernel on the GPU)."""
+    keys, read by the kernel on the GPU), packed sequences' packed copies (the reference and SDPA read them
+    padded)."""
     found = paged_inputs(problem, k, v, seed) if problem.page_size else {}
+    if problem.packed:  # the kernel's packed copies; the lengths travel in them
+        return {"packed": packed_inputs(problem, q, k, v)}
     if problem.ragged:
         found["seq_lens"] = ragged_seq_lens(problem, k.device)
     return found
@@ -359,6 +363,8 @@ def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> C
     """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
     ragged batch, FP8 inputs' descales); `checked` validates the inputs first (the verify launch),
     else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all."""
+    if "packed" in data:
+        return packed_call(kernel, data, out, checked)
     q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
     descales = data.get("descales")  # FP8 inputs' Descales (a (q, k, v) tuple of [B, Hkv] float32; q None: a cache)
     if "block_table" in data:

@@ -102,11 +102,13 @@ def search_command(
                                              "fp16_kv_e4m3 / bf16_kv_e4m3 (an FP8 KV cache: e4m3 k/v with scales; "
                                              "decode); a template that declares it.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), or paged16 ... paged256: K/V in a "
-                                              "paged cache of that page size (decode template).")] = "bhsd",
+    layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), paged16 ... paged256: K/V in a paged "
+                                              "cache of that page size (decode template), or packed: B sequences "
+                                              "one after another, [total, H, D] with cumulative lengths "
+                                              "(FlashAttention's varlen form; Sq = Sk, the longest; --lengths).")] = "bhsd",
     lengths: Annotated[str, typer.Option(help="Keys each batch row uses: full (all Sk), or uniform:LO (a ragged "
                                                "serving batch, each row's length drawn from LO..Sk, seeded; decode "
-                                               "template).")] = "full",
+                                               "template; with --layout packed, each sequence's length).")] = "full",
     window: WindowOption = None,
     softcap: SoftcapOption = 0.0,
     template: Annotated[Optional[str], typer.Option(help="Kernel template (default: the first of the profile's templates that suits every problem; h100/h200: attn_fwd_wgmma).")] = None,

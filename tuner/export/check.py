@@ -104,7 +104,7 @@ def cell_inputs(problem: Problem, device: str = "cuda") -> tuple[dict[str, Any],
         real = dequantized_inputs(q, k, v, data["descales"])
     else:
         q, k, v = real = make_inputs(problem, device, seed=0)
-    data.update(q=q, k=k, v=v, **layout_inputs(problem, k, v, seed=0))
+    data.update(q=q, k=k, v=v, **layout_inputs(problem, q, k, v, seed=0))
     lengths = problem.key_lengths() if problem.ragged else None
     return data, problem_reference(problem, *real, key_lengths=lengths)[0]
 

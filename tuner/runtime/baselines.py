@@ -203,6 +203,10 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
     dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried. A problem with FP8
     inputs needs their `descales`: SDPA and FA4 get the dequantised values (e4m3: in bf16, then come
     fp8_baselines; an FP8 KV cache: k and v in q's dtype), copies made here, outside the timed calls."""
+    if problem.packed:  # one SDPA call per sequence, FA4's varlen call (tuner.runtime.packed)
+        from tuner.runtime.packed import packed_baselines
+
+        return packed_baselines(problem, q, k, v, scale, fa4)
     native: list[Baseline] = []
     if problem.fp8:
         if descales is None:

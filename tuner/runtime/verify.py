@@ -218,9 +218,14 @@ class Expected:
 
     out: Any  # [B, H, Sq or len(rows), D] fp32
     rows: Optional[Sequence[int]] = None
+    valid: Any = None  # bool [B, 1, Sq, 1]: packed sequences' rows (the padded form's others hold no query)
 
     def error(self, out: Any) -> float:
         """relative_error of a kernel's full output against this reference, on the rows it covers."""
+        if self.valid is not None:
+            import torch
+
+            return relative_error(torch.where(self.valid, out, torch.zeros_like(out)), self.out)
         if self.rows is None:
             return relative_error(out, self.out)
         import torch
@@ -238,6 +243,10 @@ def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | Non
             raise TunerError(f"the reference of a problem in {problem.dtype} needs the scales of its FP8 inputs "
                              f"(fp8_inputs)")
         q, k, v = dequantized_inputs(q, k, v, descales)
+    if problem.packed:
+        from tuner.runtime.packed import packed_reference, valid_rows
+
+        return Expected(packed_reference(problem, q, k, v, scale), valid=valid_rows(problem, q.device))
     rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
     return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)
 
