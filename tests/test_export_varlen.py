@@ -371,3 +371,36 @@ def test_the_exported_fallback_runs_on_cpu_and_an_old_manifest_loads(packed_expo
     q, k, v, cu = _meta_packed()
     assert "packed sequences (varlen) are not supported" in old.explain_varlen(q, k, v, cu, cu, 512, 512,
                                                                              causal=True).error
+
+
+@needs_nvcc
+def test_the_header_keeps_packed_and_dense_buckets_apart(packed_export, tmp_path) -> None:
+    """A packed bucket has its own struct (suffix _packed, PACKED true) and nearest_bucket() matches packed exactly."""
+    import subprocess
+
+    from tuner.export.run import ExportOptions, export
+
+    ids, report, _ = packed_export
+    url = f"sqlite:///{report.out.parent / 'r.db'}"
+    entries = export(ExportOptions(gpu="h100", out=tmp_path, db_url=url, format="header", name="fc_var")).entries
+    chosen = [e for e in entries if e["dispatch"]]
+    text = (tmp_path / "fc_var.h").read_text()
+    assert "struct bf16_d128_causal_g2_sq9_sk9_bh4_packed {" in text and "struct bf16_d128_causal_g2_sq9_sk9_bh4 {" in text
+    assert text.count("static constexpr bool PACKED = true;") == 1
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "main.cpp").write_text(
+        "struct half; struct __nv_bfloat16;\n"
+        "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask {}; using NoMask = Mask<>;\n"
+        "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
+        "  bool C, class M, bool P = false> struct HopperConfig {}; }\n"
+        '#include "fc_var.h"\n#include <cstdio>\n'
+        "int main() { for (int p = 0; p < 2; ++p)\n"
+        '  std::printf("%d\\n", fc_var::h100::nearest_bucket(1, 128, true, 2, 9, 9, 4, -1, -1, 0.0, 0, false, p));\n}\n')
+    exe = tmp_path / "lookup"
+    build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "main.cpp")],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-3000:]
+    got = [chosen[int(i)]["trial_id"] for i in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    assert got == [ids["dense"], ids["packed"]]
