@@ -165,7 +165,8 @@ def test_package_layout_and_manifest(exported, export_store) -> None:
     assert m["replayed_from"] == [] and big["run"]["replayed_from"] is None  # measured on a GPU
     assert big["key"] == {"dtype": "fp16", "head_dim": 64, "causal": False, "group": 1, "sq_bucket": 11, "sk_bucket": 11,
                           "bh_bucket": 4, "window_left": -1, "window_right": -1, "softcap": 0.0,  # B2 x H8 = 16
-                          "page_size": 0, "seq_lens": False}  # dense K/V, every row at full length
+                          "page_size": 0, "seq_lens": False,  # dense K/V, every row at full length
+                          "packed": False}  # not packed sequences
     assert by_trial[ids["gqa"]]["key"]["group"] == 4 and by_trial[ids["gqa"]]["key"]["causal"] is True
     # Same key as BIG with less work: kept for provenance, out of dispatch.
     assert by_trial[ids["shadowed"]]["dispatch"] is False and by_trial[ids["shadowed"]]["shadowed_by"] == ids["big"]

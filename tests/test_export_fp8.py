@@ -504,7 +504,7 @@ def test_the_header_names_an_e4m3_bucket_and_looks_it_up(fp8_export, tmp_path) -
         "struct half; struct __nv_bfloat16; struct __nv_fp8_e4m3;\n"
         "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask {}; using NoMask = Mask<>;\n"
         "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-        "  bool C, class M> struct HopperConfig {}; }\n"
+        "  bool C, class M, bool P = false> struct HopperConfig {}; }\n"
         '#include "fc_fp8.h"\n#include <cstdio>\n'
         "int main() { int dt, c, sq;\n"
         '  while (std::scanf("%d %d %d", &dt, &c, &sq) == 3)\n'

@@ -268,7 +268,7 @@ def test_the_header_names_each_kernels_window_and_softcap(windows_export, tmp_pa
     assert "struct bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4 {" in text
     assert "static constexpr int WINDOW_LEFT = 4095;" in text and "static constexpr float SOFTCAP = 50.0f;" in text
     # The Config names the render's mask: fc::Mask<left, right, the softcap's fp32 bits> (50.0f: 0x42480000).
-    assert "fc::Mask<4095, -1, 0x42480000u>>;" in text and "fc::Mask<1023, -1, 0x0u>>;" in text
+    assert "fc::Mask<4095, -1, 0x42480000u>, false>;" in text and "fc::Mask<1023, -1, 0x0u>, false>;" in text
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
@@ -277,7 +277,7 @@ def test_the_header_names_each_kernels_window_and_softcap(windows_export, tmp_pa
         "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask { static constexpr int LEFT = L; };\n"
         "  using NoMask = Mask<>;\n"
         "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-        "  bool C, class M> struct HopperConfig { static constexpr int LEFT = M::LEFT; }; }\n"
+        "  bool C, class M, bool P = false> struct HopperConfig { static constexpr int LEFT = M::LEFT; }; }\n"
         '#include "fc_win.h"\n#include <cstdio>\n'
         "int main() { int c, sq, wl, wr; double sc;\n"
         '  while (std::scanf("%d %d %d %d %lf", &c, &sq, &wl, &wr, &sc) == 5)\n'

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from tuner.errors import TunerError
 from tuner.export import check_fp8, check_paged
-from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
+from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios, skipped_packed
 from tuner.problem import Problem, query_dtype
 from tuner.profiles import GpuProfile
 
@@ -209,7 +209,7 @@ def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable
     if child.returncode != 0 or not header:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {child.returncode}"
         raise TunerError(f"export --check failed while measuring the cells of {name}: {last}")
-    manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records}
+    manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records, **skipped_packed(manifest["entries"])}
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return records
 

@@ -10,7 +10,8 @@ and long contexts, and a 4-token speculative verify), so that no call a model ma
 whose nearest tuned kernel happens to lose. The decode steps keep the tuned problem's layout and lengths (a dense
 ragged kind's also at full lengths: calls without seq_lens); the prefill batches are dense at full lengths, the
 only form in which such long queries run a kernel (only the decode kernels read pages and per-row lengths: other
-calls with them run masked SDPA whatever a cell says).
+calls with them run masked SDPA whatever a cell says). Packed entries (attention_varlen's) are not measured:
+their calls run the nearest tuned packed entry (check_cells says so where it skips them).
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def lengths_at(tuned: Problem, seq_k: int) -> str:
 def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     """One cell per dispatch key met by the tuned problems and their serving shapes (tuned problems first)."""
     table = DispatchTable(list(entries))
-    tuned = [Problem.from_dict(e["problem"]) for e in table.entries]  # in their own layout and lengths
+    # Packed entries (attention_varlen's) are skipped, not measured: their calls take the nearest packed entry
+    # unchecked (a cell's timing needs a packed SDPA rival and packed serving shapes, not written yet), and no
+    # dense cell can pick them (packed is compiled into the key).
+    tuned = [p for p in (Problem.from_dict(e["problem"]) for e in table.entries) if not p.packed]
     cells: dict[Key, CheckCell] = {}
     for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
         key = dispatch_key(problem)
@@ -77,6 +81,16 @@ def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
         if ranked:
             cells[key] = CheckCell(problem, key, tuple(ranked[:MAX_CANDIDATES]))
     return list(cells.values())
+
+
+def skipped_packed(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The manifest's note on the packed entries export --check does not measure (empty where none):
+    {"skipped": {"trial_ids": [...], "why": "..."}}."""
+    ids = [e["trial_id"] for e in entries if e.get("dispatch", True) and e["key"].get("packed")]
+    if not ids:
+        return {}
+    return {"skipped": {"trial_ids": ids, "why": "packed sequences (attention_varlen) are not measured by export "
+                                                  "--check: their calls run the nearest tuned packed entry"}}
 
 
 def median_ratios(times: Mapping[str, list[float]], kernels: list[str], baselines: list[str]) -> dict[str, float]:

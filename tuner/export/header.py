@@ -57,6 +57,7 @@ def _struct_name(key: dict[str, Any]) -> str:
     mask = mask_suffix(*_mask_of(key))  # the variant names' spelling
     page, lens = _layout_of(key)
     layout = f"_p{page}" if page else "_lens" if lens else ""  # pages come with lengths
+    layout += "_packed" if key.get("packed") else ""  # a packed kernel's bucket beside a dense one of its shape
     return (f"{key['dtype']}_d{key['head_dim']}_{causal}{mask}_g{key['group']}_sq{key['sq_bucket']}"
             f"_sk{key['sk_bucket']}_bh{key.get('bh_bucket', 0)}{layout}")
 
@@ -175,6 +176,7 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
         f"  static constexpr float SOFTCAP = {_mask_of(key)[2]!r}f;",
         f"  static constexpr int PAGE_SIZE = {_layout_of(key)[0]};  // tuned K/V page rows (0: dense)",
         f"  static constexpr bool SEQ_LENS = {'true' if _layout_of(key)[1] else 'false'};  // tuned with per-row lengths",
+        f"  static constexpr bool PACKED = {'true' if key.get('packed') else 'false'};  // packed sequences (varlen)",
     ]
     for pname, value in k.variant.params.items():
         if isinstance(value, str):
@@ -193,7 +195,8 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
                      f"{e['key']['sk_bucket']}, {e['key'].get('bh_bucket', 0)}, {int(e.get('trial_id', 0))}, "
                      f"{seq_bucket(int(e['max_seq_q'])) if e.get('max_seq_q') else -1}, "
                      f"{_mask_of(e['key'])[0]}, {_mask_of(e['key'])[1]}, {_mask_of(e['key'])[2]!r}, "
-                     f"{_layout_of(e['key'])[0]}, {'true' if _layout_of(e['key'])[1] else 'false'}}}"
+                     f"{_layout_of(e['key'])[0]}, {'true' if _layout_of(e['key'])[1] else 'false'}, "
+                     f"{'true' if e['key'].get('packed') else 'false'}}}"
                      for e in chosen)
     return [
         "// Index into the structs above of the nearest tuned bucket (-1: dtype/head dim/causality not tuned).",
@@ -211,9 +214,9 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         "// other causality's buckets of its window_left and softcap with no right bound.",
         "inline int nearest_bucket(int dtype, int head_dim, bool causal, int group, int sq_bucket, int sk_bucket,",
         "                          int bh_bucket, int window_left = -1, int window_right = -1, double softcap = 0.0,",
-        "                          int page_size = 0, bool seq_lens = false) {",
+        "                          int page_size = 0, bool seq_lens = false, bool packed = false) {",
         "  struct Row { int dtype, head_dim; bool causal; int group, sq, sk, bh; long long trial; int max_sq;",
-        "               int wl, wr; float sc; int page; bool lens; };",
+        "               int wl, wr; float sc; int page; bool lens, packed; };",
         "  if (window_right == 0) causal = true;  // a right bound of 0 is causality: one spelling, as Python's",
         "  if (page_size > 0) seq_lens = true;  // a paged call has per-row lengths",
         f"  auto page_log2 = [](int p) {{ int l = {DENSE_PAGE_LOG2}; if (p > 0) {{ l = 0; "
@@ -229,6 +232,7 @@ def _lookup_function(chosen: list[dict[str, Any]]) -> list[str]:
         "    if (r.dtype != dtype || r.head_dim != head_dim || (r.causal != causal && sq_bucket != 0)) continue;",
         "    if (r.wl != window_left || r.sc != sc || r.wr != (r.causal == causal ? wr : -1)) continue;",
         "    if (r.max_sq >= 0 && sq_bucket > r.max_sq) continue;",
+        "    if (r.packed != packed) continue;  // packed sequences: the kernel's parameters, compiled in",
         "    const int pd = page_log2(r.page) - page_log2(page_size);",
         "    const int d = (r.sq > sq_bucket ? r.sq - sq_bucket : sq_bucket - r.sq) + (r.sk > sk_bucket ? r.sk - sk_bucket : sk_bucket - r.sk)",
         "                  + (pd > 0 ? pd : -pd);",

@@ -32,6 +32,7 @@ _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner 
     out = attention(q, k, v, causal=True, window_size=(4095, -1), softcap=50.0)  # a sliding window, a softcap
     out = attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)  # float8_e4m3fn, descales [B, Hkv]
     print(attention.explain(q, k, v, causal=True))
+    out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)  # packed
     {name}.register_transformers()             # attn_implementation="tuned_attention" in transformers
 
 Needs torch alone (and the NVIDIA driver to run). Importing checks every shipped cubin, source and header
@@ -46,12 +47,13 @@ from ._runtime.api import attention, explain  # noqa: E402 - only after the inte
 from ._runtime.choice import table as _table  # noqa: E402
 from ._runtime.hf import register_transformers  # noqa: E402
 from ._runtime.launcher import AttentionInputError, GpuUnavailableError  # noqa: E402
+from ._runtime.varlen import attention_varlen, explain_varlen  # noqa: E402
 
 MANIFEST = manifest()
 attention.table = _table()  # type: ignore[attr-defined]
 __version__: str = MANIFEST["version"]
-__all__ = ["AttentionInputError", "GpuUnavailableError", "IntegrityError", "MANIFEST", "attention", "explain",
-           "register_transformers"]
+__all__ = ["AttentionInputError", "GpuUnavailableError", "IntegrityError", "MANIFEST", "attention",
+           "attention_varlen", "explain", "explain_varlen", "register_transformers"]
 '''
 # What a manifest.json written by this module always holds: how --force tells an earlier export from user files.
 _PROVENANCE_KEYS = ("format", "package", "version", "tuner_version", "exported_at", "gpu", "kernels", "entries")

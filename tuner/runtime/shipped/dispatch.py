@@ -11,7 +11,9 @@ wins: kernels handle any shape, only their speed was measured at the tuned ones.
 The K/V layout (page size, 0 dense) and whether the call has per-row key
 lengths (seq_lens; a paged call always has them) rank too, never exclude: any
 decode kernel reads any page size and lengths, at the speed of the tiles it was
-tuned with.
+tuned with. Packed sequences (FlashAttention's varlen form: [total, H, D] tensors with cumulative lengths)
+are a kernel's entry parameters, compiled in: a packed call runs only packed entries, a dense call never does
+(their Sq and Sk buckets are the longest sequence's, their batch the number of sequences).
 A package checked on its GPU (`tuner export --check`) also holds measured
 cells: for those keys the kernel that measured fastest runs, or SDPA where
 every kernel lost to it.
@@ -76,6 +78,9 @@ class Key:
     # call always does). Absent from manifests before them: dense, no lengths.
     page_size: int = 0
     seq_lens: bool = False
+    # Packed sequences ([total, H, D] with cu_seqlens): compiled into a kernel's parameters, so it must match.
+    # Absent from manifests before them: dense.
+    packed: bool = False
 
     def __post_init__(self) -> None:
         if self.window_right == 0:  # a right bound of 0 is causality: one spelling (causal, -1), as Problem's
@@ -83,15 +88,18 @@ class Key:
             object.__setattr__(self, "window_right", -1)
         object.__setattr__(self, "softcap", float(self.softcap))
         object.__setattr__(self, "seq_lens", bool(self.seq_lens or self.page_size))  # pages come with lengths
+        object.__setattr__(self, "packed", bool(self.packed))
 
     @classmethod
     def of(cls, dtype: str, head_dim: int, causal: bool, heads: int, heads_kv: int, sq: int, sk: int,
-           batch: int = 1, mask: tuple = NO_MASK, page_size: int = 0, seq_lens: bool = False) -> "Key":
+           batch: int = 1, mask: tuple = NO_MASK, page_size: int = 0, seq_lens: bool = False,
+           packed: bool = False) -> "Key":
         """The key of a call; `mask` is its (window_left, window_right, softcap), `page_size` its K/V page's rows
-        (0: dense) and `seq_lens` whether it passes per-row key lengths."""
+        (0: dense), `seq_lens` whether it passes per-row key lengths and `packed` whether its sequences lie packed
+        (sq and sk then the longest sequence's, batch the number of sequences)."""
         return cls(dtype, head_dim, bool(causal), heads // heads_kv, seq_bucket(sq), seq_bucket(sk),
                    seq_bucket(max(batch * heads, 1)), int(mask[0]), int(mask[1]), float(mask[2]), int(page_size),
-                   bool(seq_lens))
+                   bool(seq_lens), bool(packed))
 
     @property
     def features(self) -> tuple[str, int, bool]:
@@ -105,8 +113,9 @@ class Key:
 
     @property
     def compiled(self) -> tuple:
-        """Everything compiled into a kernel: a key runs only kernels whose `compiled` is its own."""
-        return self.features + self.mask
+        """Everything compiled into a kernel: a key runs only kernels whose `compiled` is its own (dtype, head dim,
+        causal, window left and right, softcap, packed)."""
+        return self.features + self.mask + (self.packed,)
 
     @property
     def layout(self) -> tuple[int, bool]:
@@ -124,7 +133,8 @@ class Key:
 def layout_text(key: Key) -> str:
     """", in pages of 16 rows, with per-row key lengths" (empty for a dense call without lengths)."""
     pages = f", in {page_text(key.page_size)}" if key.page_size else ""
-    return pages + (", with per-row key lengths" if key.seq_lens else "")
+    packed = ", packed sequences (varlen)" if key.packed else ""
+    return pages + (", with per-row key lengths" if key.seq_lens else "") + packed
 
 
 @dataclass(frozen=True)
@@ -190,11 +200,12 @@ def cell_summary(cell: Mapping[str, Any]) -> str:
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
     """The key of a manifest entry or measured cell (a manifest from before windows and softcaps: no mask; from
-    before page sizes and lengths: dense, no lengths)."""
+    before page sizes and lengths: dense, no lengths; from before packed sequences: not packed)."""
     k = entry["key"]
     return Key(k["dtype"], int(k["head_dim"]), bool(k["causal"]), int(k["group"]), int(k["sq_bucket"]), int(k["sk_bucket"]),
                int(k.get("bh_bucket", 0)), int(k.get("window_left", -1)), int(k.get("window_right", -1)),
-               float(k.get("softcap", 0.0)), int(k.get("page_size", 0)), bool(k.get("seq_lens", False)))
+               float(k.get("softcap", 0.0)), int(k.get("page_size", 0)), bool(k.get("seq_lens", False)),
+               bool(k.get("packed", False)))
 
 
 class DispatchTable:
@@ -204,18 +215,19 @@ class DispatchTable:
         self.entries = [e for e in entries if e.get("dispatch", True)]
         self._by_trial = {e["trial_id"]: e for e in entries}  # a measured cell may pick a shadowed entry
         self.cells = {entry_key(c): c for c in cells if c.get("trial_id") in self._by_trial}
-        # Key.compiled (dtype, head dim, causal, window left and right, softcap) -> its entries
+        # Key.compiled (dtype, head dim, causal, window left and right, softcap, packed) -> its entries
         self._by_compiled: dict[tuple, list[tuple[Key, Mapping[str, Any]]]] = {}
         for e in self.entries:
             key = entry_key(e)
             self._by_compiled.setdefault(key.compiled, []).append((key, e))
 
     def supported(self) -> list[tuple]:
-        """Every compiled combination the package has: (dtype, head dim, causal, window left, right, softcap)."""
+        """Every compiled combination the package has: (dtype, head dim, causal, window left, right, softcap,
+        packed)."""
         return sorted(self._by_compiled)
 
-    def head_dims(self, dtype: str, causal: bool) -> list[int]:
-        return sorted({c[1] for c in self._by_compiled if c[0] == dtype and c[2] == causal})
+    def head_dims(self, dtype: str, causal: bool, packed: bool = False) -> list[int]:
+        return sorted({c[1] for c in self._by_compiled if c[0] == dtype and c[2] == causal and c[6] == packed})
 
     def choose(self, key: Key) -> Optional[Choice]:
         """The entry for `key`, or None when no kernel has its dtype, head dim, causality and mask (and query length)."""
@@ -266,18 +278,24 @@ class DispatchTable:
 
     def unsupported_reason(self, key: Key) -> str:
         """Why no kernel fits `key` (names the limit), for errors and explain()."""
-        dts = sorted({c[0] for c in self._by_compiled})
+        form = [c for c in self._by_compiled if c[6] == key.packed]  # packed calls run only packed kernels
+        if not form and self._by_compiled:
+            return (f"{'packed sequences (varlen) are' if key.packed else 'dense calls are'} not supported by this "
+                    f"package: its kernels take only {'dense' if key.packed else 'packed'} calls "
+                    f"(tuned: {self.describe()})")
+        dts = sorted({c[0] for c in form})
+        packed = "packed " if key.packed else ""
         if key.dtype not in dts:
-            return f"dtype {key.dtype} is not supported: this package has kernels for {', '.join(dts)}"
+            return f"dtype {key.dtype} is not supported: this package has {packed}kernels for {', '.join(dts)}"
         causal = "causal" if key.causal else "non-causal"
-        dims = self.head_dims(key.dtype, key.causal)
+        dims = self.head_dims(key.dtype, key.causal, key.packed)
         if not dims:
-            return f"{causal} attention in {key.dtype} is not supported by this package (tuned: {self.describe()})"
+            return f"{packed}{causal} attention in {key.dtype} is not supported by this package (tuned: {self.describe()})"
         if key.head_dim not in dims:
-            return f"head dim {key.head_dim} is not supported for {causal} {key.dtype}: tuned head dims are {dims}"
-        masks = sorted({c[3:] for c in self._by_compiled if c[:3] == key.features})
+            return f"head dim {key.head_dim} is not supported for {packed}{causal} {key.dtype}: tuned head dims are {dims}"
+        masks = sorted({c[3:6] for c in form if c[:3] == key.features})
         if key.compiled not in self._by_compiled:
-            return (f"{mask_text(key.mask)} is not supported for {causal} {key.dtype} D{key.head_dim}: its kernels here "
+            return (f"{mask_text(key.mask)} is not supported for {packed}{causal} {key.dtype} D{key.head_dim}: its kernels here "
                     f"have {' / '.join(mask_text(m) for m in masks)} (a window and a softcap are compiled in)")
         longest = max(int(e.get("max_seq_q") or 0) for _, e in self._by_compiled[key.compiled])
         return (f"queries of more than {longest} rows are not supported for {causal} {key.dtype} D{key.head_dim}: "
@@ -285,7 +303,8 @@ class DispatchTable:
 
     def describe(self) -> str:
         return ", ".join(f"{c[0]} D{c[1]}{' causal' if c[2] else ''}"
-                         + ("" if c[3:] == NO_MASK else f" ({mask_text(c[3:])})") for c in self.supported())
+                         + ("" if c[3:6] == NO_MASK else f" ({mask_text(c[3:6])})") + (" packed" if c[6] else "")
+                         for c in self.supported())
 
 
 def _other_causality(key: Key) -> Key:

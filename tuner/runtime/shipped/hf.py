@@ -26,7 +26,15 @@ Masks: the name is registered with its own mask function, a thin layer over tran
 - A `softcap` keyword (Gemma-2's attn_logit_softcapping) goes to the kernels of that softcap; where none
   serves the call, to the torch softcap implementation under the same mask (transformers' SDPA path has no
   softcap: 5.24 refuses it, 5.17 ignores it).
-- Any other mask (padding, packed sequences, bidirectional or chunked windows), dropout, gradients, a causal
+- Packed sequences (transformers' padding-free form, e.g. DataCollatorWithFlattening(return_flash_attn_kwargs=True)):
+  one flattened row (B = 1) with the FlashAttention kwargs cu_seq_lens_q, cu_seq_lens_k, max_length_q and
+  max_length_k (5.x, the same in 5.24) goes to attention_varlen (the packed kernels, else per-sequence SDPA), with
+  the module's causality, a `sliding_window` keyword's or a window marker's window and the softcap. Its mask must say
+  nothing the lengths do not: none (no cache-free packing detected, or a causal skip), a window marker, or, for a
+  causal layer of a model without a sliding window or chunked attention (or with the `sliding_window` keyword), the
+  4-D bool mask transformers builds from packed position_ids (the same sequences). With dropout, output_attentions
+  or a position_bias the packed rows go to transformers' SDPA path under the block-diagonal mask of the lengths.
+- Any other mask (padding, packed sequences without those kwargs, bidirectional or chunked windows), dropout, gradients, a causal
   call with more queries than keys, or a shape the kernels cannot take go to transformers' own SDPA path with
   the mask transformers built (or the equivalent boolean mask of a window marker), so results are SDPA's
   wherever the kernel does not apply. Attention sinks (s_aux, sinks) are refused: neither path has them.
@@ -39,6 +47,7 @@ import torch
 from .api import NO_WINDOW, attention
 from .masked import keys_kept, softcap_attention
 from .seq_lens import lens_mask
+from .varlen import attention_varlen, packed_mask
 
 DEFAULT_NAME = "tuned_attention"
 MAX_LENS_QUERIES = 16  # the decode kernels' reach (their templates' max_seq_q)
@@ -143,8 +152,13 @@ def transformers_attention(module: torch.nn.Module, query: torch.Tensor, key: to
         raise ValueError("attention sinks (s_aux / sinks) are not supported by the tuned kernels nor their SDPA "
                          "fallback; use attn_implementation='eager' for this model")
     softcap = float(kwargs.pop("softcap", None) or 0.0)
+    told_window = "sliding_window" in kwargs  # the model names its layer's window (None: none)
     sliding = kwargs.pop("sliding_window", None)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = _packed_kwargs(module, query, key, attention_mask, bool(causal), told_window, kwargs)
+    if packed is not None:
+        return _attention_packed(module, query, key, value, attention_mask, packed, dropout, scaling, bool(causal),
+                                 sliding, softcap, kwargs)
     causal = bool(causal) and query.shape[2] > 1
     marker, left, lens = _is_window_marker(attention_mask), -1, _lens_of(attention_mask)
     if marker:  # causal and bottom-right by construction (transformers_mask)
@@ -202,3 +216,48 @@ def _attention_with_lens(module: torch.nn.Module, query: torch.Tensor, key: torc
     out = attention(query, key, value, causal=True, scale=scaling, fallback="sdpa", seq_lens=seq_lens,
                     softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")  # FlashAttentionKwargs (5.x)
+
+
+def _packed_kwargs(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, mask: Any, causal: bool,
+                   told_window: bool, kwargs: dict[str, Any]) -> Optional[tuple]:
+    """(cu_seqlens_q, cu_seqlens_k) int32 on the queries' device and (max_seqlen_q, max_seqlen_k) ints where
+    transformers passed packed sequences' FlashAttention kwargs for one flattened row whose mask says nothing more
+    (see the module's docstring), else None. A max_length tensor is read on the host; cu_seq_lens are cast and moved
+    as needed (the collator's are int32 on the CPU)."""
+    values = [kwargs.get(name) for name in VARLEN_KWARGS]
+    if any(x is None for x in values) or query.shape[0] != 1:
+        return None
+    config = getattr(module, "config", None)
+    plain = not getattr(config, "attention_chunk_size", None) and (told_window
+                                                                    or not getattr(config, "sliding_window", None))
+    if not (mask is None or _is_window_marker(mask)
+            or (causal and plain and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+                and tuple(mask.shape[-2:]) == (query.shape[2], key.shape[2]))):
+        return None
+    cu_q, cu_k = (torch.as_tensor(c).to(device=query.device, dtype=torch.int32) for c in values[:2])
+    return (cu_q, cu_k), tuple(int(m) for m in values[2:])
+
+
+def _attention_packed(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: Any, packed: tuple, dropout: float, scaling: Optional[float], causal: bool,
+                      sliding: Optional[int], softcap: float, kwargs: dict[str, Any]) -> tuple[torch.Tensor, None]:
+    """One flattened row of packed sequences ([1, H, total, D]) through attention_varlen; returns ([1, total, H, D],
+    None). The window: the `sliding_window` keyword's (W - 1, W - 1; causal: (W - 1, -1)), else a window marker's
+    (W - 1, -1), as transformers' FlashAttention path reads them; with dropout, output_attentions or a position_bias transformers' SDPA path
+    runs under the lengths' block-diagonal mask."""
+    (cu_q, cu_k), (max_q, max_k) = packed
+    for name in VARLEN_KWARGS:
+        kwargs.pop(name, None)
+    left = int(sliding) - 1 if sliding else mask.shape[3] - 1 if _is_window_marker(mask) else -1
+    # transformers' FlashAttention path: window_size (W - 1, W - 1), its right bound moot when causal
+    window = (left, -1 if causal else left) if left >= 0 else NO_WINDOW
+    if dropout or kwargs.get("position_bias") is not None or kwargs.get("output_attentions"):
+        block = packed_mask(cu_q, cu_k, query.shape[2], key.shape[2], causal, window)
+        return _sdpa_path(module, query, key, value, block, dropout, scaling, False, softcap, kwargs)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [total, heads, D] views
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scaling, window_size=window,
+                           softcap=softcap, fallback="sdpa")
+    return out.unsqueeze(0).contiguous(), None

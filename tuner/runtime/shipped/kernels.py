@@ -65,7 +65,7 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             return f"kernel {name}'s min_compute_capability is {cc!r}, not [major, minor]"
         if not isinstance(meta.get("launch"), dict):
             return f"kernel {name} has no launch object"
-        for flag in ("descales", "fp8", "kv_fp8"):  # absent before FP8: False (LaunchShape's defaults)
+        for flag in ("descales", "fp8", "kv_fp8", "packed"):  # absent before them: False (LaunchShape's defaults)
             if not isinstance(meta["launch"].get(flag, False), bool):
                 return f"kernel {name}'s launch {flag} is {meta['launch'][flag]!r}, not true or false"
         wrong = _bad_mask(meta)
@@ -87,6 +87,10 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         launch = data["kernels"].get(str(entry.get("kernel")), {}).get("launch", {}) if isinstance(key, dict) else {}
         if isinstance(key, dict) and key.get("dtype") == "e4m3" and not launch.get("fp8"):
             return f"entry {i} is e4m3, but its kernel {entry.get('kernel')!r} does not launch as one (launch fp8)"
+        if isinstance(key, dict) and bool(key.get("packed", False)) != bool(launch.get("packed", False)):
+            return (f"entry {i} is {'' if key.get('packed') else 'not '}for packed sequences, but its kernel "
+                    f"{entry.get('kernel')!r} {'does not launch' if key.get('packed') else 'launches'} as one "
+                    f"(launch packed)")
         if isinstance(key, dict) and str(key.get("dtype")).endswith("_kv_e4m3") and not launch.get("kv_fp8"):
             return (f"entry {i} is an FP8 KV cache's, but its kernel {entry.get('kernel')!r} does not launch as one "
                     f"(launch kv_fp8)")
@@ -115,12 +119,13 @@ def _bad_mask(fields: dict[str, Any]) -> Optional[str]:
 
 def _bad_form(key: dict[str, Any]) -> Optional[str]:
     """What is wrong with an entry key's optional call form (None: absent or well-formed): page_size 0 (dense) or
-    a page of 16 to 256 rows, seq_lens true or false. A manifest written before them has neither (dense)."""
+    a page of 16 to 256 rows, seq_lens and packed true or false. A manifest written before them has none (dense)."""
     page = key.get("page_size", 0)
     if isinstance(page, bool) or page not in (0, 16, 32, 64, 128, 256):
         return f"page_size is {page!r}, not 0 (dense) or a page size of 16 to 256 rows"
-    if not isinstance(key.get("seq_lens", False), bool):
-        return f"seq_lens is {key['seq_lens']!r}, not true or false"
+    for flag in ("seq_lens", "packed"):
+        if not isinstance(key.get(flag, False), bool):
+            return f"{flag} is {key[flag]!r}, not true or false"
     return None
 
 
