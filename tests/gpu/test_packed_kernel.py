@@ -12,8 +12,8 @@ from tests.gpu.reference_checks import sample_variants
 from tuner.kernels.feasibility import covering_sample
 from tuner.problem import Problem
 from tuner.runtime.build import build, build_many
-from tuner.runtime.packed import packed_inputs, packed_reference, unpack_into, valid_rows
-from tuner.runtime.verify import TOLERANCE, make_inputs, reference, relative_error
+from tuner.runtime.packed import packed_inputs, unpack_into
+from tuner.runtime.verify import TOLERANCE, make_inputs, packed_reference, reference, relative_error, valid_rows
 
 pytestmark = pytest.mark.gpu
 TEMPLATE = "attn_fwd_wgmma"

@@ -20,6 +20,7 @@ from tuner.runtime.baseline_log import warnings_logged
 from tuner.runtime.cudnn_fp8 import cudnn_fp8_baseline
 from tuner.errors import TunerError
 from tuner.runtime.fp8 import Descales, dequantized_inputs
+from tuner.runtime.packed import packed_inputs
 from tuner.runtime.timing import Pruner, Timing, confirm_pruner, time_call
 from tuner.runtime.verify import keys_kept
 
@@ -203,9 +204,7 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
     dense call cannot take a ragged batch. SDPA backends in sdpa_skipped are not tried. A problem with FP8
     inputs needs their `descales`: SDPA and FA4 get the dequantised values (e4m3: in bf16, then come
     fp8_baselines; an FP8 KV cache: k and v in q's dtype), copies made here, outside the timed calls."""
-    if problem.packed:  # one SDPA call per sequence, FA4's varlen call (tuner.runtime.packed)
-        from tuner.runtime.packed import packed_baselines
-
+    if problem.packed:  # one SDPA call per sequence, FA4's varlen call
         return packed_baselines(problem, q, k, v, scale, fa4)
     native: list[Baseline] = []
     if problem.fp8:
@@ -232,3 +231,81 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
     extra = fa4_baseline(q, k, v, problem.causal, scale, window, problem.softcap) \
         if fa4 and not problem.ragged else None
     return found + ([extra] if extra is not None else []) + native
+
+
+def packed_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[float], fa4: bool = True) -> list[Any]:
+    """What a packed batch runs without the tuned kernels: each SDPA backend that takes every sequence, called once
+    per sequence on its slice of the padded tensors (a window as each sequence's boolean mask; no softcap), and
+    FlashAttention-4's varlen forward on the packed copies (made here, outside the timed calls)."""
+    found = []
+    for name in SDPA_BACKENDS:
+        if name not in sdpa_skipped(problem):
+            baseline = _sdpa_per_sequence(name, problem, q, k, v, scale)
+            if baseline is not None:
+                found.append(baseline)
+    if fa4:
+        run = _fa4_varlen(problem, packed_inputs(problem, q, k, v), scale)
+        if run is not None:
+            found.append(Baseline("fa4", run, None))
+    return found
+
+
+def _sdpa_per_sequence(name: str, problem: Problem, q: Any, k: Any, v: Any, scale: Optional[float]) -> Any:
+    """SDPA restricted to one backend, one call per sequence; None where the backend rejects one."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    calls = []
+    window = (problem.window_left, problem.window_right)
+    for b, n in enumerate(problem.key_lengths()):
+        kwargs: dict[str, Any] = {"scale": scale, "enable_gqa": problem.heads != problem.heads_kv}
+        if problem.local:
+            kwargs["attn_mask"] = keys_kept(n, n, n, problem.causal, q.device, window)
+        else:
+            kwargs["is_causal"] = problem.causal
+        calls.append(((q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n]), kwargs))
+
+    def run() -> Any:
+        return [F.scaled_dot_product_attention(*tensors, **kwargs) for tensors, kwargs in calls]
+
+    baseline = Baseline(name, run, getattr(SDPBackend, SDPA_BACKENDS[name]))
+    with baseline.restrict(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            run()
+        except RuntimeError:  # this backend does not take some sequence
+            return None
+    torch.cuda.synchronize()
+    return baseline
+
+
+def _fa4_varlen(problem: Problem, packed: dict[str, Any], scale: Optional[float]) -> Any:
+    """FlashAttention-4's flash_attn_varlen_func on the packed batch (a callable), or None where it does not
+    import or rejects the problem. Its first call compiles (made here)."""
+    use_fa4_cache()
+    with warnings_logged(FA4, "import"):
+        try:
+            from flash_attn.cute import flash_attn_varlen_func
+        except Exception:  # not installed, or its compiler library does not load here
+            return None
+    kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": problem.causal}
+    if problem.local:  # as fa4_baseline: an unbounded side is None
+        kwargs["window_size"] = tuple(None if s < 0 else s for s in (problem.window_left, problem.window_right))
+    if problem.softcap:
+        kwargs["softcap"] = problem.softcap
+    p = packed
+
+    def run() -> Any:
+        return flash_attn_varlen_func(p["q"], p["k"], p["v"], cu_seqlens_q=p["cu"], cu_seqlens_k=p["cu"],
+                                      max_seqlen_q=p["max"], max_seqlen_k=p["max"], **kwargs)
+
+    with warnings_logged(FA4, "compile and first call"):
+        try:
+            run()
+            import torch
+
+            torch.cuda.synchronize()
+        except Exception:  # a shape or feature it does not take: not a baseline for this problem
+            return None
+    return run

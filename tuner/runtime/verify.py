@@ -244,8 +244,6 @@ def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | Non
                              f"(fp8_inputs)")
         q, k, v = dequantized_inputs(q, k, v, descales)
     if problem.packed:
-        from tuner.runtime.packed import packed_reference, valid_rows
-
         return Expected(packed_reference(problem, q, k, v, scale), valid=valid_rows(problem, q.device))
     rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
     return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)
@@ -268,3 +266,23 @@ def relative_error(out: Any, ref: Any) -> float:
     r = ref.double()
     denom = torch.linalg.vector_norm(r).item()
     return torch.linalg.vector_norm(o - r).item() / (denom if denom > 0 else 1.0)
+
+
+def packed_reference(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[float]) -> Any:
+    """fp32 [B, H, S, D]: each sequence attending to its own keys (causal and the window aligned to its end),
+    zero past its end."""
+    import torch
+
+    ref = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for b, n in enumerate(problem.key_lengths()):
+        ref[b:b + 1, :, :n] = problem_reference(problem, q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                                scale)[0]
+    return ref
+
+
+def valid_rows(problem: Problem, device: Any) -> Any:
+    """bool [B, 1, S, 1]: the rows of the padded form that hold a sequence's queries."""
+    import torch
+
+    lengths = torch.tensor(problem.key_lengths(), device=device)
+    return (torch.arange(problem.seq_q, device=device)[None, :] < lengths[:, None])[:, None, :, None]
