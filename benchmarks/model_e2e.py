@@ -403,9 +403,10 @@ def logits_row(model: Any, impl: str, shape: tuple[int, int]) -> dict[str, Any]:
             "ours_vs_efficient": diff(impl, "sdpa_efficient")}
 
 
-def mistral_markdown(result: dict[str, Any]) -> str:
-    lines = [f"{result['gpu']}, {result['layers']} layers of Mistral-7B-v0.1's shape (sliding window 4096), bf16, "
-             f"random weights; {result['rounds']} interleaved rounds, median per-round ratios.", "",
+def prefill_table(title: str, result: dict[str, Any]) -> list[str]:
+    """The markdown heading and prefill rows every model's table starts with."""
+    lines = [f"{result['gpu']}, {result['layers']} layers of {title}, bf16, random weights; {result['rounds']} "
+             "interleaved rounds, median per-round ratios.", "",
              "| run | ours tok/s | SDPA tok/s | end to end | kernel alone | in model | attention share (ours / SDPA) |",
              "|---|---|---|---|---|---|---|"]
     for r in result["prefill"]:
@@ -413,6 +414,11 @@ def mistral_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| prefill {r['shape']} | {r['ours_tok_s']:,.0f} | {r['sdpa_tok_s']:,.0f} | "
                      f"**{r['e2e_ratio']:.3f}x** | {r['kernel_ratio']:.3f}x | {inside} | "
                      f"{r['attn_share_ours']:.1%} / {r['attn_share_sdpa']:.1%} |")
+    return lines
+
+
+def mistral_markdown(result: dict[str, Any]) -> str:
+    lines = prefill_table("Mistral-7B-v0.1's shape (sliding window 4096)", result)
     g = result["logits"]
     lines += ["", f"Last-position logits ({g['shape']}): ours vs SDPA max |diff| {g['ours_vs_sdpa']}, of max |logit| "
                   f"{g['max_abs_logit']:.3g}; control, SDPA memory-efficient vs cuDNN: {g['control_efficient_vs_cudnn']}."]
@@ -420,15 +426,7 @@ def mistral_markdown(result: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"{result['gpu']}, {result['layers']} layers of Llama-3.1-8B's shape, bf16, random weights; "
-             f"{result['rounds']} interleaved rounds, median per-round ratios.", "",
-             "| run | ours tok/s | SDPA tok/s | end to end | kernel alone | in model | attention share (ours / SDPA) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in result["prefill"]:
-        inside = f"{r['in_model_attn_ratio']:.3f}x" if r["in_model_attn_ratio"] else "n/a"
-        lines.append(f"| prefill {r['shape']} | {r['ours_tok_s']:,.0f} | {r['sdpa_tok_s']:,.0f} | "
-                     f"**{r['e2e_ratio']:.3f}x** | {r['kernel_ratio']:.3f}x | {inside} | "
-                     f"{r['attn_share_ours']:.1%} / {r['attn_share_sdpa']:.1%} |")
+    lines = prefill_table("Llama-3.1-8B's shape", result)
     d = result["decode"]
     inside = f"{d['in_model_attn_ratio']:.3f}x" if d["in_model_attn_ratio"] else "n/a"
     lines.append(f"| decode {d['shape']} (graph) | {d['ours_tok_s']:,.0f} | {d['sdpa_tok_s']:,.0f} | "
