@@ -74,3 +74,22 @@ def test_a_packed_grid_has_a_cta_for_every_query_tile_of_every_sequence(lengths:
         assert x * y * z <= 132
     else:  # one CTA per (query tile of the longest, head, sequence); a shorter sequence's extra CTAs exit
         assert (y, z) == (32, len(lengths)) and x * block_m >= max(lengths)
+
+
+def test_a_packed_launch_checks_its_inputs_with_one_line_errors() -> None:
+    import torch
+
+    from tuner.runtime.shipped.input_checks import check_packed_inputs
+    from tuner.runtime.shipped.launcher import AttentionInputError
+
+    q, k = torch.zeros(10, 4, 64, dtype=torch.bfloat16), torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cases = [((q, k, k, q, cu, cu, 0, 6), r"^max_seqlen_q must be a positive int \(got 0\)$"),
+             ((q, k, k, q, cu, cu[:2], 6, 6), r"^cu_seqlens_q and cu_seqlens_k must have one length"),
+             ((q, k, k, q, cu.long(), cu, 6, 6), r"^cu_seqlens_q must be an int32 tensor \[B \+ 1\]"),
+             ((q, k, k[:, :, :32], q, cu, cu, 6, 6), r"^packed k and v must be \[total_k, Hkv, D\]"),
+             ((q, k, k, q[None], cu, cu, 6, 6), r"^packed out must be a rank-3 tensor"),
+             ((q, k, k, q, cu, cu, 6, 6), r"^q must be a CUDA tensor")]  # CPU tensors: only after the structure
+    for args, message in cases:
+        with pytest.raises(AttentionInputError, match=message):
+            check_packed_inputs(*args)

@@ -91,33 +91,49 @@ def check_paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq
 
 def check_packed_inputs(q: Any, k: Any, v: Any, out: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
                         max_seqlen_k: Any, lse: Any = None) -> None:
-    """Packed sequences (FlashAttention's varlen form): q and out [total_q, H, D], k and v [total_k, Hkv, D], all
-    float16 or bfloat16 alike on one CUDA device; cu_seqlens_q / cu_seqlens_k contiguous int32 [B + 1] on that
-    device (sequence b's rows are cu[b] .. cu[b+1] - 1); max_seqlen_q / max_seqlen_k positive ints at least every
-    sequence's length (not checked on the GPU: a sequence longer than its max is computed in part); lse float32
-    [H, total_q]."""
+    """Packed sequences (FlashAttention's varlen form) as the packed kernels take them: check_packed_structure, then
+    q and out [total_q, H, D], k and v [total_k, Hkv, D] float16 or bfloat16 alike on one CUDA device with the
+    kernels' strides, cu_seqlens contiguous (sequence b's rows are cu[b] .. cu[b+1] - 1), lse float32 [H, total_q].
+    max_seqlen must bound every sequence's length: not checked on the GPU (a longer sequence is computed in part)."""
     import torch
 
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise AttentionInputError(f"packed {name} must be a rank-3 tensor [total, heads, D]")
+    check_packed_structure(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        raise AttentionInputError("packed out must be a rank-3 tensor [total, heads, D]")
     check_attention_tensors(*(packed_view(t) for t in (q, k, v, out)))
     if is_fp8(q) or is_fp8(k):
         raise AttentionInputError("packed sequences take float16 or bfloat16 inputs")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.numel() < 2
-                or not t.is_contiguous() or t.device != q.device):
-            raise AttentionInputError(f"{name} must be a contiguous int32 tensor [B + 1] on {q.device}")
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise AttentionInputError(f"cu_seqlens_q and cu_seqlens_k must have one length ({cu_seqlens_q.numel()} != "
-                                  f"{cu_seqlens_k.numel()})")
-    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n >= 2**31:
-            raise AttentionInputError(f"{name} must be a positive int (got {n!r})")
+    if not (cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous()):
+        raise AttentionInputError("cu_seqlens_q and cu_seqlens_k must be contiguous")
     if lse is not None and (not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32
                             or tuple(lse.shape) != (q.shape[1], q.shape[0]) or not lse.is_contiguous()
                             or lse.device != q.device):
         raise AttentionInputError(f"packed lse must be a contiguous float32 tensor of shape {(q.shape[1], q.shape[0])}")
+
+
+def check_packed_structure(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: Any, max_k: Any) -> None:
+    """What no implementation can compute, so that even fallback="sdpa" raises: shapes that do not pair up, cumulative
+    lengths that are not int32 [B + 1] tensors of one length on q's device, max_seqlen that is not a positive int.
+    check_packed_inputs adds what the kernels need besides."""
+    import torch
+
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
+        raise AttentionInputError("packed q, k and v must be rank-3 tensors [total, heads, D] (got shapes "
+                                  f"{', '.join(str(tuple(getattr(t, 'shape', ()))) for t in (q, k, v))})")
+    if k.shape != v.shape or k.shape[2] != q.shape[2] or not k.shape[1] or q.shape[1] % k.shape[1]:
+        raise AttentionInputError(f"packed k and v must be [total_k, Hkv, D] with q's D and Hkv dividing q's heads "
+                                  f"(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.numel() < 2
+                or t.device != q.device):
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise AttentionInputError(f"{name} must be an int32 tensor [B + 1] on {q.device} (got {got})")
+    if cu_q.numel() != cu_k.numel():
+        raise AttentionInputError(f"cu_seqlens_q and cu_seqlens_k must have one length ({cu_q.numel()} != "
+                                  f"{cu_k.numel()}): one entry per sequence boundary")
+    for name, n in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < 2**31:
+            raise AttentionInputError(f"{name} must be a positive int (got {n!r})")
 
 
 def packed_view(t: Any) -> Any:

@@ -21,7 +21,7 @@ import torch
 from . import kernels as _kernels, masked as _masked
 from .choice import DTYPES, FALLBACKS, choose_kernel, refuse_grads, table
 from .dispatch import NO_MASK, Explanation, Key, mask_text
-from .input_checks import check_packed_inputs
+from .input_checks import check_packed_inputs, check_packed_structure
 from .launcher import AttentionInputError, GpuUnavailableError
 
 PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")  # api.py's op namespace: the package's import name
@@ -98,28 +98,6 @@ def call_key(q: Any, k: Any, cu_q: Any, max_q: int, max_k: int, causal: bool, ma
     """The dispatch key of a packed call: buckets of the longest sequence's queries and keys, B = numel - 1."""
     return Key.of(DTYPES[q.dtype], q.shape[2], causal, q.shape[1], k.shape[1], max_q, max_k,
                   batch=cu_q.numel() - 1, mask=mask, packed=True)
-
-
-def check_packed_structure(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: Any, max_k: Any) -> None:
-    """What no implementation can compute, so that even fallback="sdpa" raises: shapes that do not pair up, cumulative
-    lengths that are not int32 [B + 1] tensors of one length on q's device, max_seqlen that is not a positive int."""
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
-        raise AttentionInputError("packed q, k and v must be rank-3 tensors [total, heads, D] (got shapes "
-                                  f"{', '.join(str(tuple(getattr(t, 'shape', ()))) for t in (q, k, v))})")
-    if k.shape != v.shape or k.shape[2] != q.shape[2] or not k.shape[1] or q.shape[1] % k.shape[1]:
-        raise AttentionInputError(f"packed k and v must be [total_k, Hkv, D] with q's D and Hkv dividing q's heads "
-                                  f"(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
-    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.numel() < 2
-                or t.device != q.device):
-            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise AttentionInputError(f"{name} must be an int32 tensor [B + 1] on {q.device} (got {got})")
-    if cu_q.numel() != cu_k.numel():
-        raise AttentionInputError(f"cu_seqlens_q and cu_seqlens_k must have one length ({cu_q.numel()} != "
-                                  f"{cu_k.numel()}): one entry per sequence boundary")
-    for name, n in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < 2**31:
-            raise AttentionInputError(f"{name} must be a positive int (got {n!r})")
 
 
 def check_lengths(cq: list[int], ck: list[int], total_q: int, total_k: int, max_q: int, max_k: int) -> None:
