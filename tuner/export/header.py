@@ -112,7 +112,10 @@ def _launch_lines(template: Optional[Manifest]) -> list[str]:
                   "// Cfg::SMEM_BYTES"]
     elif "persistent" in resources:
         lines += ["// Launch: grid (ceil(Sq / Cfg::BM), H, B), or (min(its CTAs, SM count), 1, 1) when",
-                  "// Cfg::PERSISTENT; block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES"]
+                  "// Cfg::PERSISTENT; block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES",
+                  "// Packed kernels (PACKED: FlashAttention's varlen form) take cu_seqlens_q and cu_seqlens_k after the",
+                  "// descales (const int*, [B + 1] cumulative lengths); their maps and strides are of the packed",
+                  "// [total, H, D] tensors as [1, H, total, D], Sq and Sk the longest sequence's, B the sequences."]
     else:
         lines.append("// Launch: grid (ceil(Sq / Cfg::BM), H, B), block Cfg::THREADS, dynamic shared memory Cfg::SMEM_BYTES")
     return lines + ["// (above 48 KiB, opt in with cudaFuncSetAttribute(..., cudaFuncAttributeMaxDynamicSharedMemorySize, "
