@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from header_build import assert_user_kernel_builds
+from header_build import assert_user_kernel_builds, build_host_lookup
 
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.run import ExportOptions, export
@@ -497,22 +497,10 @@ def test_the_header_names_an_e4m3_bucket_and_looks_it_up(fp8_export, tmp_path) -
     assert "using Element = __nv_fp8_e4m3;" in struct and "using Output = __nv_bfloat16;" in struct
     assert "using Config = fc::HopperConfig<__nv_fp8_e4m3, 128, 128, 128, 2, 128," in struct
     assert "using Element = __nv_bfloat16;" in text and "2 = e4m3" in text and "q_descale, k_descale, v_descale" in text
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "main.cpp").write_text(
-        "struct half; struct __nv_bfloat16; struct __nv_fp8_e4m3;\n"
-        "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask {}; using NoMask = Mask<>;\n"
-        "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-        "  bool C, class M, bool P = false> struct HopperConfig {}; }\n"
-        '#include "fc_fp8.h"\n#include <cstdio>\n'
+    exe = build_host_lookup(tmp_path, "fc_fp8.h", (
         "int main() { int dt, c, sq;\n"
         '  while (std::scanf("%d %d %d", &dt, &c, &sq) == 3)\n'
-        '    std::printf("%d\\n", fc_fp8::h100::nearest_bucket(dt, 128, c != 0, 2, sq, 12, 4));\n}\n')
-    exe = tmp_path / "lookup"
-    build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "main.cpp")],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr[-3000:]
+        '    std::printf("%d\\n", fc_fp8::h100::nearest_bucket(dt, 128, c != 0, 2, sq, 12, 4));\n}\n'))
     codes = {"fp16": 0, "bf16": 1, "e4m3": 2}
     keys = [Key(dt, 128, causal, 2, sq, 12, 4) for dt in codes for causal in (True, False) for sq in (0, 5, 12)]
     stdin = "".join(f"{codes[k.dtype]} {int(k.causal)} {k.sq_bucket}\n" for k in keys)

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from header_build import build_host_lookup
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.check_cells import check_cells, skipped_packed
 from tuner.export.selection import _dispatch_key, dispatch_key, resolve_collisions
@@ -387,20 +388,8 @@ def test_the_header_keeps_packed_and_dense_buckets_apart(packed_export, tmp_path
     text = (tmp_path / "fc_var.h").read_text()
     assert "struct bf16_d128_causal_g2_sq9_sk9_bh4_packed {" in text and "struct bf16_d128_causal_g2_sq9_sk9_bh4 {" in text
     assert text.count("static constexpr bool PACKED = true;") == 1
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "main.cpp").write_text(
-        "struct half; struct __nv_bfloat16;\n"
-        "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask {}; using NoMask = Mask<>;\n"
-        "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-        "  bool C, class M, bool P = false> struct HopperConfig {}; }\n"
-        '#include "fc_var.h"\n#include <cstdio>\n'
+    exe = build_host_lookup(tmp_path, "fc_var.h", (
         "int main() { for (int p = 0; p < 2; ++p)\n"
-        '  std::printf("%d\\n", fc_var::h100::nearest_bucket(1, 128, true, 2, 9, 9, 4, -1, -1, 0.0, 0, false, p));\n}\n')
-    exe = tmp_path / "lookup"
-    build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "main.cpp")],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr[-3000:]
+        '  std::printf("%d\\n", fc_var::h100::nearest_bucket(1, 128, true, 2, 9, 9, 4, -1, -1, 0.0, 0, false, p));\n}\n'))
     got = [chosen[int(i)]["trial_id"] for i in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
     assert got == [ids["dense"], ids["packed"]]

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from header_build import assert_user_kernel_builds
+from header_build import assert_user_kernel_builds, build_host_lookup
 
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.run import ExportOptions, export
@@ -269,24 +269,11 @@ def test_the_header_names_each_kernels_window_and_softcap(windows_export, tmp_pa
     assert "static constexpr int WINDOW_LEFT = 4095;" in text and "static constexpr float SOFTCAP = 50.0f;" in text
     # The Config names the render's mask: fc::Mask<left, right, the softcap's fp32 bits> (50.0f: 0x42480000).
     assert "fc::Mask<4095, -1, 0x42480000u>, false>;" in text and "fc::Mask<1023, -1, 0x0u>, false>;" in text
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "main.cpp").write_text(
-        "struct half; struct __nv_bfloat16;\n"
-        "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask { static constexpr int LEFT = L; };\n"
-        "  using NoMask = Mask<>;\n"
-        "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-        "  bool C, class M, bool P = false> struct HopperConfig { static constexpr int LEFT = M::LEFT; }; }\n"
-        '#include "fc_win.h"\n#include <cstdio>\n'
+    exe = build_host_lookup(tmp_path, "fc_win.h", (
         "int main() { int c, sq, wl, wr; double sc;\n"
         '  while (std::scanf("%d %d %d %d %lf", &c, &sq, &wl, &wr, &sc) == 5)\n'
         '    std::printf("%d\\n", fc_win::h100::nearest_bucket(1, 128, c != 0, 2, sq, 12, 4, wl, wr, sc));\n'
-        "  static_assert(fc_win::h100::bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4::Config::LEFT == 4095);\n}\n")
-    exe = tmp_path / "lookup"
-    build = subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "main.cpp")],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr[-3000:]
+        "  static_assert(fc_win::h100::bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4::Config::LEFT == 4095);\n}\n"))
     keys = [Key("bf16", 128, causal, 2, sq, 12, 4, wl, wr, sc) for causal in (True, False) for sq in (0, 5, 12)
             for wl, wr in ((-1, -1), (1023, -1), (1023, 0), (4095, -1), (511, -1), (1023, 7)) for sc in (0.0, 50.0)
             if not (causal and wr > 0)]
