@@ -3,6 +3,7 @@ trial is checked against, and the error that ignores the padded form's rows past
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -65,3 +66,34 @@ def test_the_verify_launch_scatters_and_the_timed_launch_does_not() -> None:
     untouched = padded.clone()
     packed_call(FakePackedKernel(), data, padded, checked=False)()
     assert calls[-1][3] is False and torch.equal(padded.nan_to_num(), untouched.nan_to_num())
+
+
+def test_a_packed_batch_is_timed_against_sdpa_per_sequence_and_fa4_varlen(monkeypatch) -> None:
+    import sys
+
+    from fa4_fakes import install_fake_fa4
+    from tuner.runtime.baselines import available_baselines
+
+    calls = []
+
+    def fake_varlen(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return q
+
+    install_fake_fa4(monkeypatch, lambda *a, **k: None)
+    monkeypatch.setattr(sys.modules["flash_attn.cute"], "flash_attn_varlen_func", fake_varlen, raising=False)
+    q, k, v = _inputs()
+    found = {b.name: b for b in available_baselines(PROBLEM, q, k, v, 0.125)}
+    assert "fa4" in found and calls  # made and called once (its compile) before any timing
+    lengths = PROBLEM.key_lengths()
+    assert calls[0]["cu_seqlens_q"].tolist() == calls[0]["cu_seqlens_k"].tolist() == packed_inputs(
+        PROBLEM, q, k, v)["cu"].tolist()
+    assert (calls[0]["max_seqlen_q"], calls[0]["window_size"], calls[0]["causal"]) == (max(lengths), (20, None), True)
+    # SDPA once per sequence, as the reference computes each (without the window: its flash backend runs on a CPU).
+    plain = dataclasses.replace(PROBLEM, window_left=-1)
+    sdpa = [b for b in available_baselines(plain, q, k, v, 0.125) if b.name == "sdpa_flash"]
+    with sdpa[0].restrict():
+        outs = sdpa[0].call()
+    for b, (n, out) in enumerate(zip(plain.key_lengths(), outs)):
+        alone = reference(q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n], True, 0.125)[0]
+        assert torch.allclose(out, alone, atol=1e-4)

@@ -156,13 +156,26 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
     shape compiles (seconds; a load from its cache after the first run): made here, before any timing.
     Its compiler's warnings go to the baselines' log.
     """
+    flash_attn_func = _fa4_function("flash_attn_func")
+    if flash_attn_func is None:
+        return None
+    qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    kwargs = _fa4_kwargs(scale, causal, window, softcap)
+    return _fa4_if_it_runs(lambda: flash_attn_func(qb, kb, vb, **kwargs), qb.is_cuda)
+
+
+def _fa4_function(name: str) -> Any:
+    """flash_attn.cute's `name` (its compile cache on), or None where it does not import."""
     use_fa4_cache()
     with warnings_logged(FA4, "import"):
         try:
-            from flash_attn.cute import flash_attn_func
+            import flash_attn.cute as cute
         except Exception:  # not installed, or its compiler library does not load here
             return None
-    qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return getattr(cute, name, None)
+
+
+def _fa4_kwargs(scale: float | None, causal: bool, window: tuple[int, int], softcap: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": causal}
     if window != (-1, -1):
         # FA4 reads a -1 side as a bound of -1 (only (-1, -1) together means none): an unbounded side is
@@ -170,18 +183,19 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
         kwargs["window_size"] = tuple(None if side < 0 else side for side in window)
     if softcap:
         kwargs["softcap"] = softcap
+    return kwargs
 
-    def run() -> Any:
-        return flash_attn_func(qb, kb, vb, **kwargs)
 
+def _fa4_if_it_runs(run: Callable[[], Any], cuda: bool) -> Optional[Baseline]:
+    """FA4's `run` as a baseline, after its first call (which compiles); None where that call fails."""
     with warnings_logged(FA4, "compile and first call"):
         try:
             run()
-            if qb.is_cuda:
+            if cuda:
                 import torch
 
                 torch.cuda.synchronize()
-        except Exception:  # a shape, dtype or head dim it does not take: not a baseline for this problem
+        except Exception:  # a shape, dtype, head dim or feature it does not take: not a baseline for this problem
             return None
     return Baseline(FA4, run, None)
 
@@ -238,15 +252,20 @@ def packed_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[f
     per sequence on its slice of the padded tensors (a window as each sequence's boolean mask; no softcap), and
     FlashAttention-4's varlen forward on the packed copies (made here, outside the timed calls)."""
     found = []
+    skipped = sdpa_skipped(problem)
     for name in SDPA_BACKENDS:
-        if name not in sdpa_skipped(problem):
+        if name not in skipped:
             baseline = _sdpa_per_sequence(name, problem, q, k, v, scale)
             if baseline is not None:
                 found.append(baseline)
-    if fa4:
-        run = _fa4_varlen(problem, packed_inputs(problem, q, k, v), scale)
-        if run is not None:
-            found.append(Baseline("fa4", run, None))
+    varlen = _fa4_function("flash_attn_varlen_func") if fa4 else None
+    if varlen is not None:
+        p = packed_inputs(problem, q, k, v)
+        kwargs = _fa4_kwargs(scale, problem.causal, (problem.window_left, problem.window_right), problem.softcap)
+        extra = _fa4_if_it_runs(lambda: varlen(p["q"], p["k"], p["v"], cu_seqlens_q=p["cu"], cu_seqlens_k=p["cu"],
+                                               max_seqlen_q=p["max"], max_seqlen_k=p["max"], **kwargs),
+                                p["q"].is_cuda)
+        found += [extra] if extra is not None else []
     return found
 
 
@@ -276,36 +295,6 @@ def _sdpa_per_sequence(name: str, problem: Problem, q: Any, k: Any, v: Any, scal
             run()
         except RuntimeError:  # this backend does not take some sequence
             return None
-    torch.cuda.synchronize()
+    if q.is_cuda:
+        torch.cuda.synchronize()
     return baseline
-
-
-def _fa4_varlen(problem: Problem, packed: dict[str, Any], scale: Optional[float]) -> Any:
-    """FlashAttention-4's flash_attn_varlen_func on the packed batch (a callable), or None where it does not
-    import or rejects the problem. Its first call compiles (made here)."""
-    use_fa4_cache()
-    with warnings_logged(FA4, "import"):
-        try:
-            from flash_attn.cute import flash_attn_varlen_func
-        except Exception:  # not installed, or its compiler library does not load here
-            return None
-    kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": problem.causal}
-    if problem.local:  # as fa4_baseline: an unbounded side is None
-        kwargs["window_size"] = tuple(None if s < 0 else s for s in (problem.window_left, problem.window_right))
-    if problem.softcap:
-        kwargs["softcap"] = problem.softcap
-    p = packed
-
-    def run() -> Any:
-        return flash_attn_varlen_func(p["q"], p["k"], p["v"], cu_seqlens_q=p["cu"], cu_seqlens_k=p["cu"],
-                                      max_seqlen_q=p["max"], max_seqlen_k=p["max"], **kwargs)
-
-    with warnings_logged(FA4, "compile and first call"):
-        try:
-            run()
-            import torch
-
-            torch.cuda.synchronize()
-        except Exception:  # a shape or feature it does not take: not a baseline for this problem
-            return None
-    return run
