@@ -19,13 +19,12 @@ from typing import Any, Optional
 import torch
 
 from . import kernels as _kernels, masked as _masked
+from .api import NO_WINDOW, PACKAGE  # PACKAGE: the op namespace, the package's import name
 from .choice import DTYPES, FALLBACKS, choose_kernel, refuse_grads, table
 from .dispatch import NO_MASK, Explanation, Key, mask_text
 from .input_checks import check_packed_inputs, check_packed_structure
 from .launcher import AttentionInputError, GpuUnavailableError
 
-PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")  # api.py's op namespace: the package's import name
-NO_WINDOW = (-1, -1)
 # (dtype, D, causal, H // Hkv, Sq bucket, Sk bucket, B x H bucket, mask, device) -> the packed kernel, or None (SDPA)
 _cache: dict[tuple, Any] = {}
 
