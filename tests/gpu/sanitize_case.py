@@ -1,6 +1,6 @@
 """Run a few variants on tail shapes; executed under compute-sanitizer by the gpu tests.
 
-Usage: python sanitize_case.py [mma|wgmma|decode|decode_sm80]   (default mma)
+Usage: python sanitize_case.py [mma|wgmma|decode|decode_sm80|packed]   (default mma)
 """
 
 import sys
@@ -11,6 +11,7 @@ from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.runtime.build import build
 from tuner.runtime.driver import cuda_driver
+from tuner.runtime.packed import packed_inputs
 from tuner.runtime.verify import empty_output, fp8_inputs, make_inputs
 
 CASES = {
@@ -46,6 +47,19 @@ CASES = {
         ("attn_decode_d128_bf16_m16n64_w4_sp4_s3_causal_wl64_sc30",
          Problem(1, 8, 3, 777, 128, dtype="bf16", causal=True, heads_kv=2, window_left=64, softcap=30.0)),
     ],
+    # Packed sequences (lengths from 1, tails in every sequence): one CTA per item and persistent, a window, a
+    # softcap at D256; each also with fewer queries than keys per sequence (cu_seqlens_q != cu_seqlens_k).
+    "packed": [
+        ("attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal_packed",
+         Problem(5, 4, 700, 700, 128, "bf16", causal=True, heads_kv=2, layout="packed", lengths="uniform:1")),
+        ("attn_fwd_wgmma_d64_fp16_m128n64_s3_sw64_r24_ov_pp_p_causal_packed",
+         Problem(4, 2, 500, 500, 64, causal=True, layout="packed", lengths="uniform:1")),
+        ("attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal_wl100_packed",
+         Problem(3, 2, 600, 600, 128, "bf16", causal=True, layout="packed", lengths="uniform:50", window_left=100)),
+        ("attn_fwd_wgmma_d256_bf16_m128n80_s2_sw128_r24_ov_causal_sc30_packed",
+         Problem(3, 2, 300, 300, 256, "bf16", causal=True, heads_kv=1, layout="packed", lengths="uniform:17",
+                 softcap=30.0)),
+    ],
     "decode_sm80": [  # the cp.async ring and the workspace merge (the last CTA of a row block)
         ("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),
         ("attn_decode_sm80_d64_fp16_m32n128_w8_sp8_s2_causal", Problem(1, 8, 5, 300, 64, causal=True, heads_kv=1)),
@@ -62,6 +76,16 @@ for name, problem in CASES[sys.argv[1] if len(sys.argv) > 1 else "mma"]:
     assert built.ok, built.compiled.log
     kernel = built.load()
     q, k, v, descales = fp8_inputs(problem) if problem.fp8 else (*make_inputs(problem), None)
+    if problem.layout == "packed":
+        p = packed_inputs(problem, q, k, v)
+        out = torch.empty_like(p["q"])
+        lse = torch.empty(problem.heads, p["q"].shape[0], device="cuda")
+        scale = problem.head_dim ** -0.5
+        kernel.packed(p["q"], p["k"], p["v"], out, p["cu"], p["cu"], p["max"], p["max"], scale, lse=lse)
+        cu_q = p["cu"] - torch.arange(problem.batch + 1, dtype=torch.int32, device="cuda")  # one query fewer each
+        kernel.packed(p["q"], p["k"], p["v"], out, cu_q, p["cu"], p["max"], p["max"], scale, lse=lse)
+        torch.cuda.synchronize()
+        continue
     out = empty_output(q)
     lse = torch.empty(problem.batch, problem.heads, problem.seq_q, device="cuda")
     kernel(q, k, v, out, lse, descales=descales)

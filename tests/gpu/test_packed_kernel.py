@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.cli_helpers import run_tuner
-from tests.gpu.reference_checks import sample_variants
+from tests.gpu.reference_checks import assert_sanitizer_clean, sample_variants
 from tuner.kernels.feasibility import covering_sample
 from tuner.problem import Problem
 from tuner.runtime.build import build, build_many
@@ -107,3 +107,10 @@ def test_a_packed_problem_is_searched_verified_and_stored(hopper, tmp_path) -> N
     assert res.exit_code == 0, res.stderr[-3000:]
     shown = run_tuner("--db", url, "results")
     assert shown.exit_code == 0 and "packed" in shown.stdout
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_packed_kernels_are_sanitizer_clean(tool: str, hopper) -> None:
+    """No out-of-bounds access or shared-memory hazard: sequences from 1 token, tails, persistent and one-CTA
+    grids, a window, a softcap at D256, and fewer queries than keys (sanitize_case.py packed)."""
+    assert_sanitizer_clean(tool, "packed")
