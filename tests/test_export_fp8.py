@@ -427,13 +427,13 @@ def test_an_e4m3_cell_checks_its_kernels_with_descales_at_the_e4m3_tolerance(fp8
     from tuner.export import check
     from tuner.export.check_cells import check_cells
     from tuner.runtime.fp8 import Descales, dequantized_inputs
-    from tuner.runtime.verify import fp8_inputs
+    from tuner.runtime.verify import Expected, fp8_inputs
 
     _, _, mod, _ = fp8_export
     cell = next(c for c in check_cells(mod.MANIFEST["entries"]) if c.key.dtype == "e4m3" and c.key.causal)
     problem = dataclasses.replace(cell.problem, batch=1, seq_q=64, seq_k=64)
     q, k, v, descales = fp8_inputs(problem, "cpu", seed=0)
-    ref, _ = problem_reference(problem, *dequantized_inputs(q, k, v, descales))
+    ref = Expected(problem_reference(problem, *dequantized_inputs(q, k, v, descales))[0])
     launches = []
 
     class Kernel:

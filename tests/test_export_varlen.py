@@ -1,6 +1,6 @@
 """Packed sequences (FlashAttention's varlen form) in an export (CPU): dispatch keeps packed and dense entries apart,
 attention_varlen's errors, its per-sequence fallback against the fp32 reference, the kernel path with a fake kernel,
-explain_varlen, the manifest's packed flag (an older manifest still loads), export --check's skip, and the
+explain_varlen, the manifest's packed flag (an older manifest still loads), export --check's packed cells, and the
 transformers route of packed rows."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from header_build import build_host_lookup
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
-from tuner.export.check_cells import check_cells, skipped_packed
+from tuner.export.check_cells import PREFILL_TOKENS, CheckCell, check_cells
 from tuner.export.selection import _dispatch_key, dispatch_key, resolve_collisions
 from tuner.problem import Problem
 from tuner.runtime.shipped import hf, varlen
@@ -70,12 +70,85 @@ def test_a_packed_problems_key_is_packed_and_old_entries_read_as_dense() -> None
     assert table.choose(_packed_key(packed=False)).entry["kernel"] == "old" and table.choose(_packed_key()) is None
 
 
-def test_export_check_skips_packed_entries_and_says_so() -> None:
-    entries = _entries([DENSE, PACKED])
-    cells = check_cells(entries)
-    assert cells and not any(c.key.packed or c.problem.packed for c in cells)
-    assert all(e["kernel"] == "k1" for c in cells for e in c.candidates)
-    assert skipped_packed(entries)["skipped"]["trial_ids"] == [2] and skipped_packed(entries[:1]) == {}
+def test_export_check_measures_packed_entries_on_packed_batches_only() -> None:
+    """A packed entry's cells: its tuned batch first, then packed serving batches of sequences of 1 to s tokens
+    (about PREFILL_TOKENS in all); only packed kernels are their candidates, and no dense cell times a packed one."""
+    cells = check_cells(_entries([DENSE, PACKED]))
+    packed = [c for c in cells if c.key.packed]
+    assert packed[0].problem == PACKED and all(c.problem.packed for c in packed) and len(packed) > 3
+    assert all(c.key == dispatch_key(c.problem) for c in cells)
+    assert {e["kernel"] for c in packed for e in c.candidates} == {"k2"}
+    assert {e["kernel"] for c in cells if not c.key.packed for e in c.candidates} == {"k1"}
+    for c in packed[1:]:
+        assert c.problem.lengths == "uniform:1" and c.problem.seq_q == c.problem.seq_k
+        assert PREFILL_TOKENS / 2 < sum(c.problem.key_lengths()) < PREFILL_TOKENS * 2
+        assert (c.problem.heads, c.problem.heads_kv, c.problem.head_dim) == (16, 8, 128)
+
+
+@pytest.fixture
+def varlen_package(monkeypatch):
+    """A package module whose _runtime is the shipped runtime (varlen.py, masked.py), kernels stubbed per test."""
+    import sys
+    import types
+
+    from tuner.runtime.shipped import masked
+
+    pkg = types.ModuleType("varlenpkg")
+    pkg.AttentionInputError = AttentionInputError
+    kernels = types.ModuleType("varlenpkg._runtime.kernels")
+    for name, module in (("varlenpkg", pkg), ("varlenpkg._runtime.kernels", kernels),
+                         ("varlenpkg._runtime.varlen", varlen), ("varlenpkg._runtime.masked", masked)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return pkg, kernels
+
+
+class _PackedStandIn:
+    """A CPU stand-in for a packed kernel: each sequence's own attention, or (`across`) attention over every
+    packed row at once, the bug of a kernel that ignores the sequence boundaries."""
+
+    def __init__(self, across: bool) -> None:
+        self.across, self.checks = across, []
+
+    def packed(self, q, k, v, out, cu_q, cu_k, max_q, max_k, scale=None, check=True, lse=None):
+        self.checks.append(check)
+        bounds = [(0, q.shape[0])] if self.across else list(zip(cu_q.tolist(), cu_q.tolist()[1:]))
+        for a, b in bounds:
+            view = [t[a:b].transpose(0, 1)[None].float() for t in (q, k, v)]
+            out[a:b] = reference(*view, True, scale)[0][0].transpose(0, 1).to(out.dtype)
+
+
+@pytest.mark.parametrize("problem", [Problem(5, 4, 96, 96, 32, "bf16", causal=True, heads_kv=2, layout="packed",
+                                             lengths="uniform:1"),
+                                     Problem(3, 2, 64, 64, 32, "fp16", causal=True, layout="packed",
+                                             lengths="uniform:8", window_left=16)])
+def test_a_packed_cells_kernels_are_verified_per_sequence_and_timed_against_the_packages_fallback(
+        problem: Problem, varlen_package) -> None:
+    from tuner.export import check
+    from tuner.runtime.shipped.input_checks import packed_view
+
+    pkg, kernels = varlen_package
+    data, ref = check.cell_inputs(problem, "cpu")
+    fakes = {"own": _PackedStandIn(False), "across": _PackedStandIn(True)}
+    kernels.load_kernel = lambda name, device: fakes[name]
+    cell = CheckCell(problem, dispatch_key(problem), ({"kernel": "own"}, {"kernel": "across"}))
+    errors: dict[str, str] = {}
+    runs = check._kernel_runs(pkg, cell, data, ref, errors)
+    if problem.local:  # the stand-in knows no window: both fail, each with its error
+        assert not runs and errors["own"].startswith("relative error")
+    else:
+        assert list(runs) == ["own"] and errors["across"].startswith("relative error")
+        runs["own"]()
+        assert fakes["own"].checks == [True, False]  # the checked verification, then the timed launch unchecked
+    (fallback,) = check.routed_baselines(pkg, problem, data)
+    assert fallback.name == ("masked_per_sequence" if problem.local else "sdpa_per_sequence")
+    with fallback.restrict():
+        got = fallback.call()
+    padded = torch.zeros(data["q"].shape, dtype=got.dtype)
+    start = 0
+    for b, n in enumerate(problem.key_lengths()):
+        padded[b, :, :n] = packed_view(got[start:start + n])[0]
+        start += n
+    assert ref.error(padded) < 2e-2  # the package's fallback computes the cell's own attention
 
 
 def test_a_manifest_whose_packed_flag_disagrees_with_its_kernel_is_malformed() -> None:

@@ -79,3 +79,27 @@ def test_attention_varlen_replays_in_a_cuda_graph_on_new_inputs(packed_package) 
     graph.replay()
     torch.cuda.synchronize()
     assert _error(out, q, k, v, lengths) < TOLERANCE["bf16"]
+
+
+def test_export_check_measures_the_packed_cells(hopper, tmp_path) -> None:
+    """--check verifies the packed kernel on its tuned batch and on packed serving batches, times it against the
+    package's per-sequence fallback, and records each cell in the manifest."""
+    import json
+    from pathlib import Path
+
+    from tuner.export.check import check_package
+    from tuner.export.check_cells import check_cells
+    from tuner.export.selection import ROUTE_BELOW
+    from tuner.kernels.variant import Variant
+
+    variant = Variant("attn_fwd_wgmma", 128, "bf16", True, PARAMS, packed=True)
+    pkg = export_one_trial(hopper, tmp_path, PACKED, variant, median_us=300.0, rel_error=2e-3)
+    root = Path(pkg.__file__).parent.parent
+    records = check_package(root, pkg.__name__, hopper)
+    print("\n" + "\n".join(f"{r['problem_label']}: {r['route']} {r['ratio']}" for r in records))
+    assert len(records) == len(check_cells(pkg.MANIFEST["entries"])) > 3
+    for r in records:
+        assert r["key"]["packed"] and r["kernel"] == variant.name, r
+        assert r["candidates"][0]["error"] is None and r["sdpa_impl"] == "sdpa_per_sequence", r
+        assert (r["route"] == "kernel") == (r["ratio"] >= ROUTE_BELOW), r
+    assert json.loads((root / pkg.__name__ / "manifest.json").read_text())["checked"]["cells"] == records

@@ -13,6 +13,8 @@ fp32 reference on the real values, and times them against its fallback: dequanti
 A paged or ragged cell runs its kernels as the search timed its problem (tuner.backends.gpu_child: K/V copied into
 shuffled pages, the batch's seeded key lengths), against the reference of each row's own keys, and times them
 against the fallback as the package runs it: SDPA under the lengths' mask, on the pages gathered in each call.
+A packed cell (tuner.export.check_packed) runs its kernels on the packed copies, checks each sequence's rows against
+that sequence's own reference, and times them against the package's per-sequence fallback.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.errors import TunerError
-from tuner.export import check_fp8, check_paged
-from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios, skipped_packed
+from tuner.export import check_fp8, check_packed, check_paged
+from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
 from tuner.problem import Problem, query_dtype
 from tuner.profiles import GpuProfile
 
@@ -64,11 +66,12 @@ def _import_package(root: Path, name: str) -> Any:
 
 def _kernel_runs(pkg: Any, cell: CheckCell, data: dict[str, Any], ref: Any,
                  errors: dict[str, str]) -> dict[str, Callable[[], Any]]:
-    """A launch closure per candidate kernel that takes the cell's inputs and verifies; why the others do not.
-    `data`: cell_inputs()'s, as the search's kernel_call takes them (an e4m3 cell's descales; a paged cell's
-    cache, table and lengths; a ragged cell's lengths). e4m3 kernels write bfloat16."""
+    """A launch closure per candidate kernel that takes the cell's inputs and verifies against `ref` (a
+    verify.Expected); why the others do not. `data`: cell_inputs()'s, as the search's kernel_call takes them (an
+    e4m3 cell's descales; a paged cell's cache, table and lengths; a ragged cell's lengths; a packed cell's packed
+    copies). e4m3 kernels write bfloat16."""
     from tuner.backends.gpu_child import kernel_call
-    from tuner.runtime.verify import TOLERANCE, empty_output, relative_error
+    from tuner.runtime.verify import TOLERANCE, empty_output
 
     kernels = importlib.import_module(f"{pkg.__name__}._runtime.kernels")
     limit = TOLERANCE[cell.problem.dtype]
@@ -82,7 +85,7 @@ def _kernel_runs(pkg: Any, cell: CheckCell, data: dict[str, Any], ref: Any,
         except pkg.AttentionInputError as exc:
             errors[name] = f"does not take the shape: {exc}"
             continue
-        err = relative_error(out, ref)
+        err = ref.error(out)
         if not err < limit:
             errors[name] = f"relative error {err:.2e} >= {limit:g}"
             continue
@@ -92,21 +95,20 @@ def _kernel_runs(pkg: Any, cell: CheckCell, data: dict[str, Any], ref: Any,
 
 def cell_inputs(problem: Problem, device: str = "cuda") -> tuple[dict[str, Any], Any]:
     """The cell's inputs as the search makes them (verify.make_inputs, or fp8_inputs with the descales; a paged
-    layout's pages and a ragged batch's lengths: gpu_child.layout_inputs) in kernel_call's form, and the fp32
-    reference on the real values of each row's own keys (the cell's window and softcap too)."""
+    layout's pages, a ragged batch's lengths, packed sequences' packed copies: gpu_child.layout_inputs) in
+    kernel_call's form, and the fp32 reference (verify.expected_output: on the real values, each row's own keys,
+    the cell's window and softcap; sampled rows where all would not fit, each packed sequence's own rows)."""
     from tuner.backends.gpu_child import layout_inputs
-    from tuner.runtime.fp8 import dequantized_inputs
-    from tuner.runtime.verify import fp8_inputs, make_inputs, problem_reference
+    from tuner.runtime.verify import expected_output, fp8_inputs, make_inputs
 
     data: dict[str, Any] = {"scale": None}
-    if problem.fp8:  # FP8 inputs (e4m3, or an FP8 KV cache), their descales, and their real values for the reference
+    if problem.fp8:  # FP8 inputs (e4m3, or an FP8 KV cache) and their descales; the reference dequantises them
         q, k, v, data["descales"] = fp8_inputs(problem, device, seed=0)
-        real = dequantized_inputs(q, k, v, data["descales"])
     else:
-        q, k, v = real = make_inputs(problem, device, seed=0)
+        q, k, v = make_inputs(problem, device, seed=0)
     data.update(q=q, k=k, v=v, **layout_inputs(problem, q, k, v, seed=0))
     lengths = problem.key_lengths() if problem.ragged else None
-    return data, problem_reference(problem, *real, key_lengths=lengths)[0]
+    return data, expected_output(problem, q, k, v, key_lengths=lengths, descales=data.get("descales"))
 
 
 def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, descales: Any = None) -> list[Any]:
@@ -145,8 +147,11 @@ def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, desca
 
 def routed_baselines(pkg: Any, problem: Problem, data: dict[str, Any]) -> list[Any]:
     """fallback_baselines of the cell (data: cell_inputs()'s); a paged cell's gather their K/V from its pages
-    in each call first, as the package's fallback of a paged call does."""
+    in each call first, as the package's fallback of a paged call does; a packed cell's is the package's
+    per-sequence fallback."""
     q, k, v, descales = data["q"], data["k"], data["v"], data.get("descales")
+    if problem.packed:
+        return [check_packed.fallback_baseline(pkg, problem, data)]
     if not problem.page_size:
         return fallback_baselines(pkg, problem, q, k, v, descales)
     (k, v), gather = check_paged.gathered(pkg, data, problem.seq_k)
@@ -209,7 +214,7 @@ def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable
     if child.returncode != 0 or not header:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {child.returncode}"
         raise TunerError(f"export --check failed while measuring the cells of {name}: {last}")
-    manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records, **skipped_packed(manifest["entries"])}
+    manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records}
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return records
 

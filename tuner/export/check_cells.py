@@ -10,8 +10,9 @@ and long contexts, and a 4-token speculative verify), so that no call a model ma
 whose nearest tuned kernel happens to lose. The decode steps keep the tuned problem's layout and lengths (a dense
 ragged kind's also at full lengths: calls without seq_lens); the prefill batches are dense at full lengths, the
 only form in which such long queries run a kernel (only the decode kernels read pages and per-row lengths: other
-calls with them run masked SDPA whatever a cell says). Packed entries (attention_varlen's) are not measured:
-their calls run the nearest tuned packed entry (check_cells says so where it skips them).
+calls with them run masked SDPA whatever a cell says). A packed entry's (attention_varlen's) cells are its tuned
+batch and packed serving batches of about 16K tokens, timed against the package's per-sequence fallback
+(tuner.export.check_packed).
 """
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ class CheckCell:
 def serving_problems(tuned: Problem) -> list[Problem]:
     """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality, window and
     softcap (a layer kind of the model: its kernels serve only calls of its own window and softcap); the decode
-    steps in its layout and length distribution, the prefill batches dense at full lengths."""
+    steps in its layout and length distribution, the prefill batches dense at full lengths. A packed kernel's: packed
+batches of about PREFILL_TOKENS tokens."""
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
                 causal=tuned.causal, window_left=tuned.window_left, window_right=tuned.window_right,
                 softcap=tuned.softcap)
+    if tuned.packed:  # packed calls take only packed kernels: batches of 1 to s tokens a sequence (s/2 on average)
+        return [Problem(batch=max(1, 2 * PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout="packed", lengths="uniform:1",
+                        **base) for s in PREFILL_LENGTHS]
     dense = "bhsd" if tuned.page_size else tuned.layout
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout=dense, **base)
              for s in PREFILL_LENGTHS]
@@ -64,10 +69,7 @@ def lengths_at(tuned: Problem, seq_k: int) -> str:
 def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
     """One cell per dispatch key met by the tuned problems and their serving shapes (tuned problems first)."""
     table = DispatchTable(list(entries))
-    # Packed entries (attention_varlen's) are skipped, not measured: their calls take the nearest packed entry
-    # unchecked (a cell's timing needs a packed SDPA rival and packed serving shapes, not written yet), and no
-    # dense cell can pick them (packed is compiled into the key).
-    tuned = [p for p in (Problem.from_dict(e["problem"]) for e in table.entries) if not p.packed]
+    tuned = [Problem.from_dict(e["problem"]) for e in table.entries]
     cells: dict[Key, CheckCell] = {}
     for problem in tuned + [p for t in tuned for p in serving_problems(t)]:
         key = dispatch_key(problem)
@@ -81,16 +83,6 @@ def check_cells(entries: list[Mapping[str, Any]]) -> list[CheckCell]:
         if ranked:
             cells[key] = CheckCell(problem, key, tuple(ranked[:MAX_CANDIDATES]))
     return list(cells.values())
-
-
-def skipped_packed(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The manifest's note on the packed entries export --check does not measure (empty where none):
-    {"skipped": {"trial_ids": [...], "why": "..."}}."""
-    ids = [e["trial_id"] for e in entries if e.get("dispatch", True) and e["key"].get("packed")]
-    if not ids:
-        return {}
-    return {"skipped": {"trial_ids": ids, "why": "packed sequences (attention_varlen) are not measured by export "
-                                                  "--check: their calls run the nearest tuned packed entry"}}
 
 
 def median_ratios(times: Mapping[str, list[float]], kernels: list[str], baselines: list[str]) -> dict[str, float]:
