@@ -115,23 +115,16 @@ def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(
     import subprocess
 
     from tuner.export.run import ExportOptions, export
-    from tuner.kernels.manifest import load_manifest
+    from tests.built_trials import add_built_trial
     from tuner.kernels.variant import Variant
-    from tuner.runtime.build import build
-    from tuner.status import TrialStatus
-    from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
+    from tuner.store import BaselineRecord, RunInfo, open_store
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     variant = Variant(template, 128, "bf16", False, dict(BLOCK_M=16, BLOCK_N=64, NUM_WARPS=4, SPLITS=2, STAGES=2))
-    built = build(variant, f"sm_{arch}")
-    assert built.ok, built.compiled.log[-2000:]
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=gpu_name, profile=profile, host="test"))
         store.add_baseline(BaselineRecord(run_id=run, problem=DECODE_STEP, impl="sdpa_cudnn", median_us=100.0))
-        store.add_trial(TrialRecord(run_id=run, problem=DECODE_STEP, template=template,
-                                    template_hash=load_manifest(template).source_hash, params=variant.stored_params(),
-                                    variant_name=variant.name, status=TrialStatus.OK, median_us=94.0, rel_error=3e-3,
-                                    cubin_sha256=built.compiled.cubin_sha256))
+        add_built_trial(store, run, DECODE_STEP, variant, f"sm_{arch}", 94.0, 3e-3)
         store.finish_run(run)
     out = tmp_path / "hdr"
     export(ExportOptions(gpu=profile, out=out, db_url=url, format="header", name="dec"))

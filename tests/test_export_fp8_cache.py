@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 
+from tests.built_trials import add_built_trial
 from tests.test_export import GPU_NAME, _unique, import_exported
 from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.verify import reference, relative_error
-from tuner.status import TrialStatus
-from tuner.store import RunInfo, TrialRecord, open_store
+from tuner.store import RunInfo, open_store
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (export recompiles cubins)")
 
@@ -32,20 +32,11 @@ def _variant(p: Problem) -> Variant:
 @pytest.fixture(scope="module")
 def cache_export(tmp_path_factory):
     """(report, imported package) of an export of one FP8-cache decode trial."""
-    from tuner.kernels.manifest import load_manifest
-    from tuner.runtime.build import build
-
     root = tmp_path_factory.mktemp("kv8")
     url = f"sqlite:///{root / 'r.db'}"
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
-        v = _variant(CACHE)
-        built = build(v, load_profile("h100").nvcc_arch)
-        assert built.ok, built.compiled.log[-2000:]
-        store.add_trial(TrialRecord(run_id=run, problem=CACHE, template="attn_decode",
-                                    template_hash=load_manifest("attn_decode").source_hash, params=v.stored_params(),
-                                    variant_name=v.name, status=TrialStatus.OK, median_us=52.9, rel_error=2e-3,
-                                    cubin_sha256=built.compiled.cubin_sha256))
+        add_built_trial(store, run, CACHE, _variant(CACHE), load_profile("h100").nvcc_arch, 52.9, 2e-3)
         store.finish_run(run)
     name = _unique("kv8")
     report = export(ExportOptions(gpu="h100", out=root / name, db_url=url))

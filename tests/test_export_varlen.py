@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from header_build import build_host_lookup
+from tests.built_trials import add_built_trial
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.check_cells import PREFILL_TOKENS, CheckCell, check_cells
 from tuner.export.selection import _dispatch_key, dispatch_key, resolve_collisions
@@ -371,12 +372,9 @@ def packed_export(tmp_path_factory):
     """(trial ids, report, imported package) of an export of a dense and a packed problem (wgmma, h100)."""
     from tests.test_export_windows import PARAMS, TEMPLATE
     from tuner.export.run import ExportOptions, export
-    from tuner.kernels.manifest import load_manifest
     from tuner.kernels.variant import Variant
     from tuner.profiles import load_profile
-    from tuner.runtime.build import build
-    from tuner.status import TrialStatus
-    from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
+    from tuner.store import BaselineRecord, RunInfo, open_store
 
     root = tmp_path_factory.mktemp("varlen")
     url, ids = f"sqlite:///{root / 'r.db'}", {}
@@ -386,12 +384,7 @@ def packed_export(tmp_path_factory):
                                                                            lengths="uniform:64"))):
             store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_flash", median_us=50.0))
             v = Variant(TEMPLATE, p.head_dim, p.dtype, p.causal, PARAMS, packed=p.packed)
-            built = build(v, load_profile("h100").nvcc_arch)
-            assert built.ok, built.compiled.log[-2000:]
-            ids[name] = store.add_trial(TrialRecord(
-                run_id=run, problem=p, template=TEMPLATE, template_hash=load_manifest(TEMPLATE).source_hash,
-                params=v.stored_params(), variant_name=v.name, status=TrialStatus.OK, median_us=20.0,
-                rel_error=3e-4, cubin_sha256=built.compiled.cubin_sha256))
+            ids[name] = add_built_trial(store, run, p, v, load_profile("h100").nvcc_arch, 20.0, 3e-4)
         store.finish_run(run)
     name = _unique("varlen")
     report = export(ExportOptions(gpu="h100", out=root / name, db_url=url))

@@ -11,14 +11,14 @@ import subprocess
 import pytest
 from header_build import assert_user_kernel_builds, build_host_lookup
 
+from tests.built_trials import add_built_trial
 from tests.test_export import GPU_NAME, _edited_copy, _unique, import_exported
 from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.verify import problem_reference, reference
-from tuner.status import TrialStatus
-from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
+from tuner.store import BaselineRecord, RunInfo, open_store
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (export recompiles cubins)")
 
@@ -37,22 +37,13 @@ def _variant(p: Problem) -> Variant:
 
 
 def _store(url: str, problems: list[Problem]) -> dict[Problem, int]:
-    from tuner.kernels.manifest import load_manifest
-    from tuner.runtime.build import build
-
     ids = {}
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
         for us, p in enumerate(problems, start=40):
             # SDPA faster than every kernel: cells route to the fallback, but a softcap's is no SDPA
             store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_cudnn", median_us=30.0))
-            v = _variant(p)
-            built = build(v, load_profile("h100").nvcc_arch)
-            assert built.ok, built.compiled.log[-2000:]
-            ids[p] = store.add_trial(TrialRecord(
-                run_id=run, problem=p, template=TEMPLATE, template_hash=load_manifest(TEMPLATE).source_hash,
-                params=v.stored_params(), variant_name=v.name, status=TrialStatus.OK, median_us=float(us),
-                rel_error=3e-4, cubin_sha256=built.compiled.cubin_sha256))
+            ids[p] = add_built_trial(store, run, p, _variant(p), load_profile("h100").nvcc_arch, float(us), 3e-4)
         store.finish_run(run)
     return ids
 

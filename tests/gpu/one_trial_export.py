@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.built_trials import add_built_trial
 from tuner.problem import Problem
 
 
@@ -17,21 +18,12 @@ def export_one_trial(profile: Any, base: Path, problem: Problem, variant: Any, m
     """The imported package exported (to `base`) from a fresh store holding one trial of `variant` on
     `problem`, built for `profile`'s arch."""
     from tuner.export.run import ExportOptions, export
-    from tuner.kernels.manifest import load_manifest
-    from tuner.runtime.build import build
-    from tuner.status import TrialStatus
-    from tuner.store import RunInfo, TrialRecord, open_store
+    from tuner.store import RunInfo, open_store
 
     url = f"sqlite:///{base / 'results.db'}"
-    built = build(variant, profile.nvcc_arch)
-    assert built.ok, built.compiled.log[-3000:]
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name="test", profile=profile.name, host="test"))
-        store.add_trial(TrialRecord(
-            run_id=run, problem=problem, template=variant.template,
-            template_hash=load_manifest(variant.template).source_hash, params=variant.stored_params(),
-            variant_name=variant.name, status=TrialStatus.OK, median_us=median_us, rel_error=rel_error,
-            cubin_sha256=built.compiled.cubin_sha256))
+        add_built_trial(store, run, problem, variant, profile.nvcc_arch, median_us, rel_error)
         store.finish_run(run)
     name = f"one_{problem.dtype}_{uuid.uuid4().hex[:8]}"
     export(ExportOptions(gpu=profile.name, out=base / name, db_url=url))
