@@ -149,9 +149,9 @@ def routed_baselines(pkg: Any, problem: Problem, data: dict[str, Any]) -> list[A
     """fallback_baselines of the cell (data: cell_inputs()'s); a paged cell's gather their K/V from its pages
     in each call first, as the package's fallback of a paged call does; a packed cell's is the package's
     per-sequence fallback."""
-    q, k, v, descales = data["q"], data["k"], data["v"], data.get("descales")
     if problem.packed:
         return [check_packed.fallback_baseline(pkg, problem, data)]
+    q, k, v, descales = data["q"], data["k"], data["v"], data.get("descales")
     if not problem.page_size:
         return fallback_baselines(pkg, problem, q, k, v, descales)
     (k, v), gather = check_paged.gathered(pkg, data, problem.seq_k)

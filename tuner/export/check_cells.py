@@ -42,7 +42,7 @@ def serving_problems(tuned: Problem) -> list[Problem]:
     """The prefill and decode shapes of a model with `tuned`'s heads, head dim, dtype, causality, window and
     softcap (a layer kind of the model: its kernels serve only calls of its own window and softcap); the decode
     steps in its layout and length distribution, the prefill batches dense at full lengths. A packed kernel's: packed
-batches of about PREFILL_TOKENS tokens."""
+    batches of about PREFILL_TOKENS tokens."""
     base = dict(heads=tuned.heads, heads_kv=tuned.heads_kv, head_dim=tuned.head_dim, dtype=tuned.dtype,
                 causal=tuned.causal, window_left=tuned.window_left, window_right=tuned.window_right,
                 softcap=tuned.softcap)
