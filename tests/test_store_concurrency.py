@@ -64,3 +64,41 @@ def test_concurrent_creation_of_a_new_store(store_url):
     with open_store(store_url) as store:
         rows = store.query_trials(TrialFilter())
         assert len(rows) == PROCESSES * 10 and len({r.variant_id for r in rows}) == 10
+
+
+def _rival_creates_the_store_after_the_revision_read(monkeypatch, url: str) -> list[bool]:
+    """From the first schema read on, another process (here: a nested open) has committed the new schema
+    after this one found no revision but before it looked for tables."""
+    from tuner.store import engine as eng
+
+    real_revision = eng.current_revision
+    created: list[bool] = []
+
+    def revision_then_a_rival_creates_the_store(conn):
+        revision = real_revision(conn)
+        if not created:
+            created.append(True)
+            open_store(url).close()
+        return revision
+
+    monkeypatch.setattr(eng, "current_revision", revision_then_a_rival_creates_the_store)
+    return created
+
+
+def test_a_store_created_between_the_schema_reads_opens(store_url, monkeypatch):
+    """The race the concurrent-creation test hits at random, made certain: the open sees a store at head."""
+    created = _rival_creates_the_store_after_the_revision_read(monkeypatch, store_url)
+    with open_store(store_url) as store:
+        run = store.start_run(H100)
+        store.add_trial(trial(run, params={"i": 0}, trial_number=0, study="late"))
+        assert len(store.query_trials(TrialFilter())) == 1
+    assert created
+
+
+def test_an_upgrade_racing_the_store_creation_finds_it_at_head(store_url, monkeypatch):
+    from tuner.store.engine import head_revision
+    from tuner.store.schema import upgrade_store
+
+    created = _rival_creates_the_store_after_the_revision_read(monkeypatch, store_url)
+    assert upgrade_store(store_url) == (head_revision(), head_revision())
+    assert created

@@ -271,12 +271,36 @@ def migrate(engine: Engine, target: str = "head", *, downgrade: bool = False) ->
                 conn.connection.driver_connection.execute("PRAGMA foreign_keys = ON")
 
 
+def _read_schema_state(conn: Connection) -> tuple[Optional[str], bool]:
+    revision = current_revision(conn)
+    return revision, revision is None and has_tables(conn)
+
+
+def schema_state(engine: Engine) -> tuple[Optional[str], bool]:
+    """The store's schema revision, and whether tuner tables exist without one. Another process creating
+    the store may commit between the two reads (no revision yet, then its tables), so a state short of
+    head is read again once any migration in flight has committed."""
+    with engine.connect() as conn:
+        state = _read_schema_state(conn)
+        conn.rollback()
+        if state[0] != head_revision():
+            with conn.begin():
+                _lock_for_migration(conn)
+                state = _read_schema_state(conn)
+    return state
+
+
+def unversioned_tables_error(url: URL) -> TunerError:
+    return TunerError(
+        f"the database at {redacted(url)} holds tuner tables without a schema revision; "
+        "it was not created by this tool"
+    )
+
+
 def check_schema(engine: Engine, url: URL, *, create: bool) -> str:
     """Make sure the schema is at head: create it on a new database, refuse an old one."""
     head = head_revision()
-    with engine.connect() as conn:
-        revision = current_revision(conn)
-        tables = revision is None and has_tables(conn)
+    revision, tables = schema_state(engine)
     where = redacted(url)
     if revision == head:
         return head
@@ -286,10 +310,7 @@ def check_schema(engine: Engine, url: URL, *, create: bool) -> str:
         migrate(engine)
         return head
     if revision is None:
-        raise TunerError(
-            f"the database at {where} holds tuner tables without a schema revision; "
-            "it was not created by this tool"
-        )
+        raise unversioned_tables_error(url)
     if revision not in known_revisions():
         raise TunerError(
             f"the results store at {where} has schema revision {revision}, unknown to this tuner "

@@ -44,13 +44,9 @@ def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
     engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
     try:
         with eng.translate_errors(parsed, "cannot upgrade the results store"):
-            with engine.connect() as conn:
-                before = eng.current_revision(conn)
-                if before is None and eng.has_tables(conn):
-                    raise TunerError(
-                        f"the database at {redacted(parsed)} holds tuner tables "
-                        "without a schema revision; it was not created by this tool"
-                    )
+            before, unversioned = eng.schema_state(engine)
+            if unversioned:
+                raise eng.unversioned_tables_error(parsed)
             if before is not None and before not in eng.known_revisions():
                 raise TunerError(
                     f"schema revision {before} is unknown to this tuner (written by a newer version?)"
