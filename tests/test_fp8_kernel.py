@@ -4,16 +4,13 @@ checks, and the compiled code (QGMMA k32 for both products, V's transpose kernel
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_wgmma_template import SERIALIZED, _sass, needs_nvcc
-from tuner.kernels.compiler import compile_source
+from tests.kernel_builds import compile_clean, needs_nvcc, sass
 from tuner.kernels.feasibility import feasible_space
-from tuner.kernels.render import render
 from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.profiles import load_profile
@@ -91,14 +88,8 @@ def test_fp8_tensors_need_16_byte_strides_and_a_bf16_out(monkeypatch: pytest.Mon
 def test_fp8_variants_compile_to_qgmma_without_spills(name: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    res = compile_source(render(parse_variant_name(name)), name, "sm_90a")
-    assert res.ok, res.log[-2000:]
-    assert res.spill_bytes == 0 and res.stack_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
-    assert SERIALIZED not in res.log, res.log[-2000:]
-    if shutil.which("cuobjdump") is None:
-        pytest.skip("cuobjdump not on PATH: SASS not checked")
-    sass = _sass(res.cubin, tmp_path)
-    assert re.search(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", sass)
-    assert not re.search(r"HGMMA", sass)  # both products in FP8
-    assert "F2FP.SATFINITE.E4M3.F32.PACK_AB" in sass  # P rounded to e4m3 in registers
-    assert f"Function : {VTransposer.ENTRY}" in sass  # the launcher's V^T pass, from the same cubin
+    text = sass(compile_clean(name).cubin, tmp_path)
+    assert re.search(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", text)
+    assert not re.search(r"HGMMA", text)  # both products in FP8
+    assert "F2FP.SATFINITE.E4M3.F32.PACK_AB" in text  # P rounded to e4m3 in registers
+    assert f"Function : {VTransposer.ENTRY}" in text  # the launcher's V^T pass, from the same cubin

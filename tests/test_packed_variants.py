@@ -4,14 +4,12 @@ them, how a packed variant is named, stored and rendered, and how it is launched
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.errors import TunerError
-from tuner.kernels.compiler import compile_source
 from tuner.kernels.feasibility import check, covering_sample, feasible_space, supports_problem
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
@@ -20,7 +18,7 @@ from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.build import launch_shape
 
-from tests.test_wgmma_template import SERIALIZED, _sass, needs_nvcc
+from tests.kernel_builds import compile_clean, needs_nvcc, sass
 
 H100 = load_profile("h100")
 PACKED = Problem(16, 32, 4096, 4096, 128, "bf16", causal=True, heads_kv=8, layout="packed", lengths="uniform:64")
@@ -113,11 +111,5 @@ def test_packed_kernels_keep_the_dense_main_loop(name: str, tmp_path, monkeypatc
     """Sequence offsets must not cost the main loop its shape: no spills, no serialized wgmma, and the SASS
     still has wgmma (HGMMA), TMA loads (UTMALDG) and the producer/consumer register split."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    res = compile_source(render(parse_variant_name(name)), name, "sm_90a")
-    assert res.ok, res.log[-2000:]
-    assert res.spill_bytes == 0 and res.stack_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
-    assert SERIALIZED not in res.log, res.log[-2000:]
-    if shutil.which("cuobjdump") is None:
-        pytest.skip("cuobjdump not on PATH: SASS not checked")
-    sass = _sass(res.cubin, tmp_path)
-    assert re.search(r"HGMMA\.64x\d+x16\.F32", sass) and "UTMALDG" in sass and "USETMAXREG" in sass
+    text = sass(compile_clean(name).cubin, tmp_path)
+    assert re.search(r"HGMMA\.64x\d+x16\.F32", text) and "UTMALDG" in text and "USETMAXREG" in text

@@ -9,29 +9,25 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.kernels.compiler import compile_source
 from tuner.kernels.feasibility import check, covering_sample, feasible_space, resources
 from tuner.kernels.manifest import load_manifest
-from tuner.kernels.render import render
-from tuner.kernels.variant import enumerate_space, parse_variant_name
+from tuner.kernels.variant import enumerate_space
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.build import build_many, launch_shape
 from tuner.search.options import SearchOptions
 from tuner.search.prepare import choose_template
 
+from tests.kernel_builds import SERIALIZED, compile_clean, needs_nvcc, sass
+
 TEMPLATE = "attn_fwd_wgmma"
-SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's note (C75xx) when it gives up overlap
 ROOT = Path(__file__).resolve().parent.parent
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (CUDA toolkit not installed)")
 
 
 def _generator():
@@ -103,12 +99,6 @@ def test_search_defaults_to_the_hopper_template_where_it_fits() -> None:
     assert chosen("h100", "8,16,2048,128", template="attn_fwd_mma") == "attn_fwd_mma"
 
 
-def _sass(cubin: bytes, tmp_path: Path) -> str:
-    path = tmp_path / "k.cubin"
-    path.write_bytes(cubin)
-    return subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-
-
 @pytest.mark.nvcc
 @needs_nvcc
 def test_covering_sample_compiles_to_wgmma_and_tma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,13 +113,11 @@ def test_covering_sample_compiles_to_wgmma_and_tma(tmp_path: Path, monkeypatch: 
     assert not failures, "\n".join(failures)
     serialized = [v.name for v, r in zip(variants, results) if SERIALIZED in r.log]
     assert not serialized, f"ptxas serialized the wgmma of {serialized}"
-    if shutil.which("cuobjdump") is None:
-        pytest.skip("cuobjdump not on PATH: SASS not checked")
     for variant, res in zip(variants[:4], results[:4]):
-        sass = _sass(res.cubin, tmp_path)
-        assert re.search(r"HGMMA\.64x\d+x16\.F32", sass), variant.name
-        assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK" in sass, variant.name
-        assert ("USETMAXREG" in sass) == (variant.params["BLOCK_M"] > 64), variant.name
+        text = sass(res.cubin, tmp_path)
+        assert re.search(r"HGMMA\.64x\d+x16\.F32", text), variant.name
+        assert "UTMALDG.4D" in text and "SYNCS.PHASECHK" in text, variant.name
+        assert ("USETMAXREG" in text) == (variant.params["BLOCK_M"] > 64), variant.name
 
 
 @pytest.mark.nvcc
@@ -141,14 +129,8 @@ def test_covering_sample_compiles_to_wgmma_and_tma(tmp_path: Path, monkeypatch: 
     "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal",
 ])
 def test_tuned_shapes_do_not_spill_or_serialize(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No spills, and no wgmma serialization: ptxas silently gives up all tensor-core overlap
-    (one wgmma at a time) when, e.g., it must insert a warpgroup fence in a divergent path."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    variant = parse_variant_name(name)
-    res = compile_source(render(variant), name, "sm_90a")
-    assert res.ok, res.log[-2000:]
-    assert res.spill_bytes == 0 and res.stack_bytes == 0, (res.registers, res.spill_bytes, res.stack_bytes)
-    assert SERIALIZED not in res.log, res.log[-2000:]
+    compile_clean(name)
 
 
 def test_a_newer_card_is_not_offered_the_sm90a_only_template(tmp_path: Path) -> None:
