@@ -5,6 +5,7 @@ transformers route of packed rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -84,6 +85,27 @@ def test_export_check_measures_packed_entries_on_packed_batches_only() -> None:
         assert c.problem.lengths == "uniform:1" and c.problem.seq_q == c.problem.seq_k
         assert PREFILL_TOKENS / 2 < sum(c.problem.key_lengths()) < PREFILL_TOKENS * 2
         assert (c.problem.heads, c.problem.heads_kv, c.problem.head_dim) == (16, 8, 128)
+
+
+@pytest.mark.parametrize("tuned", [PACKED, Problem(2, 4, 16384, 16384, 64, "fp16", causal=True, heads_kv=1,
+                                                   layout="packed", lengths="uniform:1", window_left=1000)])
+def test_each_packed_cell_is_timed_on_a_batch_its_calls_look_up(tuned: Problem) -> None:
+    """The key of every packed cell (tuned batch and serving batches) is the one attention_varlen computes for that
+    batch's packed inputs, keyed by its longest sequence: a batch whose draw falls short of s would be checked for
+    a shorter cell than it stands for, and s's cell would go unmeasured."""
+    from tuner.export.check_cells import serving_problems
+    from tuner.runtime.packed import packed_inputs
+
+    cells = check_cells(_entries([tuned]))
+    assert [c.problem for c in cells] == [tuned] + serving_problems(tuned)
+    assert len({c.key for c in cells}) == len(cells)
+    for cell in cells:
+        p = cell.problem
+        padded = torch.empty(p.batch, p.heads, p.seq_q, p.head_dim, device="meta", dtype=torch.bfloat16)
+        kv = torch.empty(p.batch, p.heads_kv, p.seq_k, p.head_dim, device="meta", dtype=torch.bfloat16)
+        data = packed_inputs(p, padded, kv, kv)
+        key = varlen.call_key(data["q"], data["k"], data["cu"], data["max"], data["max"], p.causal, cell.key.mask)
+        assert dataclasses.replace(key, dtype=p.dtype) == cell.key, p.label
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from tuner.export.selection import ROUTE_BELOW, best_per_round, dispatch_key  # one threshold for entries and cells
-from tuner.runtime.shipped.dispatch import DispatchTable, Key
+from tuner.runtime.shipped.dispatch import DispatchTable, Key, seq_bucket
 from tuner.models import DECODE
 from tuner.problem import FULL_LENGTHS, Problem, parse_lengths
 from tuner.runtime.timing import per_round_ratio
@@ -47,8 +47,7 @@ def serving_problems(tuned: Problem) -> list[Problem]:
                 causal=tuned.causal, window_left=tuned.window_left, window_right=tuned.window_right,
                 softcap=tuned.softcap)
     if tuned.packed:  # packed calls take only packed kernels: batches of 1 to s tokens a sequence (s/2 on average)
-        return [Problem(batch=max(1, 2 * PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout="packed", lengths="uniform:1",
-                        **base) for s in PREFILL_LENGTHS]
+        return [packed_batch(s, base) for s in PREFILL_LENGTHS]
     dense = "bhsd" if tuned.page_size else tuned.layout
     found = [Problem(batch=max(1, PREFILL_TOKENS // s), seq_q=s, seq_k=s, layout=dense, **base)
              for s in PREFILL_LENGTHS]
@@ -58,6 +57,19 @@ def serving_problems(tuned: Problem) -> list[Problem]:
     found += [Problem(batch=b, seq_q=sq, seq_k=ctx, layout=tuned.layout, lengths=lengths, **base)
               for b, sq, ctx, lengths in decode]
     return found
+
+
+def packed_batch(s: int, base: dict[str, Any]) -> Problem:
+    """About PREFILL_TOKENS tokens in sequences of 1 to s tokens whose longest is over s/2, so that the batch
+    lies in s's dispatch cell (a packed call's key is its longest sequence's): the first batch size from
+    2 * PREFILL_TOKENS / s whose seeded draw reaches that far (each size draws afresh; half of the draws of even
+    two sequences do)."""
+    first = max(1, 2 * PREFILL_TOKENS // s)
+    for batch in range(first, first + 64):  # all 64 draws falling short: a chance of 2^-64
+        problem = Problem(batch=batch, seq_q=s, seq_k=s, layout="packed", lengths="uniform:1", **base)
+        if seq_bucket(max(problem.key_lengths())) == seq_bucket(s):
+            return problem
+    raise RuntimeError(f"no packed batch of {first} to {first + 63} sequences reaches past {s // 2} tokens")
 
 
 def lengths_at(tuned: Problem, seq_k: int) -> str:

@@ -107,10 +107,12 @@ def best_per_round(baselines: list[list[float]]) -> list[float]:
 def dispatch_key(problem: Problem) -> Key:
     """The dispatch key calls of `problem`'s shape, window, softcap and K/V layout look up (the shipped dispatch's
     Key.of): a paged layout's page size, and per-row lengths for a ragged batch or pages. A packed problem's key
-    is packed (what attention_varlen looks up: Sq and Sk the longest sequence, batch the number of sequences);
-    its lengths kind is not a key field there (every packed call has its own lengths, cu_seqlens)."""
+    is packed (what attention_varlen looks up: Sq and Sk the longest sequence drawn, which may fall short of the
+    problem's bound, batch the number of sequences); its lengths kind is not a key field there (every packed call
+    has its own lengths, cu_seqlens)."""
+    longest = max(problem.key_lengths()) if problem.packed else 0
     return Key.of(problem.dtype, problem.head_dim, problem.causal, problem.heads, problem.heads_kv,
-                  problem.seq_q, problem.seq_k, batch=problem.batch, mask=mask_of(problem),
+                  longest or problem.seq_q, longest or problem.seq_k, batch=problem.batch, mask=mask_of(problem),
                   page_size=problem.page_size, seq_lens=problem.ragged and not problem.packed, packed=problem.packed)
 
 
