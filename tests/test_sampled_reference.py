@@ -49,3 +49,27 @@ def test_short_problems_get_the_full_reference() -> None:
     assert expected.rows is None and expected.out.shape == (1, 2, 300, 32)
     assert sampled_rows(1024) is None
     assert Expected(expected.out).error(expected.out) == 0.0
+
+
+def test_a_packed_sequence_too_long_for_every_row_is_checked_on_sampled_rows(monkeypatch) -> None:
+    """A packed batch's long sequences (here: past 1100 keys) get sampled rows, its short ones every row: the
+    reference fits where one sequence's n x n scores would not (a packed search at 128K), and the error still
+    sees a wrong last row of the long one, and any wrong row of the short ones."""
+    problem = Problem(4, 2, 1500, 1500, 32, dtype="bf16", causal=True, layout="packed", lengths="uniform:200",
+                      window_left=700)
+    lengths = problem.key_lengths()
+    assert max(lengths) > 1100 and min(lengths) <= 1000, lengths
+    q, k, v = make_inputs(problem, "cpu", seed=4)
+    full = expected_output(problem, q, k, v)
+    monkeypatch.setattr(verify, "FULL_REFERENCE_SCORES", 1100 * 1100)
+    part = expected_output(problem, q, k, v)
+    for b, n in enumerate(lengths):
+        checked = part.valid[b, 0, :, 0].nonzero().flatten().tolist()
+        assert checked == (list(range(n)) if n <= 1100 else sampled_rows(n)), (b, n)
+        torch.testing.assert_close(part.out[b, :, checked], full.out[b, :, checked], rtol=1e-5, atol=1e-6)
+    out = full.out.to(torch.bfloat16)
+    assert part.error(out) < verify.TOLERANCE["bf16"]
+    for b, n in enumerate(lengths):
+        wrong = out.clone()
+        wrong[b, :, n - 1] += 1.0
+        assert part.error(wrong) > verify.TOLERANCE["bf16"], (b, n)

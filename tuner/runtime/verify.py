@@ -218,7 +218,7 @@ class Expected:
 
     out: Any  # [B, H, Sq or len(rows), D] fp32
     rows: Optional[Sequence[int]] = None
-    valid: Any = None  # bool [B, 1, Sq, 1]: packed sequences' rows (the padded form's others hold no query)
+    valid: Any = None  # bool [B, 1, Sq, 1]: the packed sequences' rows checked (packed_expected)
 
     def error(self, out: Any) -> float:
         """relative_error of a kernel's full output against this reference, on the rows it covers."""
@@ -244,7 +244,7 @@ def expected_output(problem: Problem, q: Any, k: Any, v: Any, scale: float | Non
                              f"(fp8_inputs)")
         q, k, v = dequantized_inputs(q, k, v, descales)
     if problem.packed:
-        return Expected(packed_reference(problem, q, k, v, scale), valid=valid_rows(problem, q.device))
+        return packed_expected(problem, q, k, v, scale)
     rows = None if problem.seq_q * problem.seq_k <= FULL_REFERENCE_SCORES else sampled_rows(problem.seq_q)
     return Expected(problem_reference(problem, q, k, v, scale, key_lengths, rows)[0], rows)
 
@@ -268,21 +268,19 @@ def relative_error(out: Any, ref: Any) -> float:
     return torch.linalg.vector_norm(o - r).item() / (denom if denom > 0 else 1.0)
 
 
-def packed_reference(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[float]) -> Any:
-    """fp32 [B, H, S, D]: each sequence attending to its own keys (causal and the window aligned to its end),
-    zero past its end."""
+def packed_expected(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[float]) -> Expected:
+    """fp32 [B, H, S, D]: each sequence attending to its own keys (causal and the window aligned to its end), on
+    all its rows, or on sampled ones (sampled_rows) where its n x n scores would not fit, as a dense problem's;
+    `valid` marks the rows computed (the padded form's others hold no query, or were not sampled)."""
     import torch
 
     ref = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    valid = torch.zeros(q.shape[0], 1, q.shape[2], 1, dtype=torch.bool, device=q.device)
     for b, n in enumerate(problem.key_lengths()):
-        ref[b:b + 1, :, :n] = problem_reference(problem, q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
-                                                scale)[0]
-    return ref
-
-
-def valid_rows(problem: Problem, device: Any) -> Any:
-    """bool [B, 1, S, 1]: the rows of the padded form that hold a sequence's queries."""
-    import torch
-
-    lengths = torch.tensor(problem.key_lengths(), device=device)
-    return (torch.arange(problem.seq_q, device=device)[None, :] < lengths[:, None])[:, None, :, None]
+        rows = None if n * n <= FULL_REFERENCE_SCORES else sampled_rows(n)
+        out = problem_reference(problem, q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n], scale,
+                                rows=rows)[0]
+        at = slice(0, n) if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=q.device)
+        ref[b, :, at] = out[0]
+        valid[b, 0, at] = True
+    return Expected(ref, valid=valid)
