@@ -702,6 +702,26 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch, tmp_pa
         mod._runtime.kernels._jit_cubin("src", (8, 9))
 
 
+def test_a_kernel_that_cannot_load_on_this_card_is_found_once_and_falls_back(exported, monkeypatch) -> None:
+    """A card below the kernel's compute capability (or shared memory, or a failed JIT compile) raises
+    GpuUnavailableError, which fallback="sdpa" takes, on every path; it is found once, not on every call."""
+    _, mod = exported
+    kernels = mod._runtime.kernels
+    tried = []
+
+    def refuse(kernel, device):
+        tried.append(kernel)
+        raise RuntimeError(f"{kernel} needs compute capability 9.0+, cuda:{device} has 8.0")
+
+    monkeypatch.setattr(kernels, "_load", refuse)
+    monkeypatch.setattr(kernels, "_failed", {})
+    name = next(iter(mod.MANIFEST["kernels"]))
+    for _ in range(3):
+        with pytest.raises(mod.GpuUnavailableError, match=f"^{name} does not load on cuda:0: .*capability 9.0"):
+            kernels.load_kernel(name, 0)
+    assert tried == [name]
+
+
 def test_a_shipped_source_compiles_with_the_shipped_headers_alone(exported, tmp_path) -> None:
     """The package carries every header its sources include (hashed like them): nvcc needs nothing else."""
     report, mod = exported

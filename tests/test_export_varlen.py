@@ -307,8 +307,9 @@ def test_a_packed_call_launches_the_chosen_packed_kernel_once_checked(monkeypatc
 def test_a_kernel_that_does_not_load_on_this_card_falls_back_with_sdpa(monkeypatch) -> None:
     q, k, v, cu_q, cu_k = (t.half() if t.is_floating_point() else t for t in _packed_inputs([4, 6], [4, 6]))
 
-    def no_load(q, key):
-        raise RuntimeError("attn_fwd_wgmma_x needs compute capability 9.0+, cuda:0 has 8.0")
+    def no_load(q, key):  # what load_kernel raises for a kernel this card cannot run
+        raise varlen.GpuUnavailableError("attn_fwd_wgmma_x does not load on cuda:-1: attn_fwd_wgmma_x needs compute "
+                                         "capability 9.0+, cuda:-1 has 8.0")
 
     monkeypatch.setattr(varlen, "check_packed_inputs", lambda *args: None)
     monkeypatch.setattr(varlen, "choose_kernel", no_load)

@@ -136,6 +136,7 @@ def __getattr__(name: str) -> Any:
 
 
 _loaded: dict[tuple[str, int], AttentionKernel] = {}
+_failed: dict[tuple[str, int], str] = {}  # why a kernel cannot load on a device, once found
 _loading = threading.Lock()  # two threads' first calls load a kernel once
 
 
@@ -241,13 +242,23 @@ def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
 
 
 def load_kernel(kernel: str, device: int) -> AttentionKernel:
-    """The kernel loaded for `device` (once per process and device; any thread may call)."""
+    """The kernel loaded for `device` (once per process and device; any thread may call). A kernel that cannot
+    load there (this card's compute capability or shared memory, no nvcc or a failed JIT compile, the driver
+    refusing the module) raises GpuUnavailableError, which fallback="sdpa" takes; the failure is remembered, so
+    later calls fall back without trying again (nvcc is not re-run on every call)."""
     loaded = _loaded.get((kernel, device))
     if loaded is not None:
         return loaded
     with _loading:
+        if (kernel, device) in _failed:
+            raise GpuUnavailableError(_failed[(kernel, device)])
         if (kernel, device) not in _loaded:
-            _loaded[(kernel, device)] = _load(kernel, device)
+            try:
+                _loaded[(kernel, device)] = _load(kernel, device)
+            except RuntimeError as exc:  # GpuUnavailableError included; ValueErrors (bad input) are not remembered
+                _failed[(kernel, device)] = (str(exc) if isinstance(exc, GpuUnavailableError)
+                                             else f"{kernel} does not load on cuda:{device}: {exc}")
+                raise GpuUnavailableError(_failed[(kernel, device)]) from None
     return _loaded[(kernel, device)]
 
 
