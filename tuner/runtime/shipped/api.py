@@ -124,6 +124,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             if hit[1] is None:  # a cell routed to SDPA: its kernel measured slower there
+                check_structure(q, k, v)  # a cell holds other shapes too: what the slow path refuses, refused
                 return _fallback(q, k, v, causal, scale, mask)
             out = torch.empty_like(q)
             if hit[1](q, k, v, out, None, scale):  # the kernel checks the rest (layout cached); torch's stream
@@ -142,6 +143,7 @@ def _forward_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         return _slow_lens(q, k, v, causal, scale, fallback, seq_lens, mask)
     check_seq_lens(q, seq_lens)
     if hit[1] is None:
+        check_structure(q, k, v)
         return sdpa_with_lens(q, k, v, causal, scale, seq_lens, mask)
     out = torch.empty_like(q)
     if hit[1].launch_if_fit(q, k, v, out, None, scale, seq_lens):

@@ -40,9 +40,12 @@ def refuse_unscaled_fp8(q: Any, k: Any, v: Any) -> None:
                                   "each: real = stored * descale)")
 
 
-def check_structure(q: Any, k: Any, v: Any) -> None:
-    """What no implementation can compute, so that even fallback='sdpa' raises (SDPA would return NaN or
-    zeros): k and v of different lengths, no k/v head, no key. Other shapes go to the kernels' checks."""
+def check_structure(q: Any, k: Any, v: Any, *, paged: bool = False) -> None:
+    """What no implementation can compute, so that even fallback='sdpa' raises a one-line AttentionInputError
+    (SDPA would return NaN, broadcast the batch or fail inside torch): k and v of different shapes, no k/v head,
+    no key; for rank-4 calls also q's batch (not `paged`: k and v are then the pages), head dim and heads against
+    k's, and dtypes (k and v one dtype; q's the same, or 16-bit with an FP8 cache). Other shapes go to the kernels'
+    checks, and a rank other than 4 to SDPA's."""
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3:
         return  # SDPA's own checks name what is wrong
     if k.shape[-2] != v.shape[-2] or k.shape[-3] != v.shape[-3]:
@@ -52,6 +55,18 @@ def check_structure(q: Any, k: Any, v: Any) -> None:
         raise AttentionInputError(f"k and v must have at least one head (k {tuple(k.shape)})")
     if k.shape[-2] == 0:
         raise AttentionInputError("k and v must have at least one key (Sk = 0)")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return
+    shapes = f"(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
+    if not paged and not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise AttentionInputError(f"q, k and v must have the same batch {shapes}")
+    if q.shape[3] != k.shape[3] or v.shape[3] != k.shape[3]:
+        raise AttentionInputError(f"q, k and v must have the same head dim {shapes}")
+    if q.shape[1] % k.shape[1]:
+        raise AttentionInputError(f"q's heads must be a multiple of k's and v's (GQA) {shapes}")
+    if k.dtype != v.dtype or (q.dtype != k.dtype and k.dtype != torch.float8_e4m3fn):
+        raise AttentionInputError(f"q, k and v must have one dtype (got {q.dtype}, {k.dtype}, {v.dtype}); an FP8 KV "
+                                  f"cache is float8_e4m3fn k and v with float16 or bfloat16 q")
 
 
 def refuse_grads(*tensors: Any) -> None:

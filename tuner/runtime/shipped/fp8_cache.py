@@ -138,8 +138,9 @@ def _resolve(q: Any, k: Any, v: Any, causal: bool, fallback: Optional[str], seq_
         raise AttentionInputError(f"{kernel.entry} is not an FP8-cache kernel (its manifest launch lacks kv_fp8)")
     if len(_cache) >= 256:  # a server's shapes vary: keep the cache bounded
         _cache.clear()
-    _cache[layout] = (q.get_device(), kernel)
-    return _cache[layout]
+    chosen = (q.get_device(), kernel)
+    _cache[layout] = chosen
+    return chosen  # not _cache[layout]: another thread may clear the cache in between
 
 
 def dequantised(t: Any, scale: Any, dtype: Any, out: Any = None) -> Any:

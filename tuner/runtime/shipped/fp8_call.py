@@ -86,6 +86,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                 and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
             if hit[1] is None:  # a cell routed to SDPA
                 check_fp8_call(q, k, v, descales)
+                check_structure(q, k, v)
                 return fallback_call(*dequantised(q, k, v, descales), causal, scale, mask)
             check_descales(q, k, descales)  # the kernel's launch_if_fit checks q, k, v (layout cached)
             out = torch.empty_like(q, dtype=torch.bfloat16)

@@ -74,7 +74,7 @@ def keys_kept(sq: int, sk: int, causal: bool, window: tuple, device: Any, lens: 
     left, right = window[0], window[1]
     if lens is None and not causal and left < 0 and right < 0:
         return None
-    end = lens.view(-1, 1, 1, 1).long() if lens is not None else sk  # the keys in use
+    end = lens.view(-1, 1, 1, 1).long().clamp(0, sk) if lens is not None else sk  # the keys in use, as kernels clamp
     cols = torch.arange(sk, device=device).view(1, 1, 1, sk)
     pos = torch.arange(r0, r1, device=device).view(1, 1, -1, 1) + (end - sq)  # each query's aligned position
     kept = cols < end if lens is not None else torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
@@ -107,8 +107,10 @@ def fallback(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
 
 def fallback_call(q: Any, k: Any, v: Any, causal: bool, scale: Optional[float], mask: tuple) -> torch.Tensor:
     """What runs a call no kernel serves: SDPA, or for a window or softcap masked.fallback."""
-    if mask == NO_MASK:
+    if mask == NO_MASK and not (causal and q.shape[-2] > k.shape[-2]):
         return sdpa(q, k, v, causal, scale)
+    # More queries than keys, causal: the first queries see no key. SDPA's lower-right bias may give NaN there
+    # (torch warns so); the masked path gives zeros, as the kernels do.
     return fallback(q, k, v, causal, scale, mask)
 
 
@@ -162,4 +164,6 @@ def softcap_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         if dropout:
             probs = torch.nn.functional.dropout(probs, p=dropout)
         chunks.append(torch.matmul(probs.reshape(b, hkv, group, r1 - r0, sk), vf).reshape(b, h, r1 - r0, d))
+    if not chunks:  # no query rows
+        return q.new_empty(b, h, 0, d)
     return torch.cat(chunks, dim=2).to(q.dtype)

@@ -91,7 +91,7 @@ def check_paged_structure(q: Any, k_cache: Any, v_cache: Any, block_table: Any, 
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[3]:
         raise AttentionInputError(f"k_cache and v_cache must be [pages, page_size, Hkv, D] with q's D (q "
                                   f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)})")
-    check_structure(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2))
+    check_structure(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), paged=True)
     check_seq_lens(q, seq_lens)
     if (block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != q.shape[0]
             or block_table.device != q.device):
