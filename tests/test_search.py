@@ -432,6 +432,9 @@ def test_worker_seeds_differ_per_worker_and_per_resume():
     assert worker_seed(None, 1, 5) is None
     assert worker_seed(7, 0, 0) == 7  # a fresh study keeps its seed
     assert len({worker_seed(7, w, n) for w in range(4) for n in (0, 20, 40)}) == 12
+    top = 2**32 - 1  # the largest --seed: its second worker, or a resume, stays a seed numpy takes
+    assert all(0 <= worker_seed(top, w, n) < 2**32 for w in range(4) for n in (0, 20, 5000))
+    assert len({worker_seed(top, w, n) for w in range(4) for n in (0, 20, 5000)}) == 12
 
 
 def test_compile_pools_share_the_host_and_look_ahead_is_capped(monkeypatch):

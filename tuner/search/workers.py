@@ -70,8 +70,9 @@ def compile_threads(local_workers: int) -> int:
 
 def worker_seed(seed: Optional[int], worker: int, existing: int) -> Optional[int]:
     """The sampler seed of a worker: distinct per worker, and per resume (a resumed study with the
-    seed it started with would re-ask the points it already has, all served from the store)."""
-    return None if seed is None else seed + worker + RESEED_STRIDE * existing
+    seed it started with would re-ask the points it already has, all served from the store). Within numpy's
+    0 .. 2**32 - 1, which Optuna's samplers seed: a seed near the top, or a study of thousands of trials, wraps."""
+    return None if seed is None else (seed + worker + RESEED_STRIDE * existing) % 2**32
 
 
 # SIGTERM (a scheduler, `kill`, a closed session) is handled like Ctrl-C: the trial in hand
