@@ -122,6 +122,15 @@ def test_a_worker_joins_a_study_from_another_host(replay_recording, pg_url):
     assert missing.exit_code == 2 and "no study named 'nope'" in missing.stderr
 
 
+def test_a_worker_for_a_store_that_does_not_exist_creates_nothing(replay_recording, tmp_path):
+    rec = replay_recording
+    where = tmp_path / "none" / "a.db"
+    res = run_tuner("worker", "--study", "nope", "--storage", f"sqlite:///{where}", "--backend", "replay", "--from",
+                    rec.url)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert str(where) in res.stderr and not (tmp_path / "none").exists()
+
+
 def test_sigint_stops_after_the_current_trial_and_exits_130(replay_recording, sqlite_url):
     rec = replay_recording
     env = {**os.environ, DELAY_ENV: "0.05", "PYTHONPATH": str(ROOT), "COLUMNS": "250"}

@@ -186,7 +186,7 @@ def run_join(studies: list[str], storage_url: str, *, db_url: Optional[str] = No
         require_gpus((device,))
     if db_url is None:  # results go next to the study (never to the default store of this host)
         db_url = results_url_for(storage_url)
-    with opened_storage(storage_url) as storage:
+    with opened_storage(storage_url, create=False) as storage:  # joining: a missing store is an error, not made
         return _join(studies, storage, storage_url, db_url, backend, replay_from, trials, device, time_budget_s, seed,
                      force, console, hooks)
 
