@@ -41,6 +41,7 @@ from tuner.search.ownership import ATTR_HEARTBEAT, ATTR_PID_SPACE, ATTR_SESSION,
 from tuner.search.study import (
     ATTR_INFEASIBLE,
     ATTR_INTERRUPTED,
+    ATTR_OBJECTIVE,
     counts_toward_budget,
     finished_trials,
     load_study,
@@ -157,6 +158,24 @@ def test_a_dead_processes_stored_result_is_told_not_thrown_away(sqlite_url):
     assert [counts_toward_budget(after[t.number]) for t in (measured, pruned, failed, nothing)] == \
         [True, False, True, False]
     assert finished_trials(study) == budget_taken(study) == 2
+
+
+@pytest.mark.parametrize("objective, told", [("time", 42.0), ("isolated", 38.5), ("energy", None)])
+def test_a_reaped_trial_is_told_the_figure_its_study_minimizes(sqlite_url, objective: str, told) -> None:
+    """A study minimizing isolated µs or J per call is told that figure of a dead process's stored trial, never
+    the back-to-back µs (a trial told µs among joules, or among isolated µs, mixes objectives); a row
+    without the figure (no energy reading) is FAIL."""
+    from store_factories import H100, trial
+
+    study = optuna.create_study(study_name="s", storage=storage_for(sqlite_url))
+    study.set_user_attr(ATTR_OBJECTIVE, objective)
+    dead = _running(study, worker="elsewhere:1", heartbeat=time.time() - STALE_S - 1)
+    with open_store(sqlite_url) as store:
+        run = store.start_run(H100)
+        store.add_trial(trial(run, study="s", trial_number=dead.number, median_us=42.0, isolated_us=38.5))
+        assert reap(study, store) == [dead.number]
+    after = study.get_trials()[dead.number]
+    assert (after.state, after.value) == ((TrialState.COMPLETE, told) if told else (TrialState.FAIL, None))
 
 
 def _dead_pid() -> int:

@@ -37,8 +37,10 @@ from tuner.search.ownership import (
     SESSION,
     WORKER_ID,
 )
+from tuner.runtime.objective import TIME, figure
 from tuner.search.study import (
     ATTR_INFEASIBLE,
+    ATTR_OBJECTIVE,
     ATTR_INTERRUPTED,
     ATTR_REASON,
     ATTR_REPEAT,
@@ -108,7 +110,7 @@ def reap(study: optuna.Study, store: Optional[Store] = None, now: Optional[float
             row = found[0] if found else None
         try:
             if row is not None:
-                tell_stored(study, trial, row)
+                tell_stored(study, trial, row, study.user_attrs.get(ATTR_OBJECTIVE, TIME))
             else:
                 study._storage.set_trial_user_attr(trial._trial_id, ATTR_INTERRUPTED, "reaped: no sign of life")
                 study.tell(trial.number, state=TrialState.FAIL)
@@ -118,16 +120,18 @@ def reap(study: optuna.Study, store: Optional[Store] = None, now: Optional[float
     return reaped
 
 
-def tell_stored(study: optuna.Study, trial: FrozenTrial, row: TrialRow) -> None:
-    """Tell a trial what its own store row says, as its process would have: ok -> its median; pruned ->
-    pruned and free (infeasible, or the backend could not measure it); any other status -> FAIL."""
+def tell_stored(study: optuna.Study, trial: FrozenTrial, row: TrialRow, objective: str) -> None:
+    """Tell a trial what its own store row says, as its process would have: ok -> the study's objective's figure
+    of it (µs back to back, J per call or isolated µs; FAIL where the row lacks it); pruned -> pruned and free
+    (infeasible, or the backend could not measure it); any other status -> FAIL."""
     attrs: dict[str, Any] = {ATTR_STATUS: row.status.value, ATTR_SOURCE: "measured", ATTR_STORE_ID: row.id}
     if row.status is TrialStatus.PRUNED:
         attrs.update({ATTR_SOURCE: "pruned", ATTR_INFEASIBLE: True, ATTR_REASON: row.error or "pruned"})
     for key, value in attrs.items():
         study._storage.set_trial_user_attr(trial._trial_id, key, value)
-    if row.status is TrialStatus.OK and row.median_us is not None and math.isfinite(row.median_us):
-        study.tell(trial.number, row.median_us)
+    value = figure(objective, row) if row.status is TrialStatus.OK else None
+    if value is not None and math.isfinite(value):
+        study.tell(trial.number, value)
     else:
         study.tell(trial.number, state=TrialState.PRUNED if row.status is TrialStatus.PRUNED else TrialState.FAIL)
 
