@@ -366,6 +366,38 @@ def test_time_budget_stops_starting_trials(replay_recording, sqlite_url):
     assert 0 < report.asked < 20
 
 
+def test_a_study_started_with_a_time_budget_alone_resumes_only_with_a_budget(replay_recording, sqlite_url):
+    """Its study holds no trial budget: a bare --resume would run without end, so it is refused (as `tuner
+    worker` refuses it); --trials or --time-budget resume it."""
+    rec = replay_recording
+    ticks = iter(range(10_000))
+    clock = lambda: 1_000_000.0 + next(ticks)  # noqa: E731
+    hooks = Hooks(make_backend=lambda *a, **k: CountingBackend(rec), now=clock)
+    first = run_search(options(rec, sqlite_url, trials=None, time_budget_s=10.0), hooks=hooks)
+    with pytest.raises(TunerError, match="has no trial budget .* give --trials or --time-budget to resume it"):
+        run_search(options(rec, sqlite_url, trials=None, resume=True), hooks=hooks)
+    again = run_search(options(rec, sqlite_url, trials=first.asked + 3, resume=True), hooks=hooks)
+    assert again.asked == 3
+
+
+def test_a_study_interrupted_while_it_is_prepared_keeps_its_budget(replay_recording, sqlite_url, monkeypatch):
+    """Ctrl-C during the warm start's queries: the study already holds its budget, so --resume runs to it."""
+    import tuner.search.prepare as prepare
+
+    rec = replay_recording
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepare, "warm_start_points", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_search(options(rec, sqlite_url, trials=7), hooks=Hooks(make_backend=lambda *a, **k: CountingBackend(rec)))
+    report = run_search(options(rec, sqlite_url, trials=None, resume=True),
+                        hooks=Hooks(make_backend=lambda *a, **k: CountingBackend(rec)))
+    assert report.asked == 7
+
+
 # --- review fixes: compile exceptions, `tuner worker` store, resume seeds, pool sizes, stop while waiting ---
 
 

@@ -178,6 +178,10 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
             raise TunerError(f"study {name!r} minimizes {info.objective}, not {options.objective}; resume it with "
                              f"--objective {info.objective}, or pass --study NAME for a new study")
         budget = options.trials if options.trials is not None else info.budget
+        if budget is None and options.time_budget_s is None:  # started with --time-budget alone
+            raise TunerError(f"study {name!r} has no trial budget (it was started with --time-budget alone): "
+                             f"give --trials or --time-budget to resume it")
+        study.set_user_attr(ATTR_BUDGET, budget)
     else:
         _check_new_study(options, store, name)
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
@@ -187,9 +191,11 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
             budget = len(feasible_space(manifest.name, problem, profile))
         if budget is None and options.time_budget_s is None:
             budget = DEFAULT_TRIALS
+        # Every attribute, the budget included, before the warm start's queries: a study interrupted there
+        # (Ctrl-C) resumes with its own budget.
         for key, value in ((ATTR_PROBLEM, problem.to_dict()), (ATTR_TEMPLATE, options.template),
                            (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed),
-                           (ATTR_OBJECTIVE, options.objective)):
+                           (ATTR_OBJECTIVE, options.objective), (ATTR_BUDGET, budget)):
             study.set_user_attr(key, value)
         if options.sampler != "grid":  # the grid covers every point anyway
             warm = warm_start_points(store, profile.name, options.template, problem, options.warm_start, manifest)
@@ -197,5 +203,4 @@ def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: G
                 study.enqueue_trial(params, skip_if_exists=True)
             if warm.sources:
                 say(f"{problem.label}: warm start from {', '.join(warm.sources)}")
-    study.set_user_attr(ATTR_BUDGET, budget)
     return study, budget
