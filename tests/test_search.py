@@ -366,6 +366,26 @@ def test_time_budget_stops_starting_trials(replay_recording, sqlite_url):
     assert 0 < report.asked < 20
 
 
+def test_a_search_on_the_card_measures_what_a_replay_of_its_name_answered(replay_recording, sqlite_url,
+                                                                           monkeypatch):
+    """The README's replay writes answers under the recording's card name into the store; a search on that card
+    measures every point itself (none is taken from the replay), and a later replay still reuses its own."""
+    import tuner.search.run as run
+
+    rec = replay_recording
+    replayed = run_search(options(rec, sqlite_url, trials=15, study="replayed", warm_start=0, template="attn_fwd_mma"))
+    assert replayed.measured > 0
+    monkeypatch.setattr(run, "require_gpus", lambda devices: None)  # a stand-in card: the replay's answers
+    monkeypatch.setattr(run, "resolve_profile", lambda gpu, force=False, device=0: load_profile(rec.profile))
+    card = CountingBackend(rec)
+    on_card = run_search(options(rec, sqlite_url, trials=15, study="on-the-card", backend="gpu", replay_from=None,
+                                 warm_start=0, template="attn_fwd_mma"), hooks=Hooks(make_backend=lambda *a, **k: card))
+    assert on_card.reused == 0 and len(card.measured) >= on_card.measured > 0  # (unrecorded points: pruned)
+    again = run_search(options(rec, sqlite_url, trials=15, study="replayed-again", warm_start=0,
+                               template="attn_fwd_mma"))
+    assert again.reused > 0
+
+
 def test_a_study_started_with_a_time_budget_alone_resumes_only_with_a_budget(replay_recording, sqlite_url):
     """Its study holds no trial budget: a bare --resume would run without end, so it is refused (as `tuner
     worker` refuses it); --trials or --time-budget resume it."""

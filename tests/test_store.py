@@ -171,6 +171,24 @@ def test_find_trial_for_reuse(store):
     assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H200.gpu_name) is None
 
 
+def test_replayed_answers_and_measurements_are_never_reused_for_each_other(store):
+    """A replay reports the recording's card: a search measuring that card must not take its answers as
+    measurements, and a replay answers from its own recording, not from the card's runs (nor another one's)."""
+    from dataclasses import replace
+
+    params = {"BLOCK_M": 64}
+    recording, other = "sqlite:///rec.db", "sqlite:///other.db"
+    replayed = store.start_run(replace(H100, replayed_from=recording))
+    store.add_trial(trial(replayed, params=params, median_us=99.0))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name) is None
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, replayed_from=recording).median_us == 99.0
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, replayed_from=other) is None
+    measured = store.start_run(H100)
+    store.add_trial(trial(measured, params=params, median_us=55.0))
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name).median_us == 55.0
+    assert store.find_trial(BIG, "attn_fwd_mma", "h1", params, H100.gpu_name, replayed_from=recording).median_us == 99.0
+
+
 def test_reuse_for_an_objective_needs_its_figure(store):
     """A search minimizing J per call (or isolated µs) reuses an ok trial only when it has that figure;
     a failure is reused whatever the objective."""

@@ -69,6 +69,7 @@ class Context:
     hooks: Hooks = field(default_factory=Hooks)
     result: WorkerResult = field(default_factory=WorkerResult)
     objective: str = "time"  # what the worker's studies minimize (tuner.runtime.objective)
+    replayed_from: Optional[str] = None  # a replay's recording (redacted URL): reuse answers of it alone
 
     def interrupt(self) -> None:
         """Ctrl-C reached this worker: stop, and say so in its result."""

@@ -303,7 +303,8 @@ class ProblemSearch:
 
     def _known(self, variant: Variant) -> Optional[TrialRow]:
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
-                                         variant.stored_params(), self.ctx.gpu_name, required_column(self.ctx.objective))
+                                         variant.stored_params(), self.ctx.gpu_name,
+                                         required_column(self.ctx.objective), self.ctx.replayed_from)
 
     def _running_duplicate(self, trial: Trial) -> Optional[int]:
         return running_duplicate(self.study, trial, len(self.distributions), self._ignored)

@@ -137,14 +137,13 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
                                               thread_name_prefix="nvcc")
         with open_store(spec.db_url) as store:
             facts = backend.device_facts()
+            replayed_from = redact_url(spec.replay_from) if spec.backend == "replay" and spec.replay_from else None
             run_id = store.start_run(RunInfo.for_this_process(
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
-                cuda_version=facts.cuda_version,
-                replayed_from=redact_url(spec.replay_from) if spec.backend == "replay" and spec.replay_from else None,
-                objective=spec.objective,
+                cuda_version=facts.cuda_version, replayed_from=replayed_from, objective=spec.objective,
             ))
             ctx = Context(store, backend, run_id, profile, facts.gpu_name, compile_pool, stop, events, hooks,
-                          objective=spec.objective)
+                          objective=spec.objective, replayed_from=replayed_from)
             ctx.result.run_id = run_id
             ctx.result.spent("start-up (worker, GPU context)", time.perf_counter() - started)
             try:
