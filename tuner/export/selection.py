@@ -11,7 +11,7 @@ from typing import Any, Optional
 # The shipped dispatch module is standard-library only: the tuner keys entries with it (one definition).
 from tuner.errors import TunerError
 from tuner.runtime.shipped.dispatch import Key
-from tuner.kernels.manifest import load_manifest
+from tuner.kernels.manifest import list_templates, load_manifest
 from tuner.kernels.variant import Variant, mask_of
 from tuner.problem import DTYPES, FULL_LENGTHS, Problem, parse_shape
 from tuner.profiles import GpuProfile
@@ -37,14 +37,21 @@ class ExportedKernel:
 
 
 def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtype: Optional[str]) -> list[TrialRow]:
-    """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart)."""
+    """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart), by
+    back-to-back µs: a time confirm stage's winner where there is one (an energy or isolated stage's winner is
+    another objective's), and the current template code's trials before older code's, whose figures describe
+    other kernels (a problem measured only with older code keeps its best, exported if its cubin is unchanged)."""
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     filters = [TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype) for s in shapes] or \
               [TrialFilter(gpu=profile.name, dtype=dtype)]
+    current = tuple(sorted(m.source_hash for m in list_templates()))
     rows: dict[int, TrialRow] = {}
     for filt in filters:
-        found = store.prefer_confirmed([r for r in store.best_trials(filt) if r.profile == profile.name])
+        best = store.best_trials(dataclasses.replace(filt, template_hashes=current))
+        tuned = {(r.problem, r.profile) for r in best}
+        best += [r for r in store.best_trials(filt) if (r.problem, r.profile) not in tuned]
+        found = store.prefer_confirmed([r for r in best if r.profile == profile.name], objective="time")
         if not found:
             what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
             raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
@@ -87,7 +94,7 @@ def sdpa_ratio(store: Any, row: TrialRow, baselines: list[Any]) -> Optional[floa
     from tuner.runtime.timing import per_round_ratio
 
     if row.confirmed_us is not None:
-        confirmed = store.confirmed(row.problem, row.profile)
+        confirmed = store.confirmed(row.problem, row.profile, objective="time")
         timings = store.confirm_timings(confirmed.confirmation_id) if confirmed else {}
         sdpa = [timings[n] for n in SDPA_BACKENDS if n in timings]
         mine = timings.get(row.variant_name)

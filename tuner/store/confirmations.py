@@ -50,19 +50,21 @@ class ConfirmationStore:
                             for impl, (trial_id, times) in rec.timings.items() for r, us in enumerate(times))
             return row.id
 
-    def confirmed(self, problem: Problem, gpu: Optional[str] = None) -> Optional[ConfirmedRow]:
-        """The newest confirmed winner of `problem` (on GPU profile `gpu`, when given), if any."""
-        stmt = q.confirmed_select(problem, gpu)
+    def confirmed(self, problem: Problem, gpu: Optional[str] = None,
+                  objective: Optional[str] = None) -> Optional[ConfirmedRow]:
+        """The newest confirmed winner of `problem` (on GPU profile `gpu`, of `objective`, when given), if any."""
+        stmt = q.confirmed_select(problem, gpu, objective)
         with self._read("cannot read the confirm stage") as session:
             found = session.execute(stmt).first()
         return q.to_confirmed_row(found, problem) if found is not None else None
 
-    def prefer_confirmed(self, rows: list[TrialRow]) -> list[TrialRow]:
-        """Each best row replaced by its problem's confirmed winner on that GPU profile, when one exists,
-        with the confirm stage's figures set (headline_us, headline_ratio, headline_joules)."""
+    def prefer_confirmed(self, rows: list[TrialRow], objective: Optional[str] = None) -> list[TrialRow]:
+        """Each best row replaced by its problem's confirmed winner on that GPU profile (of `objective`, when
+        given), when one exists, with the confirm stage's figures set (headline_us, headline_ratio,
+        headline_joules)."""
         out = []
         for row in rows:
-            confirmed = self.confirmed(row.problem, row.profile)
+            confirmed = self.confirmed(row.problem, row.profile, objective)
             if confirmed is None or row.id not in self.confirmed_trial_ids(confirmed.confirmation_id):
                 out.append(row)  # unconfirmed, or a faster trial came after the confirm stage: it is stale
                 continue

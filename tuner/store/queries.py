@@ -98,6 +98,8 @@ def apply_filter(stmt: Select, filt: TrialFilter) -> Select:
         stmt = stmt.where(ProblemTable.causal == filt.causal)
     if filt.template:
         stmt = stmt.where(VariantTable.template == filt.template)
+    if filt.template_hashes is not None:
+        stmt = stmt.where(VariantTable.template_hash.in_(filt.template_hashes))
     if filt.status is not None:
         stmt = stmt.where(TrialTable.status == filt.status)
     if filt.run_id is not None:
@@ -266,8 +268,9 @@ def to_ncu_metric(row: NcuMetricTable) -> NcuMetric:
     return NcuMetric(name=row.name, value=row.value, unit=row.unit)
 
 
-def confirmed_select(problem: Problem, gpu: Optional[str]) -> Select:
-    """The newest confirmation of `problem` (optionally on one GPU profile), with its winner's name."""
+def confirmed_select(problem: Problem, gpu: Optional[str], objective: Optional[str] = None) -> Select:
+    """The newest confirmation of `problem` (optionally on one GPU profile, of one objective), with its
+    winner's name."""
     stmt = (select(ConfirmationTable, VariantTable.name, RunTable.profile)
             .join(ProblemTable, ProblemTable.id == ConfirmationTable.problem_id)
             .join(TrialTable, TrialTable.id == ConfirmationTable.winner_trial_id)
@@ -276,6 +279,9 @@ def confirmed_select(problem: Problem, gpu: Optional[str]) -> Select:
             .where(*(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items())))
     if gpu:
         stmt = stmt.where(RunTable.profile == gpu.strip().lower())
+    if objective is not None:  # NULL: time, as stored before revision 0007
+        stmt = stmt.where(ConfirmationTable.objective.is_(None) if objective == "time"
+                          else ConfirmationTable.objective == objective)
     return stmt.order_by(ConfirmationTable.id.desc()).limit(1)
 
 

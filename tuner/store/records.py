@@ -127,6 +127,7 @@ class TrialFilter:
     dtype: Optional[str] = None
     causal: Optional[bool] = None
     template: Optional[str] = None
+    template_hashes: Optional[tuple[str, ...]] = None  # variants of these template code versions only
     status: Optional[TrialStatus] = None
     run_id: Optional[int] = None
     study: Optional[str] = None
