@@ -225,6 +225,46 @@ def test_a_failed_check_is_one_line_and_leaves_the_manifest_as_it_was(tmp_path, 
     assert manifest.read_bytes() == before
 
 
+@needs_nvcc
+def test_export_force_check_replaces_the_earlier_package_only_once_the_check_passed(tmp_path, monkeypatch) -> None:
+    """--force --check measures the new package staged beside the earlier one: a check that fails (or is
+    interrupted) leaves the earlier package as it was, one that passes swaps the checked package in."""
+    import json
+
+    import tuner.export.check as check
+    from tuner.errors import TunerError
+    from tuner.export.run import ExportOptions, export
+
+    store = write_export_store(f"sqlite:///{tmp_path / 'r.db'}")
+    name = _unique("forcecheck")
+    out = tmp_path / name
+    assert run_tuner("--db", store.url, "export", "--gpu", "h100", "--out", str(out)).exit_code == 0
+    earlier = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    options = ExportOptions(gpu="h100", out=out, db_url=store.url, force=True, check=True, name=name)
+    monkeypatch.setattr(check, "require_gpu_for", lambda profile: 0)
+    seen = []
+
+    def failing(root, pkg, profile, progress):
+        seen.append(root)
+        raise TunerError(f"export --check failed while measuring the cells of {pkg}: (test)")
+
+    monkeypatch.setattr(check, "check_package", failing)
+    with pytest.raises(TunerError, match="export --check failed"):
+        export(options)
+    assert seen and seen[0] != out and seen[0].parent == out  # measured where it was staged, not in place
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == earlier
+
+    def passing(root, pkg, profile, progress):
+        path = root / pkg / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "checked": {"cells": ["measured"]}}))
+        return ["measured"]
+
+    monkeypatch.setattr(check, "check_package", passing)
+    assert export(options).checked == ["measured"]
+    assert json.loads((out / name / "manifest.json").read_text())["checked"] == {"cells": ["measured"]}
+    assert not [p for p in out.iterdir() if p.name.startswith(".tuner-")]
+
+
 def test_a_short_query_kernel_never_serves_long_queries() -> None:
     """A decode kernel (its template's max_seq_q 16) computes any Sq but slowly: dispatch gives it queries
     of up to 16 rows and sends longer ones to a prefill kernel, however near the decode entry's bucket."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -199,8 +200,10 @@ def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable
     records: list[dict[str, Any]] = []
     header: dict[str, Any] = {}
     with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: warnings cannot block the child
+        # No bytecode: the package may be a staged copy about to move, its .pyc would name the old path.
         child = subprocess.Popen([sys.executable, "-m", "tuner.export.check", str(root), name, str(profile.l2_bytes)],
-                                 stdout=subprocess.PIPE, stderr=errors, text=True)
+                                 stdout=subprocess.PIPE, stderr=errors, text=True,
+                                 env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         assert child.stdout is not None
         for line in child.stdout:  # anything else the child prints is ignored
             if line.startswith(_CELL):

@@ -14,7 +14,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from tuner.export.options import PACKAGE_VERSION, ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
@@ -138,7 +138,9 @@ def _readme(name: str, manifest: dict[str, Any]) -> str:
 
 
 def write_package(options: ExportOptions, name: str, profile: GpuProfile, manifest: dict[str, Any],
-                  built: dict[str, ExportedKernel]) -> ExportReport:
+                  built: dict[str, ExportedKernel],
+                  verify: Optional[Callable[[Path], None]] = None) -> ExportReport:
+    """The package in options.out (staged, `verify`-ed there, then swapped in for an earlier one)."""
     names = [name, "pyproject.toml", "README.md"]
     check_out(options.out, options.force, names, is_package_export(options.out, name))
     arch = profile.nvcc_arch
@@ -182,5 +184,5 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
         (root / "README.md").write_text(_readme(name, manifest))
         return files + [pkg / "manifest.json", root / "pyproject.toml", root / "README.md"]
 
-    files = write_staged(options.out, names, write)
+    files = write_staged(options.out, names, write, verify)
     return ExportReport(options.out, "package", name, manifest["entries"], len(built), files)

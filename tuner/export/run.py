@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import tuner
@@ -81,10 +82,13 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
     }
     if options.format == "header":
         return write_header(options, name, profile, manifest, built)
-    report = write_package(options, name, profile, manifest, built)
     if not options.check:
-        return report
+        return write_package(options, name, profile, manifest, built)
     from tuner.export.check import check_package
 
-    checked = check_package(options.out, name, profile, progress or (lambda record: None))
-    return dataclasses.replace(report, checked=checked)
+    checked: list[dict[str, Any]] = []  # measured in the staged package: a failed check keeps the earlier export
+
+    def check(stage: Path) -> None:
+        checked.extend(check_package(stage, name, profile, progress or (lambda record: None)))
+
+    return dataclasses.replace(write_package(options, name, profile, manifest, built, check), checked=checked)

@@ -61,10 +61,13 @@ def _swap_in(stage: Path, out: Path, backup: Path, names: list[str]) -> None:
         raise
 
 
-def write_staged(out: Path, names: list[str], write: Callable[[Path], list[Path]]) -> list[Path]:
-    """Run `write(stage)` in a temporary folder inside `out`, then swap its `names` in (same file system: renames).
+def write_staged(out: Path, names: list[str], write: Callable[[Path], list[Path]],
+                 verify: Optional[Callable[[Path], None]] = None) -> list[Path]:
+    """Run `write(stage)` in a temporary folder inside `out`, then `verify(stage)` (export --check measures the
+    staged package), then swap its `names` in (same file system: renames).
 
-    A failed export leaves the earlier one in place and no half-written one; OSError -> one-line TunerError.
+    A failed (or interrupted) export or check leaves the earlier one in place and no half-written one;
+    OSError -> one-line TunerError.
     """
     created = not out.exists()
     stage: Optional[Path] = None
@@ -74,6 +77,8 @@ def write_staged(out: Path, names: list[str], write: Callable[[Path], list[Path]
         out.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=out))
         rel = [p.relative_to(stage) for p in write(stage)]
+        if verify is not None:
+            verify(stage)
         backup = Path(tempfile.mkdtemp(prefix=".tuner-previous-", dir=out))
         _swap_in(stage, out, backup, names)
         done = True
