@@ -763,6 +763,23 @@ def test_tuner_confirm_confirms_stored_results(replay_recording, sqlite_url):
     assert f"{rec.problem.label}: {confirmed.variant_name}" in result.stdout and "median of 4 rounds" in result.stdout
 
 
+def test_a_replayed_confirm_stage_never_races_measured_trials(replay_recording, sqlite_url):
+    """A replay reports the recording's card: its confirm stage re-times only trials answered from its
+    recording, never the card's measured ones (their confirmation would carry replayed figures unmarked)."""
+    import sqlite3
+
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=20, confirm=0), hooks=with_backend(CountingBackend(rec)))
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as db:  # as if measured on the card
+        db.execute("UPDATE runs SET replayed_from = NULL")
+    result = run_tuner("--db", sqlite_url, "confirm", "--gpu", rec.profile, "--backend", "replay", "--from", rec.url,
+                       "--confirm", "3", "--rounds", "4", env=WIDE)
+    assert result.exit_code == 0, result.stderr
+    assert "nothing to confirm" in result.stdout + result.stderr
+    with open_store(sqlite_url) as store:
+        assert store.confirmed(rec.problem) is None
+
+
 def test_warm_start_puts_confirmed_winners_of_near_problems_first_and_says_so(replay_recording, sqlite_url):
     rec = replay_recording
     manifest = load_manifest("attn_fwd_mma")

@@ -45,12 +45,13 @@ ROUND_FIGURE = {TIME: "us", ENERGY: "j", ISOLATED: "iso"}  # the ledger's figure
 
 def candidates(ctx: Context, problem: Problem, template: str, k: int) -> list[TrialRow]:
     """The k best distinct variants (by the objective's figure) of the problem measured on this card with
-    this template code. With energy or isolated µs the fastest back to back joins them: it is what
-    `results --best` shows first, and a confirm stage that did not race it would read as stale there."""
+    this template code (a replay's: answered from its recording, as its search reuses). With energy or
+    isolated µs the fastest back to back joins them: it is what `results --best` shows first, and a confirm
+    stage that did not race it would read as stale there."""
     manifest = load_manifest(template)
     rows = ctx.store.query_trials(TrialFilter(problem=problem, template=template, status=TrialStatus.OK))
     rows = [r for r in rows if r.gpu_name == ctx.gpu_name and r.template_hash == manifest.source_hash
-            and r.median_us is not None]
+            and r.median_us is not None and r.replayed_from == ctx.replayed_from]
     ranked = sorted((r for r in rows if figure(ctx.objective, r) is not None),
                     key=lambda r: (figure(ctx.objective, r), r.id))
     chosen: dict[str, TrialRow] = {}

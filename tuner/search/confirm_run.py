@@ -55,13 +55,12 @@ def run_confirm(options: ConfirmOptions, say: Callable[[str], None], hooks: Hook
                                      force=options.force, objective=options.objective)
         try:
             facts = backend.device_facts()
+            replayed_from = redact_url(options.replay_from) if options.replay_from else None
             run_id = store.start_run(RunInfo.for_this_process(
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
-                cuda_version=facts.cuda_version,
-                replayed_from=redact_url(options.replay_from) if options.replay_from else None,
-                objective=options.objective))
+                cuda_version=facts.cuda_version, replayed_from=replayed_from, objective=options.objective))
             ctx = Context(store, backend, run_id, profile, facts.gpu_name, None, threading.Event(),
-                          lambda _event: None, hooks, objective=options.objective)
+                          lambda _event: None, hooks, objective=options.objective, replayed_from=replayed_from)
             try:
                 for row in {r.problem: r for r in best}.values():
                     tell = lambda text, p=row.problem: say(f"{p.label}: {text}")  # noqa: E731

@@ -242,6 +242,7 @@ def to_trial_fields(row: Any) -> dict[str, Any]:
         energy=energy_of(trial.joules_per_call, trial.power_w, trial.sm_mhz),
         isolated_us=trial.isolated_us,
         best_baseline_energy=energy_of(best_joules, best_watts, best_mhz),
+        replayed_from=run.replayed_from,
     )
 
 

@@ -225,6 +225,7 @@ class TrialRow:
     energy: Optional[Energy] = None  # of the back-to-back timing (None: not measured)
     isolated_us: Optional[float] = None  # median of isolated calls (--objective isolated)
     best_baseline_energy: Optional[Energy] = None
+    replayed_from: Optional[str] = None  # its run's recording, when a replay answered it (None: measured)
 
     @property
     def headline_us(self) -> Optional[float]:
