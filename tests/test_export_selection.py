@@ -1,8 +1,13 @@
 """Which trial `tuner export` ships for a problem (CPU, both store backends): the fastest back to back of the
-current template code, a time confirm stage's winner over it, never an energy or isolated stage's."""
+current template code, a time confirm stage's winner over it, never an energy or isolated stage's; with
+--model, exactly the model's problems."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
+import pytest
 from store_factories import BIG, H100, trial
 
 from tuner.export.selection import sdpa_ratio, select_trials
@@ -53,3 +58,25 @@ def test_an_energy_confirm_stages_winner_is_not_exported_over_the_fastest(store)
                                          winner_ratio=1.24, baseline_impl="sdpa_flash", timings=timings))
     (row,) = select_trials(store, PROFILE, (), None)
     assert row.id == fast and row.confirmed_us == 40.2 and row.confirmed_objective == "time"
+
+
+def test_a_models_export_takes_exactly_its_problems_fp8_cache_decode_included(store) -> None:
+    """--model exports the problems its search tuned: not another problem of the same shape (non-causal, other
+    K/V heads), and with --kv-cache e4m3 its decode steps in their FP8-cache dtype."""
+    from tuner.errors import TunerError
+    from tuner.models import load_model, model_problems
+
+    model = load_model("llama-3.1-8b")
+    plain, fp8 = model_problems(model), model_problems(model, "e4m3")
+    decode = [p for p in fp8 if p.dtype == "bf16_kv_e4m3"]
+    assert decode and len(plain) == len(fp8)
+    run = store.start_run(H100)
+    ids = {p: store.add_trial(trial(run, p, params={"BLOCK_M": 64}, template_hash=CURRENT, median_us=10.0))
+           for p in fp8}
+    stranger = dataclasses.replace(plain[0], causal=False, heads_kv=plain[0].heads)
+    store.add_trial(trial(run, stranger, params={"BLOCK_M": 64}, template_hash=CURRENT, median_us=1.0))
+    rows = select_trials(store, PROFILE, (), None, fp8)
+    assert sorted(r.id for r in rows) == sorted(ids.values())
+    missing = dataclasses.replace(decode[0], dtype="bf16").label
+    with pytest.raises(TunerError, match=re.escape(f"no ok trials for h100 ({missing})")):
+        select_trials(store, PROFILE, (), None, plain)  # its decode steps were tuned over an FP8 cache

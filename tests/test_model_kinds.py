@@ -9,7 +9,7 @@ import pytest
 from cli_helpers import run_tuner
 
 from tuner.errors import TunerError
-from tuner.models import LayerKind, Phase, load_model, search_plan, serving_shapes, shape_from_config
+from tuner.models import LayerKind, Phase, load_model, model_problems, search_plan, shape_from_config
 
 # The hub's config.json files, trimmed to the keys attention reads (and, for Gemma-3, as sparse as the hub's:
 # head_dim, query_pre_attn_scalar and the layer pattern are Gemma3TextConfig's defaults there).
@@ -86,7 +86,11 @@ def test_gemma2s_search_plan() -> None:
         Phase("decode", ("8,16,1,4096,256", "64,16,1,1024,256", "1,16,1,4096,256", "8,16,1,8192,256",
                          "1,16,1,32768,256", "8,16,4,8192,256"), (-1, -1), 50.0),
         Phase("decode", ("8,16,4,4099,256",), (4095, -1), 50.0)]
-    assert set(serving_shapes(load_model("gemma-2-9b"))) == {s for p in phases for s in p.shapes}
+    problems = model_problems(load_model("gemma-2-9b"))
+    assert [(f"{p.batch},{p.heads},{p.seq_q}" + (f",{p.seq_k}" if p.seq_k != p.seq_q else "") + f",{p.head_dim}",
+             (p.window_left, p.window_right), p.softcap) for p in problems] == \
+        [(s, phase.window, phase.softcap) for phase in phases for s in phase.shapes]
+    assert all(p.causal and p.heads_kv == 8 and p.dtype == "bf16" for p in problems)
 
 
 def test_a_plain_model_keeps_its_two_searches() -> None:

@@ -55,6 +55,12 @@ def test_search_and_export_take_a_model_and_refuse_it_with_shapes(tmp_path) -> N
     export = run_tuner("--db", db, "export", "--gpu", "h100", "--out", str(tmp_path / "o"), "--model", "mistral-7b",
                        "--all")
     assert export.exit_code == 2 and "give one of --shape, --all and --model" in export.stderr
+    out = ["--db", db, "export", "--gpu", "h100", "--out", str(tmp_path / "o")]
+    dtype = run_tuner(*out, "--model", "mistral-7b", "--dtype", "bf16_kv_e4m3")
+    assert dtype.exit_code == 2 and "--model sets the dtype of its problems" in dtype.stderr  # it was ignored
+    cache = run_tuner(*out, "--shape", "8,32,1,8192,128", "--kv-cache", "e4m3")
+    assert cache.exit_code == 2 and "--kv-cache describes --model's decode steps" in cache.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_search_model_tunes_its_causal_prefill_problems(tmp_path) -> None:

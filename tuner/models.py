@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tuner.errors import TunerError
-from tuner.problem import KV_E4M3, window_text
+from tuner.problem import KV_E4M3, Problem, problem_from_shape, window_text
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,9 @@ def decode_shapes(model: ModelShape) -> tuple[str, ...]:
     return tuple(f"{b},{model.heads},{sq},{sk},{model.head_dim}" for b, sq, sk in DECODE)
 
 
-def serving_shapes(model: ModelShape) -> tuple[str, ...]:
-    """Every problem `tuner search --model` tunes: prefill, then decode (each shape once, any layer kind)."""
-    return tuple(dict.fromkeys(s for phase in search_plan(model) for s in phase.shapes))
+def model_problems(model: ModelShape, kv_cache: str = "") -> tuple[Problem, ...]:
+    """The problems `tuner search --model` (with --kv-cache) tunes, causal, each with its phase's window, softcap
+    and dtype and the model's K/V heads (in the default layout: a search's --layout and --lengths are its own)."""
+    return tuple(problem_from_shape(s, dtype=phase.dtype or model.dtype, causal=True, heads_kv=model.heads_kv,
+                                    window=phase.window, softcap=phase.softcap)
+                 for phase in search_plan(model, kv_cache) for s in phase.shapes)

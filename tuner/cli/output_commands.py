@@ -25,7 +25,7 @@ from tuner.cli.tables import export_lines, metrics_table, replay_eval_table
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
-from tuner.models import load_model, serving_shapes
+from tuner.models import load_model, model_problems
 from tuner.reporting.profiling import METRICS, metrics_to_json, profile_top, profile_trial
 from tuner.reporting.replay_eval import evaluate_samplers
 from tuner.reporting.replay_eval_model import EvalOptions
@@ -77,16 +77,22 @@ def export_command(
     db: DbOption = None,
     model: Annotated[Optional[str], typer.Option(help="Export the problems `tuner search --model` tunes for this model (a preset or a config.json).")] = None,
     check: Annotated[bool, typer.Option("--check", help="On the GPU: time every dispatch cell's kernels against SDPA and route the cells where they lose to SDPA.")] = False,
+    kv_cache: Annotated[str, typer.Option("--kv-cache", help="With --model: its decode steps as `tuner search --model --kv-cache e4m3` tuned them (an FP8 KV cache).")] = "",
 ) -> None:
     """Export the best tuned kernels as an importable package (attention(q, k, v)) or a C++ header."""
     use_db(db)
     if sum(bool(x) for x in (all_, shape, model)) > 1:
         raise TunerError("give one of --shape, --all and --model")
+    problems: tuple = ()
     if model is not None:
-        spec = load_model(model)
-        shape, dtype = list(serving_shapes(spec)), spec.dtype
+        if dtype is not None:
+            raise TunerError("--model sets the dtype of its problems; drop --dtype (an FP8 KV cache: --kv-cache e4m3)")
+        problems = model_problems(load_model(model), kv_cache)
+    elif kv_cache:
+        raise TunerError("--kv-cache describes --model's decode steps; with --shape, pass --dtype bf16_kv_e4m3 "
+                         "or fp16_kv_e4m3")
     report = export(ExportOptions(
-        gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name,
+        gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name, model_problems=problems,
         format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url, check=check,
     ), progress=lambda record: typer.echo(cell_line(record)))
     for line in export_lines(report.entries):

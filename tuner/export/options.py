@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tuner.errors import TunerError
+from tuner.problem import Problem
 
 FORMATS = ("package", "header")
 PACKAGE_VERSION = "0.1.0"
@@ -25,6 +26,8 @@ class ExportOptions:
     force: bool = False  # write into a non-empty out folder, replacing an earlier export there (nothing else)
     db_url: Optional[str] = None
     check: bool = False  # measure every dispatch cell on this GPU against SDPA and route the losing ones (package)
+    # --model: exactly these problems' trials (shape, dtype, causality, K/V heads, window, softcap; any K/V layout)
+    model_problems: tuple[Problem, ...] = ()
 
 
 @dataclass(frozen=True)

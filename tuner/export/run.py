@@ -51,7 +51,7 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
         require_gpu_for(profile)  # before anything is written
     name = package_name(options)
     with open_store(options.db_url, create=False) as store:
-        rows = select_trials(store, profile, options.shapes, options.dtype)
+        rows = select_trials(store, profile, options.shapes, options.dtype, options.model_problems)
         details = {r.id: store.trial_detail(r.id) for r in rows}  # one read per trial: its run and baselines
         runs = {r.run_id: details[r.id].run for r in rows}
         ratios = {r.id: sdpa_ratio(store, r, details[r.id].baselines) for r in rows}

@@ -36,25 +36,37 @@ class ExportedKernel:
         return self.built.source
 
 
-def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtype: Optional[str]) -> list[TrialRow]:
+def _model_fields(p: Problem) -> tuple:
+    """What a model's problem fixes beyond shape and dtype (its K/V layout and lengths are the search's)."""
+    return (p.causal, p.heads_kv, p.window_left, p.window_right, p.softcap)
+
+
+def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtype: Optional[str],
+                  model_problems: tuple[Problem, ...] = ()) -> list[TrialRow]:
     """Best ok trial per tuned problem of this profile (one per problem: causal, GQA, layout kept apart), by
     back-to-back µs: a time confirm stage's winner where there is one (an energy or isolated stage's winner is
     another objective's), and the current template code's trials before older code's, whose figures describe
     other kernels (a problem measured only with older code keeps its best, exported if its cubin is unchanged)."""
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    filters = [TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype) for s in shapes] or \
-              [TrialFilter(gpu=profile.name, dtype=dtype)]
+    wanted: list[tuple[TrialFilter, Optional[Problem]]] = [
+        (TrialFilter(gpu=profile.name, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim), dtype=p.dtype), p)
+        for p in model_problems]
+    wanted = wanted or [(TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype), None) for s in shapes] or \
+        [(TrialFilter(gpu=profile.name, dtype=dtype), None)]
     current = tuple(sorted(m.source_hash for m in list_templates()))
     rows: dict[int, TrialRow] = {}
-    for filt in filters:
+    for filt, problem in wanted:
         best = store.best_trials(dataclasses.replace(filt, template_hashes=current))
         tuned = {(r.problem, r.profile) for r in best}
         best += [r for r in store.best_trials(filt) if (r.problem, r.profile) not in tuned]
-        found = store.prefer_confirmed([r for r in best if r.profile == profile.name], objective="time")
+        found = store.prefer_confirmed([r for r in best if r.profile == profile.name and
+                                        (problem is None or _model_fields(r.problem) == _model_fields(problem))],
+                                       objective="time")
         if not found:
-            what = f"shape {','.join(map(str, filt.shape))}" if filt.shape else "any problem"
-            raise TunerError(f"no ok trials for {profile.name} ({what}{', ' + dtype if dtype else ''}) in the store; "
+            what = (problem.label if problem is not None else f"shape {','.join(map(str, filt.shape))}"
+                    if filt.shape else "any problem") + (f", {dtype}" if dtype and problem is None else "")
+            raise TunerError(f"no ok trials for {profile.name} ({what}) in the store; "
                              f"run `tuner search --gpu {profile.name}` first")
         rows.update((r.id, r) for r in found)
     return sorted(rows.values(), key=lambda r: r.id)
