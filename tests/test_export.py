@@ -549,6 +549,8 @@ def test_header_export(export_store, tmp_path) -> None:
     assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::Xor, 2, true, 1, false, false>;" in header
     assert "struct bf16_d128_causal_g4_sq10_sk10_bh" in header and "static constexpr int BLOCK_N = 32;" in header
     assert "sq11" in header and "sq8" in header
+    # Each bucket says whether the package would route it to SDPA (here every kernel beat SDPA's 50 us).
+    assert header.count("SLOWER_THAN_SDPA = false;") == header.count("  using Config =") == 3
 
 
 @pytest.mark.nvcc

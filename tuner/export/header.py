@@ -180,6 +180,8 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
         f"  static constexpr int PAGE_SIZE = {_layout_of(key)[0]};  // tuned K/V page rows (0: dense)",
         f"  static constexpr bool SEQ_LENS = {'true' if _layout_of(key)[1] else 'false'};  // tuned with per-row lengths",
         f"  static constexpr bool PACKED = {'true' if key.get('packed') else 'false'};  // packed sequences (varlen)",
+        # The package runs SDPA for such a cell (its kernel measured slower than it); a C++ caller decides.
+        f"  static constexpr bool SLOWER_THAN_SDPA = {'true' if e.get('route') == 'sdpa' else 'false'};",
     ]
     for pname, value in k.variant.params.items():
         if isinstance(value, str):
