@@ -139,3 +139,16 @@ def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(
                           "-o", str(out / "user.cubin"), str(user)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert b"my_attention" in (out / "user.cubin").read_bytes()
+
+
+@pytest.mark.parametrize("splits, ok", [(2, False), (16, False), (1, True)])
+def test_the_split_merges_static_shared_memory_counts_against_the_limit(splits: int, ok: bool) -> None:
+    """With splits the sm_80 decode kernel has 1 KiB of static shared memory (its merge flag, before the 1024-
+    aligned dynamic array): on an L4 (101,376 B per block) 100,376 B of dynamic shared memory fit only without."""
+    from tuner.kernels.feasibility import check
+    from tuner.kernels.variant import parse_variant_name
+
+    variant = parse_variant_name(f"attn_decode_sm80_d64_fp16_m16n128_w2_sp{splits}_s3")
+    result = check(variant, Problem(1, 32, 1, 4096, 64, heads_kv=8), load_profile("l4"))
+    assert result.ok is ok and result.smem_bytes == 100376
+    assert ok or "100376 B + 1024 B static exceeds l4's 101376 B per block" in result.reason

@@ -105,16 +105,18 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
             return Feasibility(False, constraint.reason)
     res = resources(variant, manifest)
     threads, smem = res.get("threads", 0), res.get("smem_bytes", 0)
+    static = res.get("static_smem_bytes", 0)  # the kernel's own __shared__ variables: dynamic + static <= opt-in
     if threads > profile.max_threads_per_block:
         return Feasibility(False, f"{threads} threads per block exceed {profile.name}'s {profile.max_threads_per_block}",
                            smem, threads)
-    if smem > profile.smem_per_block_optin:
-        return Feasibility(False, f"shared memory {smem} B exceeds {profile.name}'s {profile.smem_per_block_optin} B per block",
-                           smem, threads)
+    if smem + static > profile.smem_per_block_optin:
+        what = f"{smem} B + {static} B static" if static else f"{smem} B"
+        return Feasibility(False, f"shared memory {what} exceeds {profile.name}'s {profile.smem_per_block_optin} B per "
+                                  f"block", smem, threads)
     blocks = res.get("min_blocks", 1)
     if blocks > 1:
         # The driver reserves 1 KiB of shared memory per resident CTA (sm_80+).
-        if blocks * (smem + 1024) > profile.smem_per_sm:
+        if blocks * (smem + static + 1024) > profile.smem_per_sm:
             return Feasibility(False, f"{blocks} CTAs of {smem} B shared memory do not fit {profile.name}'s "
                                       f"{profile.smem_per_sm} B per SM", smem, threads)
         if blocks * threads > profile.max_threads_per_sm:
