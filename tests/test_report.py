@@ -8,7 +8,7 @@ import io
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -272,6 +272,30 @@ def test_the_report_shows_the_confirm_stage_in_search_vs_confirmed(replay_record
     assert any(n.endswith("-confirm.png") for n in os.listdir(out))
     [problem] = json.loads((out / "report.json").read_text())["problems"]
     assert len(problem["confirm"]["variants"]) == 3 and problem["confirm"]["rounds"] == 2
+
+
+def test_a_runs_report_shows_no_confirm_stage_that_did_not_re_time_its_best(replay_recording, tmp_path):
+    """`report --run N` of a search without a confirm stage does not show another run's stage (of other trials)
+    as its own; the run that confirmed shows its stage."""
+    from rich.console import Console
+
+    from tuner.reporting.report import gather_report
+    from tuner.search.options import SearchOptions
+    from tuner.search.run import run_search
+    from tuner.store import open_store
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    p = replay_recording.problem
+    base = SearchOptions(gpu=replay_recording.profile, shapes=(f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",),
+                         dtype=p.dtype, causal=p.causal, backend="replay", replay_from=replay_recording.url, db_url=url)
+    quiet = Console(file=io.StringIO())
+    confirmed = run_search(replace(base, trials=10, seed=2, confirm=3, confirm_rounds=2, study="a"), console=quiet)
+    plain = run_search(replace(base, trials=25, seed=9, confirm=0, study="b", warm_start=0), console=quiet)
+    with open_store(url) as store:
+        [mine] = gather_report(store, replay_recording.profile, db_url=url, run_id=plain.run_ids[0]).problems
+        assert mine.best.run_id == plain.run_ids[0] and mine.confirm is None
+        [theirs] = gather_report(store, replay_recording.profile, db_url=url, run_id=confirmed.run_ids[0]).problems
+        assert theirs.confirm is not None and theirs.confirm.run_id == confirmed.run_ids[0]
 
 
 def test_the_report_shows_energy_beside_time_for_the_tuned_kernel_and_each_baseline(tmp_path):

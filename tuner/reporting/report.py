@@ -155,9 +155,10 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
 
 
 def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Optional[ConfirmSection]:
-    """The newest confirm stage of the problem on this profile: each variant's in-search and confirmed µs."""
+    """The newest confirm stage of the problem on this profile, where it re-timed the reported best (a stage of
+    other trials, another run's or a replay's, is not this report's): each variant's in-search and confirmed µs."""
     confirmed = store.confirmed(best.problem, best.profile)
-    if confirmed is None:
+    if confirmed is None or best.id not in store.confirmed_trial_ids(confirmed.confirmation_id):
         return None
     timings = store.confirm_timings(confirmed.confirmation_id)
     energy = store.confirm_energy(confirmed.confirmation_id)
