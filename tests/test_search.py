@@ -763,6 +763,20 @@ def test_tuner_confirm_confirms_stored_results(replay_recording, sqlite_url):
     assert f"{rec.problem.label}: {confirmed.variant_name}" in result.stdout and "median of 4 rounds" in result.stdout
 
 
+def test_results_mark_the_trials_a_replay_answered(replay_recording, sqlite_url):
+    import csv
+    import io
+
+    rec = replay_recording
+    run_search(options(rec, sqlite_url, trials=10, confirm=0))
+    table = run_tuner("--db", sqlite_url, "results", "--best", env=WIDE)
+    assert table.exit_code == 0, table.stderr
+    assert "r: answered from a recording (--backend replay), not measured" in table.stdout
+    assert re.search(r"\d\.\d\dx r", table.stdout)
+    rows = list(csv.DictReader(io.StringIO(run_tuner("--db", sqlite_url, "results", "--format", "csv").stdout)))
+    assert rows and {r["replayed_from"] for r in rows} == {rec.url}
+
+
 def test_a_replayed_confirm_stage_never_races_measured_trials(replay_recording, sqlite_url):
     """A replay reports the recording's card: its confirm stage re-times only trials answered from its
     recording, never the card's measured ones (their confirmation would carry replayed figures unmarked)."""

@@ -95,15 +95,18 @@ def results_table(rows: list[TrialRow], best: bool) -> FitTable:
         [Col("mJ", "right", whole=True), Col("TF/W", "right", whole=True, drop=2)] if energy else []) + [
         Col("x best", "right", whole=True)]
     # The variant keeps its width; the problem label wraps first.
+    replayed = any(r.replayed_from for r in rows)
     table = FitTable(title, columns,
                      caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing"
+                             + ("; r: answered from a recording (--backend replay), not measured" if replayed else "")
                              + (f"; {ENERGY_CAPTION}" if energy else ""))
     for row in rows:
         cells = [str(row.id)] + ([printable(row.profile or row.gpu_name)] if len(gpus) > 1 else []) + [
             row.problem.label, printable(short_variant(row.variant_name)), row.status.value, fmt(row.headline_us),
             fmt(row.problem.tflops(row.headline_us) if row.headline_us else None)] + (
             [mj(row.headline_joules), fmt(row.tflops_per_watt, ".2f")] if energy else []) + [
-            fmt(row.headline_ratio, ".2f", "x") + (" c" if row.confirmed_us is not None else "")]
+            fmt(row.headline_ratio, ".2f", "x") + (" c" if row.confirmed_us is not None else "")
+            + (" r" if row.replayed_from else "")]
         table.add_row(*cells)
     return table
 

@@ -270,7 +270,7 @@ class TrialRow:
         "params", "status", "median_us", "p20_us",
         "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
         "smem_bytes", "spill_bytes", "study", "trial_number", "created_at", "confirmed_us", "confirmed_ratio",
-        "confirmed_baseline", "joules_per_call", "power_w", "sm_mhz", "isolated_us",
+        "confirmed_baseline", "joules_per_call", "power_w", "sm_mhz", "isolated_us", "replayed_from",
     )  # fmt: skip
 
     def csv_row(self) -> dict[str, Any]:
