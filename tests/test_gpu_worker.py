@@ -70,6 +70,12 @@ class FakeRunner:
         pass
 
 
+class SlowFactsRunner(FakeRunner):
+    def facts(self) -> dict[str, Any]:
+        time.sleep(1.5)  # nvidia-smi may take up to its 20 s timeout: longer than the watchdog
+        return super().facts()
+
+
 class NoGpuRunner(FakeRunner):
     def setup(self) -> None:
         raise NoGpuError("no CUDA GPU is visible to torch on this machine")
@@ -169,6 +175,21 @@ def test_hang_times_out_kills_the_child_and_the_search_goes_on(backend) -> None:
 def test_long_phases_get_the_timing_budget(backend) -> None:
     m = measure(backend, "slow_time")
     assert m.status is TrialStatus.OK and backend.restarts == 0
+
+
+def test_reading_the_gpus_facts_gets_the_timing_budget(profile) -> None:
+    with GpuBackend(profile, watchdog_s=1.0, runner=SlowFactsRunner, timing_budget_s=5.0, start_timeout_s=120) as b:
+        assert b.device_facts().gpu_name == "Fake GPU" and b.restarts == 0
+
+
+def test_the_search_seed_reaches_the_gpu_worker(profile, monkeypatch) -> None:
+    """--seed makes the worker's random inputs reproducible: make_backend hands it to the GPU backend."""
+    import tuner.search.hooks as hooks
+
+    made = []
+    monkeypatch.setattr(hooks, "GpuBackend", lambda **kwargs: made.append(kwargs) or kwargs)
+    hooks.make_backend("gpu", 1, profile, seed=7)
+    assert made == [dict(device=1, profile=profile, objective="time", seed=7)]
 
 
 def test_child_that_dies_without_a_reply_is_a_launch_error(backend) -> None:

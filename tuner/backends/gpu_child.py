@@ -321,6 +321,7 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
             break
         try:
             if op == "facts":
+                progress("facts", True)  # nvidia-smi may take longer than the watchdog (it waits up to 20 s)
                 result: Any = runner.facts()
             elif op == "baselines":
                 result = runner.baselines(args["problem"], args.get("range_prefix") or "", progress)

@@ -39,14 +39,14 @@ def check_replay_source(kind: str, replay_from: Optional[str]) -> None:
 
 def make_backend(kind: str, device: int, profile: GpuProfile, *, replay_from: Optional[str] = None,
                  force: bool = False, seed: Optional[int] = None, objective: str = "time") -> Backend:
-    """The backend `kind` ("gpu" or "replay") measuring on `device`; `seed` makes a replay's draws
-    among repeated recorded timings reproducible; `objective` (tuner.runtime.objective) is what the
+    """The backend `kind` ("gpu" or "replay") measuring on `device`; `seed` makes a GPU worker's random inputs,
+    or a replay's draws among repeated recorded timings, reproducible; `objective` (tuner.runtime.objective) is what the
     search minimizes: the backend measures its figure, or refuses it in one line where it cannot."""
     check_backend(kind)
     check_replay_source(kind, replay_from)
     if kind == "replay":
         return ReplayBackend(replay_from, profile, force=force, seed=seed, objective=objective)
-    return GpuBackend(device=device, profile=profile, objective=objective)
+    return GpuBackend(device=device, profile=profile, objective=objective, seed=seed)  # seed: the inputs' draws
 
 
 def require_gpus(devices: tuple[int, ...]) -> None:
