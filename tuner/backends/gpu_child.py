@@ -177,6 +177,9 @@ class CudaRunner:
         if not math.isfinite(err) or err >= TOLERANCE[problem.dtype]:
             why = "NaN/inf or unwritten elements in the output" if not math.isfinite(err) else \
                 f"relative error {err:.3e} >= tolerance {TOLERANCE[problem.dtype]:g}"
+            # A wrong kernel may also have written past its output, into the cached inputs or reference (torch's
+            # allocator memory: no fault): the next variant gets fresh ones, not an unearned 'incorrect'.
+            self._inputs.pop(problem, None)
             return {**base, "status": "incorrect", "error": why}
         progress("time", True)
         with annotate(range_name(prefix, name, "time")):
