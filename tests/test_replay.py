@@ -67,6 +67,33 @@ def test_an_empty_or_missing_recording_is_a_clear_error(tmp_path):
         ReplayBackend(url)
 
 
+
+def test_a_replays_own_answers_are_not_replayed_again(replay_recording, tmp_path):
+    """A store that holds a replay (the README's replay writes into the default store) replays its measured runs
+    only: the replay's answers would count the recording twice; a store of replays alone holds nothing to replay."""
+    import shutil
+    import sqlite3
+
+    from rich.console import Console
+
+    from tuner.search.options import SearchOptions
+    from tuner.search.run import run_search
+
+    copy = tmp_path / "with_replay.db"
+    shutil.copy(replay_recording.url.removeprefix("sqlite:///"), copy)
+    url, p = f"sqlite:///{copy}", replay_recording.problem
+    measured = ReplayBackend(url)._run_ids
+    report = run_search(SearchOptions(gpu=replay_recording.profile, db_url=url, backend="replay",
+                                      replay_from=replay_recording.url, trials=5, confirm=0, dtype=p.dtype,
+                                      causal=p.causal, shapes=(f"{p.batch},{p.heads},{p.seq_q},{p.seq_k},{p.head_dim}",)),
+                        console=Console(file=None, quiet=True))
+    assert report.run_ids and ReplayBackend(url)._run_ids == measured  # not the replay's run
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE runs SET replayed_from = 'sqlite:///elsewhere.db'")
+    with pytest.raises(TunerError, match="holds no trials measured on a GPU"):
+        ReplayBackend(url)
+
+
 def test_the_committed_recording_replays_as_the_readme_says() -> None:
     """README (a) replays tests/data/replay_recording.db straight from a fresh clone: it must be at the schema
     head (after a migration: `tuner --db sqlite:///tests/data/replay_recording.db db upgrade`)."""

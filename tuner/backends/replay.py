@@ -125,7 +125,9 @@ class ReplayBackend:
         self._problem_of: dict[int, Problem] = {}
         self._rng = random.Random(seed)
         with open_store(url, create=False) as source:
-            rows = source.query_trials(TrialFilter())
+            # Measured runs only: a replay's own answers in that store would count its recording twice (or another
+            # recording's numbers under this one's name).
+            rows = [r for r in source.query_trials(TrialFilter()) if r.replayed_from is None]
             self._facts, self._run_ids = self._pick_gpu(source.url, rows, profile, force)
             self._trials: dict[tuple, list[_Recorded]] = {}
             self._baselines: dict[Problem, dict[str, list[BaselineMeasurement]]] = {}
@@ -157,7 +159,7 @@ class ReplayBackend:
         for row in rows:
             gpus.setdefault(row.gpu_name, set()).add(row.run_id)
         if not gpus:
-            raise TunerError(f"the recording at {where} holds no trials")
+            raise TunerError(f"the recording at {where} holds no trials measured on a GPU (a replay's are not)")
         names = sorted(gpus)
         chosen = [n for n in names if profile is not None and profile.matches(n)]
         if not chosen:
