@@ -166,3 +166,36 @@ def test_a_plan_of_another_release_is_ignored_and_only_its_owner_closes_a_plan()
     assert current_plan(attrs) == plan()
     finish(attrs, plan())
     assert current_plan(attrs).done
+
+
+
+def test_an_energy_stage_keeps_a_baseline_whose_first_round_had_no_energy_reading() -> None:
+    """--objective energy: round 0's joules of cuDNN were not read (NVML saw too few counter steps); later rounds
+    still time it, so the winner is compared with the best baseline, not the next one."""
+    import threading
+    from types import SimpleNamespace as NS
+
+    from tuner.backends.base import ConfirmTimings
+    from tuner.runtime.energy import Energy
+    from tuner.runtime.objective import ENERGY
+    from tuner.search.confirm import ROUND_FIGURE, comparable_rounds, take_rounds
+
+    joules = {"v1": 0.050, "sdpa_cudnn": 0.055, "sdpa_flash": 0.070}
+    asked = []
+
+    def confirm(problem, variants, builts, rounds, baselines=None, first_round=0):
+        names = [v.name for v in variants] + (list(joules)[1:] if baselines is None else baselines)
+        asked.append(names)
+        energy = {n: (None if (n == "sdpa_cudnn" and first_round == 0) else Energy(joules[n], 700.0, 1500.0),)
+                  for n in names}
+        return ConfirmTimings({n: (joules[n] / 700 * 1e6,) for n in names}, energy)
+
+    ctx = NS(backend=NS(confirm=confirm, needs_compile=False), stop=threading.Event(), objective=ENERGY, hooks=None,
+             profile=NS(nvcc_arch="sm_90"))
+    ledger = Ledger(MemoryAttributes(), Plan("p", "H100", "t", (("v1", {}),), 7, 0.0), "me")
+    take_rounds(ctx, ledger, None, [NS(name="v1")])
+    assert all("sdpa_cudnn" in names for names in asked)
+    figures = ledger.pooled()
+    complete = in_every_round(comparable_rounds(figures[ROUND_FIGURE["time"]], figures[ROUND_FIGURE[ENERGY]]))
+    winner, ratio, baseline = pick_winner(complete, ["v1"], [b for b in complete.rounds if b != "v1"])
+    assert (winner, baseline) == ("v1", "sdpa_cudnn") and ratio == pytest.approx(0.055 / 0.050)

@@ -121,6 +121,14 @@ def in_every_round(rounds: list[dict[str, float]]) -> ConfirmTimings:
                            if len(times) == len(rounds)})
 
 
+def comparable_rounds(timed: list[dict[str, float]], figure: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The rounds of an objective's `figure` that read it for every implementation the round timed (`timed`, its
+    µs): a round missing one reading (no energy counter step seen) is left out, not the implementation, which
+    would lose the race to a weaker baseline; every round when none is complete (the figure was never read)."""
+    complete = [f for t, f in zip(timed, figure) if set(f) == set(t)]
+    return complete or figure
+
+
 def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[Variant], extra: int = 0) -> None:
     """Time rounds of the ledger's plan on this worker's card, one at a time, until all are started (or,
     with `extra`, that many more); a round the card fails is given back before the error goes on."""
@@ -136,7 +144,9 @@ def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[V
             leading = ledger.leading_rounds(ROUND_FIGURE[ctx.objective])
             dropped = stopped_early(leading, names)
             keep = [i for i, name in enumerate(names) if name not in dropped]
-            baselines = None if not leading else [b for b in leading[0] if b not in names and b not in dropped]
+            # The baselines round 0 timed (its µs: a baseline without an energy reading there is still one).
+            timed = leading if ctx.objective == TIME else ledger.leading_rounds(ROUND_FIGURE[TIME])
+            baselines = None if not timed else [b for b in timed[0] if b not in names and b not in dropped]
             timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
                                           baselines=baselines, first_round=number)
         except BaseException:
@@ -209,7 +219,8 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
         ctx.interrupt()
         say(f"confirm stage stopped after {len(pooled)} of {rounds} rounds; nothing confirmed")
         return None
-    timings, complete = pooled_timings(pooled), in_every_round(figures[ROUND_FIGURE[ctx.objective]])
+    timings = pooled_timings(pooled)
+    complete = in_every_round(comparable_rounds(pooled, figures[ROUND_FIGURE[ctx.objective]]))
     names = [v.name for v in variants]
     winner, ratio, baseline = pick_winner(complete, names, [impl for impl in complete.rounds if impl not in names])
     if winner is None:
