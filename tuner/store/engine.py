@@ -276,14 +276,14 @@ def _read_schema_state(conn: Connection) -> tuple[Optional[str], bool]:
     return revision, revision is None and has_tables(conn)
 
 
-def schema_state(engine: Engine) -> tuple[Optional[str], bool]:
+def schema_state(engine: Engine, head: str) -> tuple[Optional[str], bool]:
     """The store's schema revision, and whether tuner tables exist without one. Another process creating
     the store may commit between the two reads (no revision yet, then its tables), so a state short of
-    head is read again once any migration in flight has committed."""
+    `head` (head_revision()) is read again once any migration in flight has committed."""
     with engine.connect() as conn:
         state = _read_schema_state(conn)
         conn.rollback()
-        if state[0] != head_revision():
+        if state[0] != head:
             with conn.begin():
                 _lock_for_migration(conn)
                 state = _read_schema_state(conn)
@@ -300,7 +300,7 @@ def unversioned_tables_error(url: URL) -> TunerError:
 def check_schema(engine: Engine, url: URL, *, create: bool) -> str:
     """Make sure the schema is at head: create it on a new database, refuse an old one."""
     head = head_revision()
-    revision, tables = schema_state(engine)
+    revision, tables = schema_state(engine, head)
     where = redacted(url)
     if revision == head:
         return head

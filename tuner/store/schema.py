@@ -44,7 +44,7 @@ def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
     engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url())
     try:
         with eng.translate_errors(parsed, "cannot upgrade the results store"):
-            before, unversioned = eng.schema_state(engine)
+            before, unversioned = eng.schema_state(engine, eng.head_revision())
             if unversioned:
                 raise eng.unversioned_tables_error(parsed)
             if before is not None and before not in eng.known_revisions():
