@@ -123,9 +123,8 @@ def packed_fallback(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: tor
         if q1 == q0 or k1 == k0:
             continue
         qb, kb, vb = (t[r0:r1].transpose(0, 1).unsqueeze(0) for t, r0, r1 in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        # More queries than keys, causal: the first queries see no key (zeros); masked.fallback masks them so.
-        run = _masked.fallback if causal and q1 - q0 > k1 - k0 else _masked.fallback_call
-        out[q0:q1] = run(qb, kb, vb, causal, scale, mask)[0].transpose(0, 1)
+        # fallback_call gives zeros where a query sees no key (causal, more queries than keys), as the kernels do.
+        out[q0:q1] = _masked.fallback_call(qb, kb, vb, causal, scale, mask)[0].transpose(0, 1)
     return out
 
 
