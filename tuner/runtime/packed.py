@@ -1,7 +1,7 @@
 """Packed sequences (Problem layout "packed") in a search: the kernel reads the batch packed, [total, H, D] with
 cumulative lengths; the reference and the baselines read the same values as padded [B, H, S, D] tensors, sequence
 b in the first key_lengths()[b] rows of batch row b (make_inputs draws those). A packed kernel's output is
-scattered back into that padded form to be checked (verify.packed_reference), the rows past each sequence's end
+scattered back into that padded form to be checked (verify.packed_expected), the rows past each sequence's end
 left out of the error."""
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.runtime.objective import TIME, figure
 from tuner.search.ownership import (
     ATTR_HEARTBEAT,
     ATTR_PID_SPACE,
@@ -37,11 +38,10 @@ from tuner.search.ownership import (
     SESSION,
     WORKER_ID,
 )
-from tuner.runtime.objective import TIME, figure
 from tuner.search.study import (
     ATTR_INFEASIBLE,
-    ATTR_OBJECTIVE,
     ATTR_INTERRUPTED,
+    ATTR_OBJECTIVE,
     ATTR_REASON,
     ATTR_REPEAT,
     ATTR_SOURCE,
