@@ -236,3 +236,17 @@ def test_a_noisy_recording_replays_draws_among_its_timings_and_scores_the_picks_
 def _ok_rows(url):
     with open_store(url, create=False) as store:
         return store.query_trials(TrialFilter(status=TrialStatus.OK))
+
+
+def test_replay_eval_markdown_hides_the_recording_url_password(replay_recording):
+    """The report names the recording's store as stdout does: a PostgreSQL password (in the userinfo or
+    as ?password=) is shown as ***, never in plain text (issue 36, item 7)."""
+    from dataclasses import replace
+
+    from tuner.reporting.replay_eval_output import markdown
+
+    rec = replace(load_recording(replay_recording.url),
+                  url="postgresql://tuner:s3cr3t@127.0.0.1:55433/rec?sslpassword=k3y")
+    md = markdown(summarise(rec, [_run("random", 0, [rec.best_us])], trials=1, seeds=1))
+    assert "s3cr3t" not in md and "k3y" not in md
+    assert "store postgresql://tuner:***@127.0.0.1:55433/rec?sslpassword=***." in md

@@ -13,6 +13,7 @@ from tuner.reporting.files import ensure_out_dir, os_error_text
 from tuner.reporting.markdown import table as markdown_table
 from tuner.reporting.plots import plot_replay_eval
 from tuner.reporting.replay_eval_model import EvalResult, SamplerSummary, fmt_trials, pct_text
+from tuner.store.redact import redact_url
 
 
 def _pct(value: Optional[float]) -> str:
@@ -49,7 +50,7 @@ def markdown(result: EvalResult, plot_name: Optional[str] = None) -> str:
     lines = [
         f"# Replay evaluation of search samplers: {rec.problem.label}",
         "",
-        f"Recording: {rec.caption}; store {rec.url}.",
+        f"Recording: {rec.caption}; store {redact_url(rec.url)}.",  # the report is shared: no password
         f"Template {rec.template}, {rec.variants} recorded variants"
         + (f", up to {rec.timings} timings each (a replayed measurement draws one; a variant's true time is "
            "their median)" if rec.timings > 1 else "")
