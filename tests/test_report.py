@@ -181,9 +181,21 @@ def test_too_few_trials_for_importance_and_no_ncu(replay_recording, tmp_path):
 
 
 def test_report_without_ok_trials_for_the_gpu_is_a_clear_error(report_store, tmp_path):
-    result = run_tuner("report", "--gpu", "no-such-card", "--db", report_store.url, "--out", str(tmp_path))
+    other = "a100" if report_store.gpu != "a100" else "l4"  # a shipped profile this store has no trial of
+    result = run_tuner("report", "--gpu", other, "--db", report_store.url, "--out", str(tmp_path))
     assert result.exit_code == 2
-    assert "no ok trials for GPU 'no-such-card'" in result.stderr
+    assert f"no ok trials for GPU '{other}'" in result.stderr
+
+
+def test_report_of_an_unknown_gpu_says_so_as_the_other_commands_do(report_store, tmp_path):
+    """Neither a profile nor part of a stored card's name: the one-line error of `tuner export --gpu nope`
+    (issue 36, item 11), not "no ok trials"."""
+    result = run_tuner("report", "--gpu", "nope", "--db", report_store.url, "--out", str(tmp_path / "out"))
+    export = run_tuner("export", "--gpu", "nope", "--db", report_store.url, "--out", str(tmp_path / "pkg"))
+    assert (result.exit_code, export.exit_code) == (2, 2)
+    assert result.stderr.startswith("error: unknown GPU profile 'nope'; known: ")
+    assert result.stderr == export.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_summary_row_takes_the_best_baseline_from_the_store_row(report_store):

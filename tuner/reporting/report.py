@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from tuner.backends.replay import is_synthetic_run
 from tuner.errors import TunerError
+from tuner.profiles import load_profile
 from tuner.reporting import plots
 from tuner.reporting.files import ensure_out_dir, os_error_text, safe_file_name
 from tuner.reporting.report_markdown import render_markdown, report_json
@@ -118,6 +119,10 @@ def gather_report(store: Store, gpu: str, *, db_url: str, run_id: Optional[int] 
     """Everything the report shows, read from the store (and the Optuna storage next to it)."""
     best_rows = store.best_trials(TrialFilter(gpu=gpu, run_id=run_id))
     if not best_rows:
+        if not store.query_trials(TrialFilter(gpu=gpu, limit=1)):
+            # Neither a profile nor part of a stored card's name: the other commands' one-line error,
+            # not "no ok trials" (which suggests a search that failed).
+            load_profile(gpu)
         scope = f" in run {run_id}" if run_id is not None else ""
         raise TunerError(f"no ok trials for GPU {gpu!r}{scope} in {store.url}")
     storage, why_none = _optuna_storage(db_url)
