@@ -161,6 +161,9 @@ def trial_lines(d: TrialDetail) -> list[Text]:
         _line("status", d.status.value),
         _line("problem", f"{d.problem.label} (layout {d.problem.layout})"),
         _line("gpu", f"{d.gpu_name} (profile {d.profile}), run {d.run_id}"),
+        # What `tuner results` marks r: the figures below are a recording's, not this card's measurement.
+        *([_line("replayed", f"from {d.replayed_from} (--backend replay): answered from a recording, not measured")]
+          if d.replayed_from else []),
         _line("template", f"{d.template} @ {d.template_hash}"),
     ]
     if d.study is not None:
