@@ -26,10 +26,9 @@ from tuner.problem import Problem
 from tuner.search.journal import LEGACY_SUFFIX, StoreJournalStorage, import_legacy_journal
 from tuner.search.ownership import OwnedRDBStorage
 from tuner.store import open_store
-from tuner.store.engine import PG_CONNECT_TIMEOUT_S, parse_url, scrub, sqlite_file
+from tuner.store.engine import parse_url, scrub, sqlite_file
+from tuner.store.optuna_tables import open_optuna_rdb
 from tuner.store.redact import redact_url
-
-OPTUNA_PG_SCHEMA = "optuna"
 
 # Study user attributes written by `tuner search` when it creates a study;
 # `tuner worker` recovers what to tune from them.
@@ -95,27 +94,10 @@ def results_url_for(storage_url: str) -> str:
 
 
 def _postgres(parsed: Any) -> optuna.storages.BaseStorage:
-    from sqlalchemy import create_engine, text
-
     url = parsed.render_as_string(hide_password=False)
     where = redact_url(url)
-    try:
-        engine = create_engine(url, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
-        with engine.begin() as conn:
-            exists = conn.scalar(text("SELECT 1 FROM pg_namespace WHERE nspname = :n"), {"n": OPTUNA_PG_SCHEMA})
-            if not exists:
-                conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_PG_SCHEMA}"'))
-        engine.dispose()
-        return OwnedRDBStorage(
-            url,
-            engine_kwargs={
-                "connect_args": {
-                    "connect_timeout": PG_CONNECT_TIMEOUT_S,
-                    "options": f"-c search_path={OPTUNA_PG_SCHEMA}",
-                },
-                "pool_pre_ping": True,
-            },
-        )
+    try:  # under the schema lock: processes opening a fresh database at once collided creating Optuna's tables
+        return open_optuna_rdb(url, OwnedRDBStorage)
     except TunerError:
         raise
     except Exception as exc:  # connection refused, bad password, no permission

@@ -27,8 +27,9 @@ PG_CONNECT_TIMEOUT_S = 5
 # (BEGIN IMMEDIATE), so that concurrent writers queue on the busy timeout
 # instead of failing when a read lock cannot be upgraded.
 WRITE_OPTION = "tuner_write"
-# Arbitrary key of the PostgreSQL advisory lock held while creating/upgrading the schema.
-_PG_MIGRATION_LOCK = 0x7475_6E65
+# Arbitrary key of the PostgreSQL advisory lock held while creating/upgrading the schema (the store's
+# migrations, and Optuna's tables: tuner.store.optuna_tables).
+PG_SCHEMA_LOCK = 0x7475_6E65
 
 
 def default_db_url() -> str:
@@ -236,7 +237,7 @@ def has_tables(conn: Connection) -> bool:
 
 def _lock_for_migration(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_SCHEMA_LOCK})
 
 
 def migrate(engine: Engine, target: str = "head", *, downgrade: bool = False) -> None:

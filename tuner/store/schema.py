@@ -8,6 +8,7 @@ from typing import Optional
 
 from tuner.errors import TunerError
 from tuner.store import engine as eng
+from tuner.store.optuna_tables import create_optuna_tables
 from tuner.store.redact import redacted
 
 
@@ -54,6 +55,8 @@ def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
             eng.migrate(engine)
             with engine.connect() as conn:
                 after = eng.current_revision(conn)
+            if engine.dialect.name == "postgresql":  # Optuna's tables too: a first search need not create them
+                create_optuna_tables(parsed.render_as_string(hide_password=False))
         assert after is not None
         return before, after
     finally:
