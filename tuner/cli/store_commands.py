@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tuner.cli.state import (
     MAX_ID,
@@ -22,7 +23,7 @@ from tuner.cli.state import (
     state,
     use_db,
 )
-from tuner.cli.tables import results_table, trial_detail
+from tuner.cli.tables import hanging, results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
 from tuner.store.redact import redact_url
@@ -83,6 +84,8 @@ def show_command(
         typer.echo(json.dumps(data, indent=2))
         return
     for part in trial_detail(detail, confirmed):
+        if isinstance(part, Text):  # wrapped here (rich would not indent the continuation lines)
+            part = hanging(part, console.width)
         console.print(part, soft_wrap=not isinstance(part, Table))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any, Iterable, Optional
 
 from rich.console import RenderableType
@@ -143,6 +144,23 @@ def replay_eval_table(result: EvalResult) -> FitTable:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def hanging(line: Text, width: int, indent: int = 2) -> Text:
+    """`line` wrapped at spaces to `width` columns, its continuation lines indented so that the labels
+    stand out (`tuner show`'s params, template hash, confirm stage); a word wider than the line is cut.
+    The styles of its first line (a bold label) are kept."""
+    width = max(width, indent + 8)
+    out: list[str] = []
+    for physical in line.plain.split("\n"):
+        out += textwrap.wrap(physical, width, subsequent_indent=" " * indent, break_on_hyphens=False,
+                             replace_whitespace=False) or [""]
+    wrapped = Text("\n".join(out), style=line.style)
+    head = len(out[0])
+    for span in line.spans:
+        if span.start < head:
+            wrapped.stylize(span.style, span.start, min(span.end, head))
+    return wrapped
 
 
 def _line(label: str, value: object) -> Text:
