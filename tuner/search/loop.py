@@ -3,7 +3,7 @@
 Per asked point:
 - infeasible -> stored as `pruned` with the reason, told PRUNED, never compiled, not counted against --trials;
 - already measured (same problem, template hash, parameters, GPU; with the objective's figure) in the store
-  -> told the stored result, not measured again, no new row;
+  -> told the stored result, not measured again, no new row (a timeout or launch error: only this study's own);
 - measured by another worker right now -> waits for it, then the same;
 - otherwise -> compiled (a thread pool running ahead of the GPU; nvcc runs in subprocesses), measured by the
   Backend, stored (one transaction), told (the objective's figure, tuner.runtime.objective; or FAIL/PRUNED).
@@ -302,9 +302,12 @@ class ProblemSearch:
     # Duplicates --------------------------------------------------------------------------------
 
     def _known(self, variant: Variant) -> Optional[TrialRow]:
+        # This study's own timeouts and launch errors count as known: a re-proposed failure is answered
+        # from the store, never measured (and counted) again.
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
                                          variant.stored_params(), self.ctx.gpu_name,
-                                         required_column(self.ctx.objective), self.ctx.replayed_from)
+                                         required_column(self.ctx.objective), self.ctx.replayed_from,
+                                         study=self.study.study_name)
 
     def _running_duplicate(self, trial: Trial) -> Optional[int]:
         return running_duplicate(self.study, trial, len(self.distributions), self._ignored)

@@ -166,23 +166,29 @@ def variant_names_select(suffix: str, filt: TrialFilter) -> Select:
 
 
 def find_select(problem: Problem, template: str, template_hash: str, params_key: str, gpu_name: str,
-                figure: Optional[str] = None, replayed_from: Optional[str] = None) -> Select:
+                figure: Optional[str] = None, replayed_from: Optional[str] = None,
+                study: Optional[str] = None) -> Select:
     """A reusable measurement: same problem, variant and GPU, from the same source; ok ones first, then newest.
 
-    Only deterministic outcomes are reused (ok, incorrect, compile_error): a timeout or
-    launch error may be transient (a busy card, a stuck worker) and is measured again.
+    Deterministic outcomes (ok, incorrect, compile_error) are reused from any run. A timeout or launch
+    error may be transient (a busy card, a stuck worker): another study measures it again, but within
+    `study` it is that study's outcome for the point, answered like any other (--trials N: N distinct).
     `figure` (a trials column, e.g. joules_per_call): an ok trial is reused only when it has it.
     `replayed_from`: a replay's recording, whose runs alone it reuses; None (a measuring search) reuses
     measured runs alone (a replay reports the recording's card: its answers are not that card's measurements).
     """
     source = RunTable.replayed_from.is_(None) if replayed_from is None else RunTable.replayed_from == replayed_from
+    reusable = TrialTable.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR])
+    if study is not None:
+        reusable = or_(reusable, and_(TrialTable.study == study,
+                                      TrialTable.status.in_([TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT])))
     stmt = trial_select().where(
         VariantTable.template == template,
         VariantTable.template_hash == template_hash,
         VariantTable.params_key == params_key,
         RunTable.gpu_name == gpu_name,
         source,
-        TrialTable.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR]),
+        reusable,
         *(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items()),
     )
     if figure is not None:

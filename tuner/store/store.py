@@ -240,12 +240,14 @@ class Store(ConfirmationStore):
 
     def find_trial(
         self, problem: Problem, template: str, template_hash: str, params: Mapping[str, Any], gpu_name: str,
-        figure: Optional[str] = None, replayed_from: Optional[str] = None,
+        figure: Optional[str] = None, replayed_from: Optional[str] = None, study: Optional[str] = None,
     ) -> Optional[TrialRow]:
         """An earlier non-pruned measurement of this variant on this problem and GPU, if any (`figure`: a
         trials column an ok one must have, the figure a search minimizes), from measured runs, or with
-        `replayed_from` from replays of that recording."""
-        stmt = q.find_select(problem, template, template_hash, canonical_json(params), gpu_name, figure, replayed_from)
+        `replayed_from` from replays of that recording. A timeout or launch error is found only among
+        the trials of `study` (its own outcome for the point; another study measures it again)."""
+        stmt = q.find_select(problem, template, template_hash, canonical_json(params), gpu_name, figure, replayed_from,
+                             study)
         with self._read("cannot query trials") as session:
             row = session.execute(stmt).first()
             return None if row is None else q.to_trial_row(row)
