@@ -3,6 +3,8 @@ journals, downgrades, 80 columns)."""
 
 from __future__ import annotations
 
+import re
+
 from cli_helpers import run_tuner
 from store_factories import H200, trial
 
@@ -47,3 +49,23 @@ def test_show_wraps_its_long_lines_to_80_columns_at_spaces(tmp_path) -> None:
     assert ", ".join(f"{k}={v}" for k, v in sorted(params.items())) in flat  # every value whole
     assert "template: attn_fwd_mma @ " + "c0ffee" * 10 + "abcd" in flat
     assert f"replayed: from {info.replayed_from} (--backend replay)" in flat
+
+
+def test_the_search_summary_lines_wrap_to_80_columns_between_phrases(replay_recording, tmp_path) -> None:
+    """The `measured ...` (157 columns) and `time: ...` (200) lines wrap between their phrases: a figure
+    keeps its unit, a study name stays whole after "studies" (issue 36, item 13)."""
+    p = replay_recording.problem
+    result = run_tuner("--db", f"sqlite:///{tmp_path / 'r.db'}", "search", "--gpu", replay_recording.profile,
+                       "--shape", f"{p.batch},{p.heads},{p.seq_q},{p.head_dim}", "--backend", "replay",
+                       "--from", replay_recording.url, "--trials", "20", "--seed", "1", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("measured 20 trials"))
+    timing = next(i for i, line in enumerate(lines) if line.startswith("time: "))
+    assert timing > start + 1 and len(lines) > timing + 1  # both wrapped
+    assert all(line.startswith("  ") for line in lines[start + 1:timing] + lines[timing + 1:])
+    counts = " ".join(line.strip() for line in lines[start:timing])
+    assert re.search(r"; runs \d+; studies h\w+-attn_\w+-B1H8S512S512D64-fp16$", counts), counts
+    times = " ".join(line.strip() for line in lines[timing:])
+    assert re.fullmatch(r"time: [\d.]+ s wall; (?:[A-Za-z (),-]+ [\d.]+ s \(\d+%\), )+other [\d.]+ s \(\d+%\)", times), times

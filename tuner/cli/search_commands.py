@@ -19,6 +19,7 @@ from tuner.cli.state import (
     console,
     err_console,
     say,
+    say_wrapped,
     state,
     window_option,
 )
@@ -61,30 +62,45 @@ def parse_devices(text: str) -> tuple[int, ...]:
     return devices
 
 
-def time_line(report: SearchReport) -> str:
+def time_pieces(report: SearchReport) -> list[str]:
     """Where the wall time went, by phase; with several workers (cards) the mean per worker, since
-    they run side by side. `other` is the rest: the sampler, the store, Python, process start."""
+    they run side by side. `other` is the rest: the sampler, the store, Python, process start.
+    In pieces (see say_wrapped), each with its separator; joined, they are time_line."""
     workers = max(report.workers, 1)
     phases = [(phase, s / workers) for phase, s in report.seconds]
     phases.append(("other", max(report.wall_s - sum(s for _, s in phases), 0.0)))
-    parts = ", ".join(f"{phase} {s:.1f} s ({s / report.wall_s:.0%})" for phase, s in phases)
-    each = f"{workers} workers, per worker (mean): " if workers > 1 else ""
-    return f"time: {report.wall_s:.1f} s wall; {each}{parts}"
+    parts = [f"{phase} {s:.1f} s ({s / report.wall_s:.0%}), " for phase, s in phases]
+    parts[-1] = parts[-1].removesuffix(", ")
+    each = [f"{workers} workers, per worker (mean): "] if workers > 1 else []
+    return [f"time: {report.wall_s:.1f} s wall; ", *each, *parts]
 
 
-def print_search_report(report: SearchReport) -> None:
-    """The summary table and one line of counts; exit 130 when the search was interrupted."""
-    console.print(summary_table(report.summaries))
+def time_line(report: SearchReport) -> str:
+    """time_pieces as one line."""
+    return "".join(time_pieces(report))
+
+
+def count_pieces(report: SearchReport) -> list[str]:
+    """What the search measured, answered, reused and pruned; its runs and studies (see say_wrapped)."""
     counts = [f"measured {report.measured} trials"]
     if report.repeated:
         counts.append(f"{report.repeated} repeated proposals answered from the store (free)")
     if report.reused:
         counts.append(f"{report.reused} reused from earlier runs")
     counts.append(f"pruned {report.infeasible} infeasible points")  # the status `tuner results` shows them with
-    say(", ".join(counts) + "; "
-        f"runs {', '.join(map(str, report.run_ids)) or '-'}; studies {', '.join(report.studies)}")
+    pieces = [f"{c}, " for c in counts[:-1]] + [f"{counts[-1]}; ", f"runs {', '.join(map(str, report.run_ids)) or '-'}; "]
+    names = [f"{name}, " for name in report.studies] or ["-"]
+    names[-1] = names[-1].removesuffix(", ")
+    return pieces + ["studies " + names[0], *names[1:]]  # "studies" and the first name on one line
+
+
+def print_search_report(report: SearchReport) -> None:
+    """The summary table and one line of counts; exit 130 when the search was interrupted."""
+    console.print(summary_table(report.summaries))
+    # Wrapped to the terminal between phrases (they ran to 150 and 200 columns).
+    say_wrapped(count_pieces(report))
     if report.wall_s and report.seconds:
-        say(time_line(report))
+        say_wrapped(time_pieces(report))
     for name in report.exhausted:
         say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
             "the space looks exhausted for it, so the search stopped early", stderr=True)

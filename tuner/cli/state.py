@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Callable, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -99,3 +99,19 @@ def output_format(value: str, allowed: tuple[str, ...]) -> str:
 def say(text: str, *, stderr: bool = False) -> None:
     """One plain line (no rich markup, no highlighting, never wrapped)."""
     (err_console if stderr else console).print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def say_wrapped(pieces: Sequence[str], *, indent: int = 2) -> None:
+    """Pieces of one long line (each ending in its separator: "a, ", "b; ") on as few lines as the terminal's
+    width allows, continuation lines indented. A line breaks only between pieces, so a figure and its unit,
+    or a study name a user copies, stay together; a piece wider than the line stays whole on its own line."""
+    width, lines, line = console.width, [], ""
+    for piece in pieces:
+        if line.strip() and len((line + piece).rstrip()) > width:
+            lines.append(line.rstrip())
+            line = " " * indent
+        line += piece
+    if line.strip():
+        lines.append(line.rstrip())
+    for text in lines:
+        say(text)
