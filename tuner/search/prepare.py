@@ -31,6 +31,7 @@ from tuner.search.study import (
     load_study,
     study_exists,
     study_info,
+    unfinished,
 )  # fmt: skip
 from tuner.status import TrialStatus
 from tuner.store import Store, TrialFilter, open_store
@@ -55,9 +56,15 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
         several = len(wanted) > 1
         names = ([study_name_for(options, profile, wanted[0], several)] if options.study else
                  [study_name(profile.name, t, wanted[0], options.objective) for t in profile.templates])
-        for name in names:
+        templates = [None] if options.study else list(profile.templates)
+        for name, template in zip(names, templates):
             if study_exists(storage, name):
-                return study_info(load_study(storage, name)).template
+                study = load_study(storage, name)
+                if not unfinished(study):
+                    return study_info(study).template
+                # Its creation stopped before its attributes were written: its name (or what it has) says it.
+                if study.user_attrs.get(ATTR_TEMPLATE, template):
+                    return study.user_attrs.get(ATTR_TEMPLATE, template)
     candidates = list(profile.templates)
     if options.backend == "replay" and options.replay_from:
         with open_store(options.replay_from, create=False) as source:
@@ -164,43 +171,74 @@ def _check_new_study(options: SearchOptions, store: Store, name: str) -> None:
 def prepare_study(options: SearchOptions, storage: Any, store: Store, profile: GpuProfile, manifest: Manifest,
                   problem: Problem, name: str, say: Callable[[str], None] = lambda _text: None
                   ) -> tuple[optuna.Study, Optional[int]]:
-    """Create (or with --resume, load) the study; returns it and its total trial budget."""
+    """Create (or with --resume, load) the study; returns it and its total trial budget. A study whose creation
+    stopped before its attributes were written (a kill, or its creator still at it) is completed."""
     sampler = make_sampler(options.sampler, options.seed, manifest)  # validates the name early
-    if study_exists(storage, name):
-        if not options.resume:
-            raise TunerError(f"study {name!r} already exists; pass --resume to continue it, or --study NAME for a new one")
-        study = load_study(storage, name, sampler)
-        info = study_info(study)
-        if (info.problem, info.template, info.profile) != (problem, options.template, profile.name):
-            raise TunerError(f"study {name!r} tunes {info.template} for {info.problem.label} on {info.profile}, "
-                             f"not {options.template} for {problem.label} on {profile.name}")
-        if info.objective != options.objective:  # its values are another figure: they must not mix
-            raise TunerError(f"study {name!r} minimizes {info.objective}, not {options.objective}; resume it with "
-                             f"--objective {info.objective}, or pass --study NAME for a new study")
-        budget = options.trials if options.trials is not None else info.budget
-        if budget is None and options.time_budget_s is None:  # started with --time-budget alone
-            raise TunerError(f"study {name!r} has no trial budget (it was started with --time-budget alone): "
-                             f"give --trials or --time-budget to resume it")
-        study.set_user_attr(ATTR_BUDGET, budget)
-    else:
+    study = _existing_study(storage, name, sampler)
+    if study is None:
         _check_new_study(options, store, name)
-        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
-        budget = options.trials
-        if budget is None and options.sampler == "grid":
-            # Every feasible point once: only feasible points are budgeted trials.
-            budget = len(feasible_space(manifest.name, problem, profile))
-        if budget is None and options.time_budget_s is None:
-            budget = DEFAULT_TRIALS
-        # Every attribute, the budget included, before the warm start's queries: a study interrupted there
-        # (Ctrl-C) resumes with its own budget.
-        for key, value in ((ATTR_PROBLEM, problem.to_dict()), (ATTR_TEMPLATE, options.template),
-                           (ATTR_PROFILE, profile.name), (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed),
-                           (ATTR_OBJECTIVE, options.objective), (ATTR_BUDGET, budget)):
-            study.set_user_attr(key, value)
-        if options.sampler != "grid":  # the grid covers every point anyway
-            warm = warm_start_points(store, profile.name, options.template, problem, options.warm_start, manifest)
-            for params in warm.points:
-                study.enqueue_trial(params, skip_if_exists=True)
-            if warm.sources:
-                say(f"{problem.label}: warm start from {', '.join(warm.sources)}")
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
+        except optuna.exceptions.DuplicatedStudyError:  # another start created it since we looked
+            study = load_study(storage, name, sampler)
+            if not unfinished(study):
+                return _resumed(options, study, profile, problem, name)
+    elif not unfinished(study):
+        return _resumed(options, study, profile, problem, name)
+    budget = _write_attributes(options, study, profile, manifest, problem)
+    if options.sampler != "grid":  # the grid covers every point anyway
+        warm = warm_start_points(store, profile.name, options.template, problem, options.warm_start, manifest)
+        for params in warm.points:
+            study.enqueue_trial(params, skip_if_exists=True)
+        if warm.sources:
+            say(f"{problem.label}: warm start from {', '.join(warm.sources)}")
     return study, budget
+
+
+def _existing_study(storage: Any, name: str, sampler: optuna.samplers.BaseSampler) -> Optional[optuna.Study]:
+    return load_study(storage, name, sampler) if study_exists(storage, name) else None
+
+
+def _resumed(options: SearchOptions, study: optuna.Study, profile: GpuProfile, problem: Problem,
+             name: str) -> tuple[optuna.Study, Optional[int]]:
+    """A study `tuner search` created, checked against the options and given the budget to resume with."""
+    if not options.resume:
+        raise TunerError(f"study {name!r} already exists; pass --resume to continue it, or --study NAME for a new one")
+    info = study_info(study)
+    if (info.problem, info.template, info.profile) != (problem, options.template, profile.name):
+        raise TunerError(f"study {name!r} tunes {info.template} for {info.problem.label} on {info.profile}, "
+                         f"not {options.template} for {problem.label} on {profile.name}")
+    if info.objective != options.objective:  # its values are another figure: they must not mix
+        raise TunerError(f"study {name!r} minimizes {info.objective}, not {options.objective}; resume it with "
+                         f"--objective {info.objective}, or pass --study NAME for a new study")
+    budget = options.trials if options.trials is not None else info.budget
+    if budget is None and options.time_budget_s is None:  # started with --time-budget alone
+        raise TunerError(f"study {name!r} has no trial budget (it was started with --time-budget alone): "
+                         f"give --trials or --time-budget to resume it")
+    study.set_user_attr(ATTR_BUDGET, budget)
+    return study, budget
+
+
+def _write_attributes(options: SearchOptions, study: optuna.Study, profile: GpuProfile, manifest: Manifest,
+                      problem: Problem) -> Optional[int]:
+    """Write a new study's attributes, the budget last (its presence marks the creation finished), before the
+    warm start's queries: a study interrupted there (Ctrl-C) resumes with its own budget. Completing a study
+    another start created, only the attributes it lacks are written: those it has must agree."""
+    budget = options.trials
+    if budget is None and options.sampler == "grid":
+        # Every feasible point once: only feasible points are budgeted trials.
+        budget = len(feasible_space(manifest.name, problem, profile))
+    if budget is None and options.time_budget_s is None:
+        budget = DEFAULT_TRIALS
+    have = study.user_attrs
+    wanted = ((ATTR_PROBLEM, problem.to_dict()), (ATTR_TEMPLATE, options.template), (ATTR_PROFILE, profile.name),
+              (ATTR_OBJECTIVE, options.objective))
+    clash = [key for key, value in wanted if key in have and have[key] != value]
+    if clash:
+        raise TunerError(f"study {study.study_name!r} was started for another {', '.join(clash)}; "
+                         f"pass --study NAME for a new study")
+    for key, value in (*wanted[:3], (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed), wanted[3],
+                       (ATTR_BUDGET, budget)):
+        if key not in have:
+            study.set_user_attr(key, value)
+    return budget

@@ -133,9 +133,19 @@ class StudyInfo:
     objective: str = "time"
 
 
+def unfinished(study: optuna.Study) -> bool:
+    """Whether the study's creation stopped before its attributes were all written (killed there, or its
+    creator is still at it): `tuner search` writes the budget last and asks no trial before it. The next
+    start completes such a study (tuner.search.prepare) instead of refusing it for good."""
+    return ATTR_BUDGET not in study.user_attrs and not study.get_trials(deepcopy=False)
+
+
 def study_info(study: optuna.Study) -> StudyInfo:
     attrs = study.user_attrs
     missing = [key for key in (ATTR_PROBLEM, ATTR_TEMPLATE, ATTR_PROFILE) if key not in attrs]
+    if missing and unfinished(study):
+        raise TunerError(f"study {study.study_name!r} is still being created, or its creation was interrupted: "
+                         f"the `tuner search` that started it completes it")
     if missing:
         raise TunerError(f"study {study.study_name!r} was not created by `tuner search` (no {', '.join(missing)} attribute)")
     return StudyInfo(
