@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Collection, Iterable, Optional
+from typing import Collection, Iterable, Optional, Sequence
 
 from tuner.backends.base import BaselineMeasurement, ConfirmTimings, DeviceFacts, Measurement
 from tuner.errors import TunerError
@@ -31,7 +31,7 @@ from tuner.runtime.energy import Energy
 from tuner.runtime.objective import COLUMN, TIME, figure
 from tuner.runtime.timing import Timing, interleaved_timings
 from tuner.status import TrialStatus
-from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store
+from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store, redact_url
 
 NOT_RECORDED = "not measured in the recording"
 REPLAYED_STATUSES = (TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT)
@@ -248,6 +248,28 @@ def check_recording_objective(url: str, objective: str) -> None:
         where = source.url
     if not any(figure(objective, r) is not None for r in rows):
         raise TunerError(_lacking(objective, where))
+
+
+def recorded_problems(url: str, profile: GpuProfile, force: bool = False) -> list[Problem]:
+    """The problems the recording holds replayable trials of, measured on the card the profile matches
+    (with `force` and no such card, on any card), as ReplayBackend picks them."""
+    with open_store(url, create=False) as source:
+        rows = [r for r in source.query_trials(TrialFilter()) if r.replayed_from is None and r.status in REPLAYED_STATUSES]
+    mine = [r for r in rows if profile.matches(r.gpu_name)]
+    if not mine and force:
+        mine = rows
+    return list(dict.fromkeys(r.problem for r in mine))
+
+
+def check_recorded(url: str, profile: GpuProfile, wanted: Sequence[Problem], recorded: Sequence[Problem]) -> None:
+    """A one-line TunerError naming the first of `wanted` the recording does not hold, and what it holds
+    (checked before anything is written: a replay of it would only prune every point)."""
+    missing = [p for p in wanted if p not in set(recorded)]
+    if not missing:
+        return
+    has = ", ".join(p.label for p in recorded) or f"no trials measured on a {profile.display_name}"
+    raise TunerError(f"the recording at {redact_url(url)} has no trials of {missing[0].label} measured on "
+                     f"{profile.display_name} (it has: {has}); replay one of those with --shape")
 
 
 def recording_profile(url: str) -> GpuProfile:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 from rich.console import Console
 
 from tuner.backends.gpu_process import started_early
-from tuner.backends.replay import check_recording_objective, recording_profile
+from tuner.backends.replay import check_recorded, check_recording_objective, recorded_problems, recording_profile
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
@@ -34,7 +34,7 @@ from tuner.runtime.baselines import missing_baselines_note
 from tuner.search.hooks import Hooks, check_backend, require_gpus
 from tuner.search.job import WorkerJob, WorkerResult
 from tuner.search.options import SearchOptions, validate_options
-from tuner.search.prepare import choose_template, prepare_study, problems_of, study_name_for
+from tuner.search.prepare import choose_template, prepare_study, problems_of, shape_problems, study_name_for
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
@@ -75,6 +75,18 @@ def _resolve(options: SearchOptions) -> GpuProfile:
     return resolve_profile(options.gpu, force=options.force, device=options.devices[0])
 
 
+def _recorded(options: SearchOptions, profile: GpuProfile, hooks: Hooks) -> Optional[list[Problem]]:
+    """A replay: the problems its recording holds, once each --shape problem is among them (else a
+    one-line error before any store is opened: a replay of it would only prune every point)."""
+    if options.backend != "replay" or hooks.replaced:  # replaced hooks answer from elsewhere (tests)
+        return None
+    recorded = recorded_problems(options.replay_from, profile, options.force)
+    check_recorded(options.replay_from, profile, shape_problems(options) if options.shapes else [], recorded)
+    if not options.shapes and not any(p in recorded for p in profile.default_problems):
+        check_recorded(options.replay_from, profile, profile.default_problems, recorded)
+    return recorded
+
+
 def _run_ids(results: list[WorkerResult]) -> list[int]:
     return [r.run_id for r in results if r.run_id is not None]
 
@@ -108,6 +120,7 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     console = console or Console(stderr=True)
     validate_options(options)
     profile = _resolve(options)
+    recorded = _recorded(options, profile, hooks)
     db_url = options.db_url or default_db_url()
     started = time.perf_counter()
     # One card: its GPU child's torch import overlaps the studies' preparation.
@@ -116,16 +129,23 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     with started_early(options.devices[0], early and len(options.devices) == 1), \
             started_workers(options.devices, options.backend == "gpu", not hooks.replaced) as processes, \
             opened_storage(db_url) as storage:
-        report = _search(options, profile, db_url, storage, console, hooks, processes)
+        report = _search(options, profile, db_url, storage, console, hooks, processes, recorded)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
 def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,
-            hooks: Hooks, processes: Optional[StartedWorkers]) -> SearchReport:
+            hooks: Hooks, processes: Optional[StartedWorkers], recorded: Optional[list[Problem]]) -> SearchReport:
     options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
     problems = problems_of(options, profile, manifest, say)
+    if recorded is not None:  # a replay of the profile's default problems: those the recording holds
+        absent = [p for p in problems if p not in recorded]
+        if absent:
+            say(f"skipping {len(absent)} default problem(s) the recording has no trials of")
+        problems = [p for p in problems if p in recorded]
+        if not problems:
+            check_recorded(options.replay_from, profile, profile.default_problems, recorded)
     with open_store(db_url) as store:
         studies, budgets = [], []
         for problem in problems:
