@@ -69,3 +69,21 @@ def test_the_search_summary_lines_wrap_to_80_columns_between_phrases(replay_reco
     assert re.search(r"; runs \d+; studies h\w+-attn_\w+-B1H8S512S512D64-fp16$", counts), counts
     times = " ".join(line.strip() for line in lines[timing:])
     assert re.fullmatch(r"time: [\d.]+ s wall; (?:[A-Za-z (),-]+ [\d.]+ s \(\d+%\), )+other [\d.]+ s \(\d+%\)", times), times
+
+
+def test_results_keep_a_problem_label_on_its_rows_line_at_80_columns(tmp_path) -> None:
+    """`B16 H16 S2048 D64 fp16` is not split over two lines: TFLOP/s makes room (issue 36, item 13)."""
+    from store_factories import BIG
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with open_store(url) as store:
+        run = store.start_run(H200)
+        for m, us in ((64, 9.7), (128, 11.2)):
+            store.add_trial(trial(run, BIG, params={"BLOCK_M": m}, median_us=us,
+                                  variant_name=f"attn_fwd_mma_d64_fp16_m{m}n128_w4_q_rows_xor_s3_qsmem_b2_lr"))
+    result = run_tuner("results", "--db", url, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines if not line.startswith("store: ")) <= 80
+    rows = [line for line in lines if re.match(r"^\s*\d+ ", line)]
+    assert len(rows) == 2 and all(f" {BIG.label} m" in row for row in rows), result.stdout

@@ -79,7 +79,11 @@ def test_search_summary_fits_80_columns_without_cutting_a_word(replay_recording,
     assert result.exit_code == 0, result.stderr
     table = _table_lines(result.stdout, "search summary")
     assert all(len(line) <= 80 for line in table)
-    assert table[1].split() == ["problem", "trials", "best", "µs", "baseline", "µs", "x"]  # TFLOP/s made room
+    # The problem label stays on its row's line (issue 36): TFLOP/s, the trials (the counts line says them)
+    # and the baseline's µs (µs times x) made room.
+    assert table[1].split() == ["problem", "best", "µs", "baseline", "x"]
+    assert table[3].startswith(p.label + " ")
+    assert len(table) == 4 or table[4].strip().startswith("best:")  # no second line of the label
     row = table[3].split()
     assert any(re.fullmatch(r"sdpa_(flash|cudnn|efficient)", word) for word in row)  # whole, as are its figures
     assert any(re.fullmatch(r"\d+\.\d\dx", word) for word in row)

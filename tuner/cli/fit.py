@@ -32,6 +32,9 @@ class Col:
     whole: bool = False
     short: Optional[str] = None
     drop: int = 0
+    # Whole while any layout (shorter headers, fewer columns) lets it be; it wraps at spaces only where
+    # none does: a problem label such as `B1 H8 S512 D64 fp16` reads badly over two lines.
+    keep: bool = False
 
 
 def _longest_word(text: str) -> int:
@@ -57,13 +60,14 @@ class FitTable:
         least their longest word within `width`: full headers, then short ones, then fewer columns."""
         levels = sorted({c.drop for c in self.columns if c.drop > 0}, reverse=True)
         tries = [(False, 0), (True, 0)] + [(True, level) for level in levels]
-        for short, dropped_from in tries:
+        for keep, (short, dropped_from) in [(True, t) for t in tries] + [(False, t) for t in tries]:
             kept = [i for i, c in enumerate(self.columns) if not (dropped_from and c.drop >= dropped_from)]
             headers = [(self.columns[i].short if short else None) or self.columns[i].header for i in kept]
             least, most = [], []
             for i, header in zip(kept, headers):
                 cells = [row[i] for row in self.rows]
-                fits = _longest_line if self.columns[i].whole else _longest_word
+                whole = self.columns[i].whole or (keep and self.columns[i].keep)
+                fits = _longest_line if whole else _longest_word
                 least.append(max([_longest_word(header), *(fits(c) for c in cells)], default=1))
                 most.append(max([_longest_line(header), *(_longest_line(c) for c in cells)], default=1))
             room = width - (len(kept) - 1)  # one space between columns

@@ -91,11 +91,11 @@ def results_table(rows: list[TrialRow], best: bool) -> FitTable:
     energy = any(r.headline_joules is not None for r in rows)
     title = ("best trials" if best else "trials") + (f" on {gpus.pop()}" if len(gpus) == 1 else "")
     columns = [Col("id", "right", whole=True)] + ([Col("gpu")] if len(gpus) > 1 else []) + [
-        Col("problem"), Col("variant", whole=True), Col("status", whole=True), Col("µs", "right", whole=True),
+        Col("problem", keep=True), Col("variant", whole=True), Col("status", whole=True), Col("µs", "right", whole=True),
         Col("TFLOP/s", "right", whole=True, drop=1)] + (
         [Col("mJ", "right", whole=True), Col("TF/W", "right", whole=True, drop=2)] if energy else []) + [
         Col("x best", "right", whole=True)]
-    # The variant keeps its width; the problem label wraps first.
+    # The variant keeps its width; the problem label stays whole unless only wrapping it makes room.
     replayed = any(r.replayed_from for r in rows)
     table = FitTable(title, columns,
                      caption="variant: its tunables (`tuner show ID`: all); c: confirmed by interleaved re-timing"
@@ -115,7 +115,7 @@ def results_table(rows: list[TrialRow], best: bool) -> FitTable:
 def summary_table(rows: list[ProblemSummary], title: str = "search summary") -> FitTable:
     """Per problem the best variant against the best baseline of its run; in 80 columns without the
     TFLOP/s, then the trials, then the baseline's µs (µs / x) when the names are long."""
-    columns = (Col("problem"), Col("trials", "right", whole=True, drop=2), Col("best", whole=True),
+    columns = (Col("problem", keep=True), Col("trials", "right", whole=True, drop=2), Col("best", whole=True),
                Col("µs", "right", whole=True), Col("TFLOP/s", "right", whole=True, drop=3),
                Col("baseline", whole=True), Col("µs ", "right", whole=True, drop=1), Col("x", "right", whole=True))
     table = FitTable(title, columns, caption="best: the variant's tunables; c: confirmed, the median per-round "
