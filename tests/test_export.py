@@ -116,8 +116,16 @@ def _unique(prefix: str = "attn") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+def reseal(pkg: Path) -> None:
+    """Seal pkg's edited manifest.json as an export would (its sha256 into __init__.py): to test what the
+    runtime makes of such a manifest past the hash check, which refuses any edit of an export's."""
+    from tuner.export.package import seal
+
+    seal(pkg)
+
+
 def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
-    """A copy of the exported package under a new name, its manifest.json changed by edit(manifest)."""
+    """A copy of the exported package under a new name, its manifest.json changed by edit(manifest) (sealed)."""
     name = _unique(prefix)
     shutil.copytree(report.out / report.package, tmp_path / name)
     path = tmp_path / name / "manifest.json"
@@ -125,6 +133,7 @@ def _edited_copy(report, tmp_path, prefix: str, edit) -> str:
     m["package"] = name
     edit(m)
     path.write_text(json.dumps(m))
+    reseal(tmp_path / name)
     return name
 
 
@@ -416,12 +425,103 @@ def test_a_broken_manifest_is_an_integrity_error(export_store, tmp_path, damage)
         kernel["source"] = str(outside)
         kernel["source_sha256"] = hashlib.sha256(b"not a cubin").hexdigest()
         manifest_path.write_text(json.dumps(manifest))
+    if damage not in ("no_manifest", "not_json", "no_kernels"):  # sealed: the runtime's own checks refuse it
+        reseal(out / name)
     bad = _import_in_subprocess(out, name)
     assert bad.returncode != 0
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{name}._runtime.kernels.IntegrityError: {name}"), bad.stderr
     assert "JSONDecodeError" not in bad.stderr and "FileNotFoundError" not in bad.stderr and "KeyError" not in last
     assert "TypeError" not in bad.stderr and "AttributeError" not in bad.stderr
+
+
+def _import_fails(out: Path, name: str) -> str:
+    """The one-line reason an in-process import of out/name is refused (an IntegrityError, an ImportError)."""
+    with pytest.raises(ImportError) as info:
+        import_exported(out, name)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+_MANIFEST_EDITS = {
+    "threads": lambda m: next(iter(m["kernels"].values()))["launch"].update(threads=1024),
+    "smem_bytes": lambda m: next(iter(m["kernels"].values()))["launch"].update(smem_bytes=1),
+    "block_m": lambda m: next(iter(m["kernels"].values()))["launch"].update(block_m=128),
+    "entry": lambda m: next(iter(m["kernels"].values())).update(entry="other_kernel"),
+    "nvcc_options": lambda m: m["nvcc_options"].extend(["-ccbin", "/tmp/program"]),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_MANIFEST_EDITS))
+def test_an_edited_manifest_is_refused_on_import(exported, tmp_path, edit) -> None:
+    """manifest.json's sha256 is in __init__.py (the root of trust): any edit of it is refused before it is read."""
+    report, _ = exported
+    name = _edited_copy(report, tmp_path, "edited", lambda m: None)  # a sealed copy that imports
+    path = tmp_path / name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    _MANIFEST_EDITS[edit](manifest)
+    path.write_text(json.dumps(manifest))
+    reason = _import_fails(tmp_path, name)
+    assert reason.startswith(f"{name}: manifest.json fails its integrity check (sha256 "), reason
+    assert "in __init__.py): the file was changed after export; refusing to load it" in reason
+
+
+@pytest.mark.parametrize("change", ["header_added", "cubin_added", "runtime_edited", "runtime_added",
+                                    "kernels_module_edited", "cubin_replaced"])
+def test_a_file_added_or_changed_in_the_package_is_refused_on_import(exported, tmp_path, change) -> None:
+    """manifest.json's record lists every file with its sha256: a file it does not list, or whose bytes differ,
+    is refused with one line naming it (_runtime/ included, checked before any of it runs)."""
+    report, _ = exported
+    name = _edited_copy(report, tmp_path, "added", lambda m: None)
+    pkg = tmp_path / name
+    cubin = next((pkg / "kernels").glob("*.cubin"))
+    rel = {"header_added": "kernels/cuda_fp16.h", "cubin_added": "kernels/extra.sm_90a.cubin",
+           "runtime_edited": "_runtime/dispatch.py", "runtime_added": "_runtime/sitecustomize.py",
+           "kernels_module_edited": "_runtime/kernels.py", "cubin_replaced": f"kernels/{cubin.name}"}[change]
+    if change.endswith("_edited"):
+        (pkg / rel).write_text((pkg / rel).read_text() + "\nprint('ran')\n")
+    elif change == "cubin_replaced":
+        (pkg / rel).write_bytes(next(p for p in (pkg / "kernels").glob("*.cubin") if p != cubin).read_bytes())
+    else:
+        (pkg / rel).write_bytes(cubin.read_bytes() if rel.endswith(".cubin") else b"#pragma once\n")
+    reason = _import_fails(tmp_path, name)
+    if change.endswith("_added"):
+        assert reason == (f"{name}: {rel} is not in manifest.json's record of the package's files: it was added "
+                          "after export; refusing to load the package. Remove it, or reinstall or re-export.")
+    else:
+        assert reason.startswith(f"{name}: {rel} fails its integrity check (sha256 "), reason
+
+
+def test_the_record_lists_every_file_of_the_package(exported) -> None:
+    report, mod = exported
+    pkg = report.out / report.package
+    files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert set(mod.MANIFEST["files"]) == files - {"__init__.py", "manifest.json"}
+    assert all(hashlib.sha256((pkg / rel).read_bytes()).hexdigest() == sha for rel, sha in mod.MANIFEST["files"].items())
+    init = (pkg / "__init__.py").read_text()
+    assert f'_MANIFEST_SHA256 = "{hashlib.sha256((pkg / "manifest.json").read_bytes()).hexdigest()}"' in init
+
+
+@pytest.mark.parametrize("option", ["-ccbin", "-I/tmp", "--include-path=/tmp", "-Xcompiler", "--compiler-bindir=/x",
+                                    "-DX;rm"])
+def test_nvcc_options_are_an_allow_list(exported, tmp_path, monkeypatch, option) -> None:
+    """Even in a sealed manifest (one the exporter wrote), nvcc_options holds only what an export writes:
+    anything else is refused on import, and the JIT never runs nvcc with it."""
+    report, mod = exported
+    name = _edited_copy(report, tmp_path, "nvccopt", lambda m: m["nvcc_options"].append(option))
+    reason = _import_fails(tmp_path, name)
+    assert reason.startswith(f"{name}: manifest.json is malformed: nvcc_options holds {option!r}, not one an export "
+                             "writes (-O0..-O3, -std=c++NN, --use_fast_math, -lineinfo, -DNAME[=VALUE])"), reason
+    ran = tmp_path / "ran"
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    monkeypatch.setitem(mod._runtime.kernels.manifest(), "nvcc_options", ["-O3", option, "/bin/true"])
+    with pytest.raises(mod.IntegrityError, match="refusing to run nvcc with it"):
+        mod._runtime.kernels._jit_cubin("src", (8, 9))
+    assert not ran.exists()
 
 
 def test_the_jit_path_checks_the_source_it_compiles(exported) -> None:
@@ -689,15 +789,28 @@ def test_manifest_records_nvcc_options_for_the_jit(exported, monkeypatch, tmp_pa
     assert options == [o for o in BASE_OPTIONS if not o.startswith("--ptxas-options")] and "-O3" in options
     fake = tmp_path / "bin" / "nvcc"  # records its arguments and writes the -o file
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"
-                    "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then printf cubin > \"$2\"; fi; shift; done\n")
+    fake.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"  # and lists the -I folder
+                    "while [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then printf cubin > \"$2\"; fi;\n"
+                    f"if [ \"$1\" = -I ]; then (cd \"$2\" && {shutil.which('find')} . -type f) > {tmp_path / 'seen'}; fi;\n"
+                    "shift; done\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(fake.parent))
-    assert mod._runtime.kernels._jit_cubin("src", (8, 9)) == b"cubin"
+    pkg = report.out.resolve() / report.package
+    added = pkg / "kernels" / "cuda_fp16.h"  # added after import: never reaches nvcc
+    added.write_text("#error shadowed\n")
+    try:
+        assert mod._runtime.kernels._jit_cubin("src", (8, 9)) == b"cubin"
+    finally:
+        added.unlink()
     args = (tmp_path / "args").read_text().split()
     assert args[:1 + len(options)] == ["-cubin", *options]
     assert "arch=compute_89,code=sm_89" in args
-    assert args[args.index("-I") + 1] == str(report.out.resolve() / report.package / "kernels")
+    # The package's checked headers alone, copied to a fresh folder (not -I into the package folder).
+    include = Path(args[args.index("-I") + 1])
+    assert args.count("-I") == 1 and pkg not in include.parents and include != pkg / "kernels"
+    headers = json.loads((pkg / "manifest.json").read_text())["headers"]
+    seen = sorted((tmp_path / "seen").read_text().split())
+    assert seen == sorted("./" + rel.removeprefix("kernels/") for rel in headers)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
     with pytest.raises(mod.GpuUnavailableError, match="nvcc"):

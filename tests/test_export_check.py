@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.cli_helpers import run_tuner
-from tests.test_export import _unique, import_exported, write_export_store
+from tests.test_export import _unique, import_exported, reseal, write_export_store
 from tuner.export.check_cells import (
     MAX_CANDIDATES,
     PREFILL_LENGTHS,
@@ -178,6 +178,7 @@ def test_a_package_explains_its_measured_cells(tmp_path) -> None:
         dict(key=dict(decode.__dict__), route="sdpa", trial_id=big["trial_id"], kernel=big["kernel"], ratio=0.55,
              sdpa_impl="sdpa_flash", problem_label="B2 H8 Sq1 Sk8192 D64 fp16")]}
     path.write_text(json.dumps(manifest))
+    reseal(path.parent)  # as export --check seals what it records
     mod = import_exported(tmp_path / name, name)
     q = torch.empty(2, 8, 1, 64, dtype=torch.float16, device="meta")
     kv = torch.empty(2, 8, 8192, 64, dtype=torch.float16, device="meta")

@@ -7,7 +7,7 @@ what the cell would otherwise run: every SDPA backend that takes the shape (unde
 for a windowed cell), or for a softcapped cell the package's torch softcap implementation, all in one child
 process. The fastest kernel keeps the cell if its median per-round ratio to the best backend reaches
 ROUTE_BELOW; otherwise the cell runs that fallback. The records land in the package's manifest.json under "checked"
-(manifest.json is not among the hashed files: it holds the hashes).
+(and the package's __init__.py, the root of its import check, is sealed again with the manifest's new sha256).
 An e4m3 cell (tuner.export.check_fp8) runs its kernels on FP8 inputs with their descales, checks them against the
 fp32 reference on the real values, and times them against its fallback: dequantise to bfloat16, then SDPA.
 A paged or ragged cell runs its kernels as the search timed its problem (tuner.backends.gpu_child: K/V copied into
@@ -34,6 +34,7 @@ from typing import Any, Callable
 from tuner.errors import TunerError
 from tuner.export import check_fp8, check_packed, check_paged
 from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
+from tuner.export.package import seal
 from tuner.problem import Problem, query_dtype
 from tuner.profiles import GpuProfile
 
@@ -219,6 +220,7 @@ def check_package(root: Path, name: str, profile: GpuProfile, progress: Callable
         raise TunerError(f"export --check failed while measuring the cells of {name}: {last}")
     manifest["checked"] = {**header, "rounds": ROUNDS, "cells": records}
     path.write_text(json.dumps(manifest, indent=2) + "\n")
+    seal(root / name)  # the manifest changed: its sha256 in __init__.py too, or the package would not import
     return records
 
 

@@ -3,8 +3,8 @@
 The package is self-contained: verbatim copies of tuner/runtime/shipped/launcher.py
 and of the runtime modules in tuner/export/shipped/, the cubins for the profile's arch,
 the rendered source of each kernel (JIT-compiled where no cubin fits) and
-manifest.json (dispatch table, provenance, sha256 of every file). It never
-imports `tuner`.
+manifest.json (dispatch table, provenance, the record of every file's sha256), whose own sha256
+__init__.py embeds. It never imports `tuner`.
 """
 
 from __future__ import annotations
@@ -35,13 +35,38 @@ _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)  # packed
     {name}.register_transformers()             # attn_implementation="tuned_attention" in transformers
 
-Needs torch alone (and the NVIDIA driver to run). Importing checks every shipped cubin, source and header
-against manifest.json's sha256; _runtime/ is FlashCore tuner's runtime, as the tuner itself runs it.
+Needs torch alone (and the NVIDIA driver to run). Importing checks manifest.json against the sha256 below,
+then every file of the package against manifest.json's record (a file it does not list is refused);
+_runtime/ is FlashCore tuner's runtime, as the tuner itself runs it.
 """
 
-from ._runtime.kernels import IntegrityError, manifest, verify_package
+import hashlib as _hashlib
+from pathlib import Path as _Path
 
-verify_package()
+# The root of trust, written at export: the sha256 of manifest.json (its record holds every other file's)
+# and of the runtime modules, checked here before any of them runs (they run the rest of the check).
+_MANIFEST_SHA256 = "{manifest_sha256}"
+_RUNTIME_SHA256 = {runtime}
+
+
+def _check_runtime() -> None:
+    here = _Path(__file__).resolve().parent
+    for rel, expected in _RUNTIME_SHA256.items():
+        try:
+            actual = _hashlib.sha256((here / rel).read_bytes()).hexdigest()
+        except OSError:
+            actual = "missing"
+        if actual != expected:
+            raise ImportError(__name__ + ": " + rel + " fails its integrity check (sha256 " + actual[:16]
+                              + "... != " + expected[:16] + "... in __init__.py): the file was changed after "
+                              "export; refusing to load it. Reinstall or re-export.")
+
+
+_check_runtime()
+
+from ._runtime.kernels import IntegrityError, manifest, verify_package  # noqa: E402 - only once checked
+
+verify_package(_MANIFEST_SHA256)
 
 from ._runtime.api import attention, explain  # noqa: E402 - only after the integrity check
 from ._runtime.choice import table as _table  # noqa: E402
@@ -61,6 +86,17 @@ _PROVENANCE_KEYS = ("format", "package", "version", "tuner_version", "exported_a
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def seal(pkg: Path) -> None:
+    """(Re)write pkg/__init__.py, the root of trust of the package's import check, with the sha256 of
+    pkg/manifest.json and of the runtime modules its record lists. Run after any change to the manifest
+    (export --check records its cells there)."""
+    raw = (pkg / "manifest.json").read_bytes()
+    record = json.loads(raw)["files"]
+    runtime = "".join(f"\n    {rel!r}: {sha!r}," for rel, sha in sorted(record.items()) if rel.startswith("_runtime/"))
+    (pkg / "__init__.py").write_text(_PACKAGE_INIT.format(name=pkg.name, manifest_sha256=_sha(raw),
+                                                          runtime="{" + runtime + "\n}"))
 
 
 def is_package_export(out: Path, name: str) -> bool:
@@ -177,9 +213,11 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
             files.append(pkg / "kernels" / rel)
         shutil.copytree(RUNTIME_DIR, pkg / "_runtime", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         files += sorted(p for p in (pkg / "_runtime").rglob("*") if p.is_file())
-        (pkg / "__init__.py").write_text(_PACKAGE_INIT.format(name=name))
-        files.append(pkg / "__init__.py")
+        # The record (as a wheel's RECORD): every file but __init__.py, which holds the manifest's sha256.
+        manifest["files"] = {p.relative_to(pkg).as_posix(): _sha(p.read_bytes()) for p in files}
         (pkg / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        seal(pkg)
+        files.append(pkg / "__init__.py")
         (root / "pyproject.toml").write_text(_pyproject(name))
         (root / "README.md").write_text(_readme(name, manifest))
         return files + [pkg / "manifest.json", root / "pyproject.toml", root / "README.md"]

@@ -1,9 +1,11 @@
 """Manifest, integrity check and kernel loading of an exported package.
 
 Part of the runtime every export ships (this folder, copied whole as the package's _runtime/). The
-package's import verifies every shipped file against the sha256 in manifest.json, so a tampered cubin is
-refused before it can be loaded. Kernels load lazily (first call on a device): from the shipped cubin when
-it runs there, else compiled from the shipped source by nvcc, where the CUDA toolkit is installed.
+package's import verifies manifest.json against the sha256 its __init__.py embeds (the root of trust), then
+every file of the package against manifest.json's record of them (as a wheel's RECORD), and refuses a file
+the record does not list: a tampered cubin, manifest or runtime module is refused before it can be loaded.
+Kernels load lazily (first call on a device): from the shipped cubin when it runs there, else compiled from
+the shipped source by nvcc, where the CUDA toolkit is installed (allow-listed options, checked headers only).
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ from .launcher import AttentionKernel, GpuUnavailableError, LaunchShape
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the export's package folder (this file is in _runtime/)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# The nvcc options an export may record (it writes tuner.kernels.compiler.BASE_OPTIONS less ptxas -v): the JIT
+# runs nvcc with them, so anything else (-ccbin runs a program, -I or --include-path reads other headers,
+# -Xcompiler passes flags on) is refused.
+_NVCC_OPTION = re.compile(r"-O[0-3]|-std=c\+\+\d\d|--use_fast_math|-lineinfo|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.]*)?")
+NVCC_OPTIONS_ALLOWED = "-O0..-O3, -std=c++NN, --use_fast_math, -lineinfo, -DNAME[=VALUE]"
+# Files a package holds beside those its record lists: the root of trust and the record itself. Python's own
+# __pycache__ folders are passed over (an import writes them).
+_UNRECORDED = ("__init__.py", "manifest.json")
+_sealed: dict[str, str] = {}  # "manifest": the sha256 of manifest.json the package's __init__.py embeds
 
 
 class IntegrityError(ImportError):
@@ -31,9 +42,17 @@ def manifest() -> dict[str, Any]:
     """manifest.json beside this folder, read once and checked for the fields the runtime relies on."""
     where = f"{PACKAGE_DIR.name}: manifest.json"
     try:
-        data = json.loads((PACKAGE_DIR / "manifest.json").read_text())
+        raw = (PACKAGE_DIR / "manifest.json").read_bytes()
     except OSError as exc:
         raise IntegrityError(f"{where} cannot be read ({exc.strerror or exc}); reinstall or re-export") from None
+    expected = _sealed.get("manifest")
+    actual = hashlib.sha256(raw).hexdigest()
+    if expected is not None and actual != expected:  # checked before it is parsed: nothing edited is read
+        raise IntegrityError(
+            f"{where} fails its integrity check (sha256 {actual[:16]}... != {expected[:16]}... in __init__.py): the "
+            "file was changed after export; refusing to load it. Reinstall or re-export.")
+    try:
+        data = json.loads(raw.decode())
     except ValueError as exc:
         raise IntegrityError(f"{where} is not valid JSON ({exc}); reinstall or re-export") from None
     required = ("package", "version", "kernels", "entries", "nvcc_options")
@@ -54,6 +73,15 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         return "kernels must be an object and entries a list"
     if not isinstance(data["nvcc_options"], list) or not all(isinstance(o, str) for o in data["nvcc_options"]):
         return "nvcc_options must be a list of strings"
+    wrong_option = bad_nvcc_option(data["nvcc_options"])
+    if wrong_option is not None:
+        return f"nvcc_options holds {wrong_option!r}, not one an export writes ({NVCC_OPTIONS_ALLOWED})"
+    record = data.get("files", {})
+    if not isinstance(record, dict):
+        return "files (the record of the package's files) must be an object"
+    for rel, digest in record.items():
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            return f"file {rel}'s sha256 is {digest!r}, not a sha256"
     for name, meta in data["kernels"].items():
         if not isinstance(meta, dict) or not isinstance(meta.get("cubins"), dict):
             return f"kernel {name} has no cubins object"
@@ -101,6 +129,11 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             return f"header {rel}'s sha256 is {digest!r}, not a sha256"
     return None
+
+
+def bad_nvcc_option(options: list[str]) -> Optional[str]:
+    """The first of `options` outside the allow-list (None: all allowed)."""
+    return next((o for o in options if not _NVCC_OPTION.fullmatch(o)), None)
 
 
 def _bad_mask(fields: dict[str, Any]) -> Optional[str]:
@@ -164,8 +197,9 @@ def verified_bytes(rel: str, expected: str) -> bytes:
 
 
 def shipped_files() -> list[tuple[str, str]]:
-    """(relative path, expected sha256) of every cubin, source and header in the manifest."""
-    files = []
+    """(relative path, expected sha256) of every file manifest.json's record lists (_runtime/ included) and of
+    every cubin, source and header its kernels name."""
+    files = list(manifest().get("files", {}).items())
     for meta in manifest()["kernels"].values():
         files.append((meta["source"], meta["source_sha256"]))
         files.extend((c["path"], c["sha256"]) for c in meta["cubins"].values())
@@ -173,14 +207,40 @@ def shipped_files() -> list[tuple[str, str]]:
     return files
 
 
-def verify_package() -> None:
-    """Raise IntegrityError naming the first file that is missing, altered or outside the package."""
+def verify_package(manifest_sha256: str) -> None:
+    """Raise IntegrityError naming the first file that is missing, altered, outside the package or not in its
+    record. `manifest_sha256` is manifest.json's, as the package's __init__.py embeds it: the manifest holds
+    every other file's sha256, so it is checked first (and read once: what is checked is what is used)."""
+    _sealed["manifest"] = manifest_sha256
+    manifest.cache_clear()
+    if "files" not in manifest():
+        raise IntegrityError(f"{manifest()['package']}: manifest.json has no record of the package's files; re-export")
     try:
         files = shipped_files()
     except (KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{manifest()['package']}: manifest.json is malformed ({exc!r}); re-export") from None
     for rel, expected in files:
         verified_bytes(rel, expected)
+    added = _unrecorded_file(set(manifest()["files"]))
+    if added is not None:
+        raise IntegrityError(
+            f"{manifest()['package']}: {added} is not in manifest.json's record of the package's files: it was "
+            "added after export; refusing to load the package. Remove it, or reinstall or re-export.")
+
+
+def _unrecorded_file(record: set[str]) -> Optional[str]:
+    """The first file (or link) in the package that `record` does not list, if any (__pycache__ passed over)."""
+    import os
+
+    for top, dirs, names in os.walk(PACKAGE_DIR):
+        rel_top = Path(top).relative_to(PACKAGE_DIR)
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" or os.path.islink(os.path.join(top, d)))
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]  # a linked folder is not walked: refused
+        for entry in sorted(names) + links:
+            rel = (rel_top / entry).as_posix()
+            if rel not in record and rel not in _UNRECORDED:
+                return rel
+    return None
 
 
 def _arch_parts(arch: str) -> tuple[int, int, bool]:
@@ -215,7 +275,9 @@ def code_source(kernel: str, cc: Optional[tuple[int, int]]) -> str:
 
 def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
     """The shipped source compiled by nvcc for compute capability `cc`, with the tuner's options (recorded at
-    export) and the shipped headers (checked again now). Needs the CUDA toolkit; the shipped cubins do not."""
+    export, allow-listed) and the shipped headers alone: checked again now and copied to a fresh folder, so
+    that nothing else in (or added to) the package folder can be included. Needs the CUDA toolkit; the
+    shipped cubins do not."""
     import os
     import shutil
     import subprocess
@@ -227,13 +289,25 @@ def _jit_cubin(source: str, cc: tuple[int, int]) -> bytes:
                                   "toolkit) is not on PATH to compile the shipped source")
     # sm_90+ kernels may use arch-specific instructions (wgmma, setmaxnreg): build for e.g. sm_90a.
     arch = f"{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
-    for rel, expected in manifest().get("headers", {}).items():  # what nvcc will include
-        verified_bytes(rel, expected)
+    options = manifest()["nvcc_options"]
+    wrong = bad_nvcc_option(options)
+    if wrong is not None:  # refused on import too; checked where it is used
+        raise IntegrityError(f"{manifest()['package']}: manifest.json's nvcc_options hold {wrong!r}; refusing to run "
+                             f"nvcc with it (allowed: {NVCC_OPTIONS_ALLOWED})")
     with tempfile.TemporaryDirectory(prefix="tuned-attention-jit-") as tmp:
+        include = Path(tmp) / "include"  # kernels/<rel> of the package -> include/<rel>, as the sources expect
+        for rel, expected in manifest().get("headers", {}).items():  # what nvcc will include
+            data = verified_bytes(rel, expected)
+            parts = Path(rel).parts
+            target = include.joinpath(*parts[1:]).resolve() if parts[:1] == ("kernels",) else include
+            if include.resolve() not in target.parents:
+                raise IntegrityError(f"{manifest()['package']}: manifest.json's header {rel!r} is not under kernels/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
         src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
         src.write_text(source)
-        command = [nvcc, "-cubin", *manifest()["nvcc_options"], "-gencode", f"arch=compute_{arch},code=sm_{arch}",
-                   "-I", str(PACKAGE_DIR / "kernels"), "-o", str(out), str(src)]
+        command = [nvcc, "-cubin", *options, "-gencode", f"arch=compute_{arch},code=sm_{arch}",
+                   "-I", str(include), "-o", str(out), str(src)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc could not compile the shipped source for sm_{arch}: "
