@@ -160,15 +160,19 @@ def _example(key: dict[str, Any]) -> str:
 
 def _readme(name: str, manifest: dict[str, Any]) -> str:
     chosen = [e for e in manifest["entries"] if e["dispatch"]]
-    rows = "\n".join(f"- {e['problem_label']}: `{e['kernel']}` (trial {e['trial_id']}, {e['median_us']:.1f} us)"
-                     for e in chosen)
+    rows = "\n".join(f"- {e['problem_label']}: `{e['kernel']}` (trial {e['trial_id']}, {e['median_us']:.1f} us"
+                     f"{', replayed' if e['run'].get('replayed_from') else ''})" for e in chosen)
+    # A replayed run measured nothing: said where the timings are listed, as the manifest and explain() say it.
+    replayed = ("**REPLAYED**: the timings marked replayed were answered from a recording "
+                f"({', '.join(manifest['replayed_from'])}) by `tuner search --backend replay`, not measured on a "
+                "GPU; re-run the search on the card before relying on them.\n\n") if manifest["replayed_from"] else ""
     # The example calls a combination that was tuned (dtype, head dim, causality of the first entry).
     key = chosen[0]["key"] if chosen else {"dtype": "fp16", "head_dim": 64, "causal": False}
     return (f"# {name}\n\nTuned attention kernels for {manifest['gpu']['display_name']} "
             f"({manifest['gpu']['arch']}), exported by FlashCore tuner {manifest['tuner_version']}.\n\n"
             f"```python\nimport torch\nfrom {name} import attention\n{_example(key)}```\n\n"
             f"Tuned problems (other shapes use the nearest tuned one; `fallback=\"sdpa\"` sends what no "
-            f"kernel takes to torch SDPA):\n\n{rows}\n\n"
+            f"kernel takes to torch SDPA):\n\n{rows}\n\n{replayed}"
             "Needs torch alone (the NVIDIA driver to run; nvcc only for a GPU no shipped cubin runs on). "
             "manifest.json holds the provenance and the sha256 of every kernel.\n")
 

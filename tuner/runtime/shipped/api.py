@@ -372,6 +372,10 @@ def _choice_lines(choice: Any, mask: tuple, inputs: str = "", takes: str = "") -
     lines = [f"  kernel: {e['kernel']}",
              f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}",
              f"  why: {choice.reason}"]
+    replayed = (e.get("run") or {}).get("replayed_from")
+    if replayed:  # the manifest says so; so does explain(), the one place a user reads the timing
+        lines.insert(2, f"  REPLAYED: that timing was answered from a recording ({replayed}) by `tuner search "
+                        "--backend replay`, not measured on a GPU")
     if takes and choice.route != "sdpa":
         lines.append(f"  {takes}")
     if choice.cell is not None:
