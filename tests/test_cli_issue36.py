@@ -3,7 +3,10 @@ journals, downgrades, 80 columns)."""
 
 from __future__ import annotations
 
+import json
+import random
 import re
+from pathlib import Path
 
 from cli_helpers import run_tuner
 from store_factories import H200, trial
@@ -87,3 +90,57 @@ def test_results_keep_a_problem_label_on_its_rows_line_at_80_columns(tmp_path) -
     assert max(len(line) for line in lines if not line.startswith("store: ")) <= 80
     rows = [line for line in lines if re.match(r"^\s*\d+ ", line)]
     assert len(rows) == 2 and all(f" {BIG.label} m" in row for row in rows), result.stdout
+
+
+# --- a damaged Optuna journal ---------------------------------------------------------------------
+
+
+def _journal_store(tmp_path) -> tuple[str, Path]:
+    """A store with trial 1 (h200) and 2,000 journal records of about 100 bytes (many pages)."""
+    path = tmp_path / "j.db"
+    url = f"sqlite:///{path}"
+    with open_store(url) as store:
+        store.add_trial(trial(store.start_run(H200)))
+        store.append_journal([json.dumps({"op_code": 4, "worker_id": "w", "n": n, "pad": "x" * 60},
+                                         separators=(",", ":")) for n in range(2000)])
+    return url, path
+
+
+def _damage(path: Path, marker: bytes, offset: int, data: bytes) -> None:
+    """Write `data` at `offset` from the page start (offset >= 0) or from `marker` (offset < 0)."""
+    raw = path.read_bytes()
+    at = raw.index(marker)  # the store is closed: its WAL was checkpointed into the file
+    at = (at // 4096) * 4096 + offset if offset >= 0 else at - offset - 1
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        handle.write(data)
+
+
+def _commands(url: str, tmp_path) -> dict[str, object]:
+    return {"results": run_tuner("results", "--db", url), "show": run_tuner("show", "1", "--db", url),
+            "report": run_tuner("report", "--gpu", "h200", "--db", url, "--out", str(tmp_path / "report")),
+            "export": run_tuner("export", "--gpu", "h200", "--db", url, "--out", str(tmp_path / "pkg"))}
+
+
+def test_results_show_report_and_export_say_a_damaged_journal_page_in_one_line(tmp_path) -> None:
+    """Random bytes over a journal page's b-tree header (issue 36, item 8): each command names the pages."""
+    url, path = _journal_store(tmp_path)
+    _damage(path, b'"n":1000,', 0, random.Random(36).randbytes(120))
+    for name, result in _commands(url, tmp_path).items():
+        warning = next((line for line in result.stderr.splitlines() if "journal" in line), "")
+        # SQLite's check names the pages, or gives up on them: then the last record read says where
+        assert re.fullmatch(rf"warning: the Optuna journal in {re.escape(url)} is damaged \((SQLite pages? [\d, ]+ "
+                            r"of its table fail SQLite's check|SQLite cannot read it after record \d+: .+)\): "
+                            r"its studies cannot be continued .*", warning), (name, result.stderr)
+    assert _commands(url, tmp_path)["results"].exit_code == 0  # the trials themselves still read
+
+
+def test_a_damaged_journal_record_is_named_and_an_intact_journal_says_nothing(tmp_path) -> None:
+    url, path = _journal_store(tmp_path)
+    clean = run_tuner("results", "--db", url)
+    assert clean.exit_code == 0 and clean.stderr == ""
+    _damage(path, b'"n":777,', -3, b"\xff")  # one byte inside record 778: no longer ASCII JSON
+    for name in ("results", "show"):
+        result = _commands(url, tmp_path)[name]
+        assert "is damaged (record 778 is not the JSON the search wrote)" in result.stderr, (name, result.stderr)
+        assert result.stderr.count("\n") == 1

@@ -21,6 +21,7 @@ from tuner.cli.state import (
     state,
     use_db,
 )
+from tuner.cli.journal_check import warn_if_journal_damaged_at
 from tuner.cli.tables import export_lines, metrics_table, replay_eval_table
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
@@ -91,6 +92,7 @@ def export_command(
     elif kv_cache:
         raise TunerError("--kv-cache describes --model's decode steps; with --shape, pass --dtype bf16_kv_e4m3 "
                          "or fp16_kv_e4m3")
+    warn_if_journal_damaged_at(state.db_url)  # the export reads the trials table alone
     report = export(ExportOptions(
         gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name, model_problems=problems,
         format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url, check=check,
@@ -117,6 +119,7 @@ def report_command(
 ) -> None:
     """Benchmark report: best tuned kernel vs the baselines of its run, search progress, importance, ncu."""
     use_db(db)
+    warn_if_journal_damaged_at(state.db_url)  # its parameter importance reads the journal, the rest does not
     files = write_report(state.db_url, gpu, out, run_id=run)
     say(f"wrote {files.markdown}, {files.json} and {len(files.figures)} figures")
 

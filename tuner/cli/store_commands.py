@@ -23,6 +23,7 @@ from tuner.cli.state import (
     state,
     use_db,
 )
+from tuner.cli.journal_check import warn_if_journal_damaged
 from tuner.cli.tables import hanging, results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
@@ -51,6 +52,7 @@ def results_command(
     with open_store(state.db_url, create=may_create_store()) as store:
         rows = store.prefer_confirmed(store.best_trials(filt)) if best else store.query_trials(filt)
         where = store.url
+        warn_if_journal_damaged(store)
     if fmt == "json":
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
     elif fmt == "csv":
@@ -75,6 +77,7 @@ def show_command(
     with open_store(state.db_url, create=may_create_store()) as store:
         detail = store.trial_detail(trial_id)
         confirmed = store.confirmed(detail.problem, detail.profile)
+        warn_if_journal_damaged(store)
     confirmed = confirmed if confirmed is not None and confirmed.trial_id == detail.id else None
     if fmt == "json":
         data = detail.to_dict()
