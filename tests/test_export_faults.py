@@ -71,3 +71,21 @@ def test_a_replayed_exports_readme_and_explain_say_so(tmp_path) -> None:
     export(ExportOptions(gpu="h100", out=tmp_path / other, db_url=measured))
     assert "replayed" not in (tmp_path / other / "README.md").read_text().lower()
     assert "REPLAYED" not in str(import_exported(tmp_path / other, other).explain(q, q, q))
+
+
+def test_export_output_fits_80_columns(export_store, tmp_path) -> None:
+    """The per-entry listing (a kernel name alone is ~50 columns) and the REPLAYED warning, in lines of <= 80."""
+    res = run_tuner("--db", export_store.url, "export", "--gpu", "h100", "--out", str(tmp_path / "all"))
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert any("(shadowed by trial" in line for line in lines) and any("attn_fwd_mma_d64" in line for line in lines)
+    assert max(map(len, lines)) <= 80, "\n".join(line for line in lines if len(line) > 80)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    _one_trial_store(url, {"sdpa_cudnn": 50.0}, median_us=40.0, replayed_from="sqlite:////data/recording.db")
+    res = run_tuner("--db", url, "export", "--gpu", "h100", "--out", str(tmp_path / "rep"))
+    assert res.exit_code == 0 and "[replayed]" in res.stdout, res.stderr
+    warning = res.stderr.splitlines()
+    assert warning[0].startswith("warning: REPLAYED: 1 of 1 entries") and res.stderr.count("warning:") == 1
+    assert max(map(len, warning + res.stdout.splitlines())) <= 80, res.stderr
+    assert "re-run the search on the card before relying on them" in " ".join(res.stderr.split())
+    json.loads((tmp_path / "rep" / "rep" / "manifest.json").read_text())  # written whole

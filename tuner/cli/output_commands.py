@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -102,13 +103,25 @@ def export_command(
     if report.checked:
         typer.echo(checked_summary(report.checked))
     what = f"package {report.package}" if report.format == "package" else f"header {report.package}.h"
-    typer.echo(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}")
+    for line in _wrap_80(f"exported {what}: {len(report.entries)} entries, {report.kernels} kernels -> {report.out}"):
+        typer.echo(line)
     replayed = [e for e in report.entries if e["run"].get("replayed_from")]
     if replayed:
         sources = ", ".join(sorted({e["run"]["replayed_from"] for e in replayed}))
-        say(f"warning: REPLAYED: {len(replayed)} of {len(report.entries)} entries were timed by `tuner search "
-            f"--backend replay` from a recording ({sources}), not measured on a GPU; re-run the search on the card "
-            "before relying on them", stderr=True)
+        _say_80(f"warning: REPLAYED: {len(replayed)} of {len(report.entries)} entries were timed by `tuner search "
+                f"--backend replay` from a recording ({sources}), not measured on a GPU; re-run the search on the "
+                "card before relying on them")
+
+
+def _wrap_80(text: str) -> list[str]:
+    """`text` in lines of at most 80 columns, continuation lines indented (a path or URL longer stays whole)."""
+    return textwrap.wrap(text, 80, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+
+def _say_80(text: str) -> None:
+    """A warning or note on stderr, in lines of at most 80 columns."""
+    for line in _wrap_80(text):
+        say(line, stderr=True)
 
 
 def report_command(

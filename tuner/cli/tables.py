@@ -281,13 +281,21 @@ def trial_detail(d: TrialDetail, confirmed: Optional[ConfirmedRow] = None) -> li
 
 
 def export_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """Each exported entry in lines of at most 80 columns: trial, time, ratio and problem, then its kernel and
+    notes indented below (a kernel name is too long to share a line with the rest)."""
     lines = []
     for e in entries:
         ratio = f"{e['ratio_to_best_baseline']:.2f}x" if e.get("ratio_to_best_baseline") else "-"
-        note = "" if e["dispatch"] else f" (shadowed by trial {e['shadowed_by']})"
-        note += " [rebuilt]" if e["rebuilt"] else ""
-        note += " [replayed]" if e["run"].get("replayed_from") else ""
-        note += " [routed to SDPA: slower than it]" if e.get("route") == "sdpa" else ""
-        lines.append(f"  trial {e['trial_id']:>6}  {e['problem_label']:<34} {e['median_us']:>10.1f} us  {ratio:>6}  "
-                     f"{e['kernel']}{note}")
+        notes = [] if e["dispatch"] else [f"(shadowed by trial {e['shadowed_by']})"]
+        notes += ["[rebuilt]"] if e["rebuilt"] else []
+        notes += ["[replayed]"] if e["run"].get("replayed_from") else []
+        notes += ["[routed to SDPA: slower than it]"] if e.get("route") == "sdpa" else []
+        lines.append(f"  trial {e['trial_id']:>6} {e['median_us']:>9.1f} us {ratio:>6}  {e['problem_label']}")
+        line = f"    {e['kernel']}"
+        for note in notes:  # a note is never split: it goes whole onto the next line
+            if len(line) + 1 + len(note) > 80:
+                lines.append(line)
+                line = "    "
+            line += ("" if line.isspace() else " ") + note
+        lines.append(line)
     return lines
