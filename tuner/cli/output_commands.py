@@ -98,6 +98,8 @@ def export_command(
         gpu=gpu, out=Path(out), shapes=tuple(shape or ()), dtype=dtype, name=name, model_problems=problems,
         format=fmt.strip().lower(), allow_rebuild=allow_rebuild, force=force, db_url=state.db_url, check=check,
     ), progress=lambda record: typer.echo(cell_line(record)))
+    for note in report.notes:  # what the export cleared up first (a killed export's temporary folders)
+        _say_80(f"note: {note}")
     for line in export_lines(report.entries):
         typer.echo(line)
     if report.checked:

@@ -16,7 +16,14 @@ from typing import Any, Callable, Optional
 import tuner
 from tuner.errors import TunerError
 from tuner.export.header import write_header
-from tuner.export.options import FORMATS, PACKAGE_VERSION, ExportOptions, ExportReport, package_name
+from tuner.export.options import (
+    FORMATS,
+    PACKAGE_VERSION,
+    ExportOptions,
+    ExportReport,
+    check_out_kind,
+    package_name,
+)
 from tuner.export.package import write_package
 from tuner.export.selection import (
     ExportedKernel,
@@ -26,6 +33,7 @@ from tuner.export.selection import (
     sdpa_ratio,
     select_trials,
 )
+from tuner.export.staging import clear_dead_staging
 from tuner.kernels.compiler import BASE_OPTIONS, nvcc_version
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
@@ -49,6 +57,7 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
         from tuner.export.check import require_gpu_for
 
         require_gpu_for(profile)  # before anything is written
+    check_out_kind(options.out)  # the real cause first: a name derived from a file's name would be refused
     name = package_name(options)
     with open_store(options.db_url, create=False) as store:
         rows = select_trials(store, profile, options.shapes, options.dtype, options.model_problems)
@@ -80,10 +89,12 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
         "kernels": {},
         "entries": entries,
     }
+    # A killed export's temporary folders are not "an earlier export": removed, and said so.
+    notes = clear_dead_staging(options.out)
     if options.format == "header":
-        return write_header(options, name, profile, manifest, built)
+        return dataclasses.replace(write_header(options, name, profile, manifest, built), notes=notes)
     if not options.check:
-        return write_package(options, name, profile, manifest, built)
+        return dataclasses.replace(write_package(options, name, profile, manifest, built), notes=notes)
     from tuner.export.check import check_package
 
     checked: list[dict[str, Any]] = []  # measured in the staged package: a failed check keeps the earlier export
@@ -91,4 +102,5 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
     def check(stage: Path) -> None:
         checked.extend(check_package(stage, name, profile, progress or (lambda record: None)))
 
-    return dataclasses.replace(write_package(options, name, profile, manifest, built, check), checked=checked)
+    return dataclasses.replace(write_package(options, name, profile, manifest, built, check), checked=checked,
+                               notes=notes)
