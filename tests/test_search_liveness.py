@@ -385,3 +385,82 @@ def test_a_trial_stored_by_a_process_that_died_mid_search_is_counted_before_the_
     for r in rows:
         t = trials[r.trial_number]
         assert counts_toward_budget(t) or (t.state == TrialState.PRUNED and t.user_attrs.get(ATTR_INFEASIBLE)), r
+
+
+# --- a copy of a store resumed while its original runs ---------------------------------------------
+
+
+def test_a_copy_resumed_while_its_original_runs_does_not_wait_for_the_originals_trials(replay_recording, tmp_path):
+    """The copy's running trials belong to a process alive on this host, writing the original: they are
+    recognised by the store their owner writes (its identity), not waited for (a resume stalled about 110 s
+    on them) and not left RUNNING; the copy resumes to its budget."""
+    original, copy = tmp_path / "results.db", tmp_path / "copy.db"
+    url = f"sqlite:///{original}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_REPLAY_DELAY_S": "0.5"}
+    running = subprocess.Popen([sys.executable, "-m", "tuner", *_search_args(replay_recording, url, 500)], cwd=ROOT,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # a copy taken while the original holds a running trial (it measures for 0.5 s each)
+            assert running.poll() is None and time.monotonic() < deadline, running.stderr.read()[-2000:]
+            if original.exists():
+                _snapshot(original, copy)
+                with opened_storage(f"sqlite:///{copy}") as storage:
+                    study = load_study(storage, "s") if storage.get_all_studies() else None
+                    if study is not None and study.get_trials(states=(TrialState.RUNNING,)):
+                        budget = finished_trials(study) + 3
+                        break
+            time.sleep(0.1)
+        started = time.monotonic()
+        resumed = subprocess.run([sys.executable, "-m", "tuner",
+                                  *_search_args(replay_recording, f"sqlite:///{copy}", budget, "--resume")],
+                                 cwd=ROOT, env={**env, "TUNER_REPLAY_DELAY_S": "0"}, capture_output=True, text=True,
+                                 timeout=90)
+        elapsed = time.monotonic() - started
+        assert running.poll() is None  # the original ran all along
+    finally:
+        running.kill()
+        running.communicate()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert elapsed < 45, f"the resume of the copy took {elapsed:.0f} s"
+    with opened_storage(f"sqlite:///{copy}") as storage:
+        study = load_study(storage, "s")
+        assert not study.get_trials(states=(TrialState.RUNNING,))
+        assert finished_trials(study) == budget
+
+
+def test_a_store_is_told_apart_from_its_copy_by_its_identity(store_url, tmp_path):
+    """Two storages of one store share its identity; a copy (another SQLite file, another PostgreSQL database)
+    has its own. A trial a live owner on this host wrote into another store is abandoned, here at once."""
+    from sqlalchemy.engine import make_url
+
+    from tuner.search.liveness import store_identity
+
+    with opened_storage(store_url) as one, opened_storage(store_url) as two:
+        assert one.store_identity is not None and one.store_identity == two.store_identity
+        study = optuna.create_study(study_name="s", storage=one)
+        ours = study.ask(X)
+        assert study.get_trials()[ours.number].user_attrs[ownership.ATTR_STORE] == one.store_identity
+        assert store_identity(study) == one.store_identity and not abandoned(study.get_trials()[0],
+                                                                           here=one.store_identity)
+        alive_here = dict(worker=f"{ownership.HOST}:{os.getppid()}", pid_space=ownership.PID_SPACE,
+                          worker_session="theirs", heartbeat=time.time())
+        other_store = _running(study, **alive_here, worker_store="sqlite:0:0")
+        this_store = _running(study, **alive_here, worker_store=one.store_identity)
+        mine_elsewhere = _running(study, **ownership.owner_attrs("sqlite:0:0"))
+        assert reap(study) == [other_store.number, mine_elsewhere.number]
+        assert study.get_trials()[this_store.number].state == TrialState.RUNNING
+    if store_url.startswith("sqlite"):
+        _snapshot(Path(make_url(store_url).database), tmp_path / "copy.db")
+        other_url = f"sqlite:///{tmp_path / 'copy.db'}"
+    else:  # another database of the same server
+        from conftest import _fresh_pg_database
+
+        databases = _fresh_pg_database()
+        other_url = next(databases)
+    try:
+        with opened_storage(other_url) as other, opened_storage(store_url) as one:
+            assert other.store_identity is not None and other.store_identity != one.store_identity
+    finally:
+        if not store_url.startswith("sqlite"):
+            databases.close()

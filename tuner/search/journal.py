@@ -23,7 +23,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
 from tuner.errors import TunerError
-from tuner.search.ownership import OwnedTrials
+from tuner.search.ownership import OwnedTrials, sqlite_identity
 from tuner.store import Store
 
 LEGACY_SUFFIX = ".optuna.journal"
@@ -57,9 +57,10 @@ class StoreJournalStorage(OwnedTrials, JournalStorage):
     """Optuna's JournalStorage on a results store's journal, creating owned trials (tuner.search.ownership);
     close() releases the store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, path: Optional[str] = None) -> None:
         super().__init__(StoreJournalBackend(store))
         self._store = store
+        self.store_identity = sqlite_identity(path) if path is not None else None  # the file `path` (the store's)
 
     def close(self) -> None:
         self._store.close()

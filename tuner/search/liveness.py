@@ -4,7 +4,8 @@ Every trial names its owner from the record that creates it (tuner.search.owners
 pid space, session, and a heartbeat the owner refreshes every HEARTBEAT_S while the trial is in its
 hands. A running trial is abandoned when it was told interrupted; at once when its owner's process
 is known to be gone (its pid is this host's and no process has it, or this very process has it in
-another life); when its heartbeat is older than STALE_S (a process on another host, or in another
+another life) or known to write another store (its process is alive here but the trial is in a copy of
+the store it writes: the copy's running trials are nobody's); when its heartbeat is older than STALE_S (a process on another host, or in another
 container, can only be judged so); or when it has no owner after ASK_GRACE_S (a queued trial is
 stamped the moment after it is taken; older versions stamped trials late). Abandoned trials neither
 hold budget nor make others wait, and any worker reaps them: a trial whose process stored its
@@ -32,6 +33,7 @@ from tuner.search.ownership import (
     ATTR_HEARTBEAT,
     ATTR_PID_SPACE,
     ATTR_SESSION,
+    ATTR_STORE,
     ATTR_WORKER,
     HOST,
     PID_SPACE,
@@ -57,18 +59,34 @@ STALE_S = 120.0  # eight missed heartbeats: the process is gone
 ASK_GRACE_S = 2.0  # an unowned running trial younger than this may be a queued trial being taken
 
 
-def mine(trial: FrozenTrial) -> bool:
-    """Whether this process (in this life) owns the trial."""
-    return trial.user_attrs.get(ATTR_WORKER) == WORKER_ID and trial.user_attrs.get(ATTR_SESSION) == SESSION
+def store_identity(study: optuna.Study) -> Optional[str]:
+    """The identity of the store a study is read from (tuner.search.ownership.store_identity), where known."""
+    storage = study._storage
+    return getattr(storage, "store_identity", None) or getattr(getattr(storage, "_backend", None), "store_identity", None)
 
 
-def _gone(attrs: Mapping[str, Any]) -> bool:
-    """The owner's process is known to be gone: its pid means something here (this host, the same pid
-    space where both know theirs) and no process has it, or this process has it in another life."""
+def _elsewhere(attrs: Mapping[str, Any], here: Optional[str]) -> bool:
+    """The owner wrote the trial into another store than `here`, the one it is read from (both known)."""
+    theirs = attrs.get(ATTR_STORE)
+    return here is not None and theirs is not None and theirs != here
+
+
+def mine(trial: FrozenTrial, here: Optional[str] = None) -> bool:
+    """Whether this process (in this life) owns the trial, in the store `here` it is read from."""
+    attrs = trial.user_attrs
+    return attrs.get(ATTR_WORKER) == WORKER_ID and attrs.get(ATTR_SESSION) == SESSION and not _elsewhere(attrs, here)
+
+
+def _gone(attrs: Mapping[str, Any], here: Optional[str] = None) -> bool:
+    """The owner's process is known to be gone, for the store `here`: its pid means something here (this
+    host, the same pid space where both know theirs) and no process has it, or this process has it in
+    another life, or the process is alive but writes another store (this one is a copy)."""
     host, _, pid = str(attrs.get(ATTR_WORKER, "")).rpartition(":")
     space = attrs.get(ATTR_PID_SPACE)
     if host != HOST or not pid.isdigit() or (space and PID_SPACE and space != PID_SPACE):
         return False
+    if _elsewhere(attrs, here):  # compared on this host only: a file's device and inode mean nothing elsewhere
+        return True
     if int(pid) == os.getpid():
         return attrs.get(ATTR_SESSION) != SESSION
     try:
@@ -80,8 +98,8 @@ def _gone(attrs: Mapping[str, Any]) -> bool:
     return False
 
 
-def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
-    """A running trial nobody will finish (see the module doc)."""
+def abandoned(trial: FrozenTrial, now: Optional[float] = None, here: Optional[str] = None) -> bool:
+    """A running trial nobody will finish, read from the store `here` (store_identity; see the module doc)."""
     attrs = trial.user_attrs
     if attrs.get(ATTR_INTERRUPTED):
         return True
@@ -89,9 +107,9 @@ def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
     started = trial.datetime_start.timestamp() if trial.datetime_start is not None else None
     if ATTR_WORKER not in attrs:
         return started is None or now - started > ASK_GRACE_S
-    if mine(trial):
+    if mine(trial, here):
         return False
-    if _gone(attrs):
+    if _gone(attrs, here):
         return True
     beat = attrs.get(ATTR_HEARTBEAT, started)
     return beat is not None and now - float(beat) > STALE_S
@@ -100,9 +118,9 @@ def abandoned(trial: FrozenTrial, now: Optional[float] = None) -> bool:
 def reap(study: optuna.Study, store: Optional[Store] = None, now: Optional[float] = None) -> list[int]:
     """Finish every abandoned running trial (see the module doc; `store` holds the results its process
     may have stored); returns their numbers."""
-    reaped = []
+    reaped, here = [], store_identity(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not abandoned(trial, now):
+        if not abandoned(trial, now, here):
             continue
         row = None
         if store is not None:
@@ -136,7 +154,7 @@ def tell_stored(study: optuna.Study, trial: FrozenTrial, row: TrialRow, objectiv
         study.tell(trial.number, state=TrialState.PRUNED if row.status is TrialStatus.PRUNED else TrialState.FAIL)
 
 
-def _holds_a_slot(trial: FrozenTrial) -> bool:
+def _holds_a_slot(trial: FrozenTrial, here: Optional[str] = None) -> bool:
     """Whether a trial spends or holds one of the budget's trials."""
     if trial.state == TrialState.WAITING:
         return False
@@ -145,18 +163,20 @@ def _holds_a_slot(trial: FrozenTrial) -> bool:
     # No owner yet: a queued trial in the instant it is taken, or one an older tuner left; neither holds budget.
     attrs = trial.user_attrs
     return (ATTR_WORKER in attrs and not attrs.get(ATTR_INFEASIBLE) and not attrs.get(ATTR_REPEAT)
-            and not abandoned(trial))
+            and not abandoned(trial, here=here))
 
 
 def budget_taken(study: optuna.Study) -> int:
     """Trials of the budget spent or in hand: finished ones that count, and live running ones."""
-    return sum(_holds_a_slot(t) for t in study.get_trials(deepcopy=False))
+    here = store_identity(study)
+    return sum(_holds_a_slot(t, here) for t in study.get_trials(deepcopy=False))
 
 
 def over_budget(study: optuna.Study, trial_number: int, budget: int) -> bool:
     """Whether a trial just asked (and stamped) lies beyond the budget: the budget goes to the lowest
     trial numbers, so of several processes that asked at once, the later ones give theirs back."""
-    before = sum(_holds_a_slot(t) for t in study.get_trials(deepcopy=False)
+    here = store_identity(study)
+    before = sum(_holds_a_slot(t, here) for t in study.get_trials(deepcopy=False)
                  if t.state != TrialState.RUNNING or t.number < trial_number)
     return before >= budget
 
@@ -193,12 +213,12 @@ def running_duplicate(study: optuna.Study, trial: optuna.trial.Trial, wanted: in
     A running trial whose parameters are not all `wanted` yet (its ask is in progress elsewhere) is
     waited for briefly, then put in `ignored` for good.
     """
-    params = trial.params
+    params, here = trial.params, store_identity(study)
     deadline = time.monotonic() + 2.0
     while True:
         incomplete = []
         for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if other.number >= trial.number or other.number in ignored or abandoned(other):
+            if other.number >= trial.number or other.number in ignored or abandoned(other, here=here):
                 continue
             if len(other.params) < wanted:
                 incomplete.append(other.number)
@@ -222,9 +242,9 @@ def trial_by_number(study: optuna.Study, number: Optional[int]) -> Optional[Froz
 def await_running(study: optuna.Study, timeout_s: float = 120.0, poll_s: float = 0.1) -> None:
     """Wait (at most `timeout_s`) until the study holds no live running trial: the other workers'
     last measurements are stored before the confirm stage picks the best."""
-    deadline = time.monotonic() + timeout_s
+    deadline, here = time.monotonic() + timeout_s, store_identity(study)
     while time.monotonic() < deadline:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if not any(not abandoned(t) for t in running):
+        if not any(not abandoned(t, here=here) for t in running):
             return
         time.sleep(poll_s)

@@ -14,6 +14,7 @@ Storage follows the results store:
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -66,7 +67,7 @@ def storage_for(url: str, *, create: bool = True) -> optuna.storages.BaseStorage
             raise TunerError("a search needs a results store in a file or on PostgreSQL, not an in-memory SQLite database")
         store = open_store(text, create=create)  # creates its folder and schema on first use
         import_legacy_journal(store, database)
-        return StoreJournalStorage(store)
+        return StoreJournalStorage(store, os.path.expanduser(database))
     if backend == "postgresql":
         return _postgres(parsed)
     raise TunerError(f"no Optuna storage for {backend} databases; use SQLite or PostgreSQL")
