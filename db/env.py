@@ -3,12 +3,15 @@
 The tuner runs migrations in code (tuner.store.engine.migrate): it passes an
 open connection in config.attributes["connection"]. For development, the
 alembic CLI also works with `-x url=sqlite:///some.db` (or sqlalchemy.url set
-in an ini file), e.g. to autogenerate a new revision against the models.
+in an ini file), e.g. to autogenerate a new revision against the models; a
+refused downgrade is one line there too (users: `tuner db downgrade REVISION`).
 """
 
 from alembic import context
+from alembic.util import CommandError
 from sqlalchemy import create_engine, pool
 
+from tuner.errors import TunerError
 from tuner.store.models import Base
 
 config = context.config
@@ -18,7 +21,7 @@ target_metadata = Base.metadata
 def _url() -> str:
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("no database: pass -x url=... or set sqlalchemy.url")
+        raise CommandError("no database: pass -x url=... or set sqlalchemy.url")
     return url
 
 
@@ -46,10 +49,17 @@ def run_migrations_online() -> None:
             context.run_migrations()
         return
     engine = create_engine(_url(), poolclass=pool.NullPool)
-    with engine.begin() as connection:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+    try:
+        with engine.begin() as connection:
+            _configure(connection)
+            with context.begin_transaction():
+                context.run_migrations()
+    except TunerError as exc:
+        # A downgrade() refusing to delete data (tuner.store.downgrade), rolled back: alembic's CLI prints
+        # a CommandError as one line ("FAILED: ..."), any other exception as a traceback.
+        raise CommandError(str(exc)) from None
+    finally:
+        engine.dispose()
 
 
 if context.is_offline_mode():

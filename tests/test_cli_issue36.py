@@ -11,7 +11,7 @@ from pathlib import Path
 from cli_helpers import run_tuner
 from store_factories import H200, trial
 
-from tuner.store import RunInfo, open_store
+from tuner.store import RunInfo, open_store, redact_url
 
 RECORDING = "sqlite:////recordings/grid.db"
 
@@ -144,3 +144,76 @@ def test_a_damaged_journal_record_is_named_and_an_intact_journal_says_nothing(tm
         result = _commands(url, tmp_path)[name]
         assert "is damaged (record 778 is not the JSON the search wrote)" in result.stderr, (name, result.stderr)
         assert result.stderr.count("\n") == 1
+
+
+# --- tuner db downgrade ---------------------------------------------------------------------------
+
+
+def _revision(url: str) -> str | None:
+    from tuner.store import store_info
+
+    return store_info(url).revision
+
+
+def test_db_downgrade_refuses_to_delete_data_in_one_line_and_changes_nothing(store_url) -> None:
+    """As the API (tuner.store.downgrade) refuses: naming what would go, exit 2, the store as it was."""
+    from tuner.store import NcuMetric
+    from tuner.store.engine import head_revision
+
+    with open_store(store_url) as store:
+        store.add_ncu_metrics(store.add_trial(trial(store.start_run(H200))), [NcuMetric("dram__throughput", 1.5)])
+    result = run_tuner("db", "downgrade", "0001", "--db", store_url)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == ("error: the results store cannot go back to revision 0001: that would delete "
+                             "ncu metrics (1); nothing was changed\n")
+    assert _revision(store_url) == head_revision()
+    assert run_tuner("results", "--db", store_url).exit_code == 0
+
+
+def test_db_downgrade_goes_down_where_nothing_is_lost_and_upgrade_comes_back(store_url) -> None:
+    from tuner.store.engine import head_revision
+
+    assert run_tuner("db", "upgrade", "--db", store_url).exit_code == 0
+    down = run_tuner("db", "downgrade", "0004", "--db", store_url)
+    assert down.exit_code == 0, down.stderr
+    assert down.stdout.startswith(f"downgraded {redact_url(store_url)} from revision {head_revision()} to 0004")
+    assert _revision(store_url) == "0004"
+    assert "run `tuner db upgrade`" in run_tuner("results", "--db", store_url).stderr  # an older schema is refused
+    again = run_tuner("db", "downgrade", "0004", "--db", store_url)
+    assert again.exit_code == 0 and "is already at revision 0004" in again.stdout
+    assert run_tuner("db", "upgrade", "--db", store_url).exit_code == 0 and _revision(store_url) == head_revision()
+
+
+def test_db_downgrade_to_an_unknown_or_newer_revision_is_a_one_line_error(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    missing = run_tuner("db", "downgrade", "0004", "--db", url)
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: no results store at ")
+    assert not (tmp_path / "r.db").exists()
+    assert run_tuner("db", "upgrade", "--db", url).exit_code == 0
+    assert run_tuner("db", "downgrade", "0003", "--db", url).exit_code == 0
+    for target, message in (("0099", "error: unknown schema revision '0099'; known: 0001, "),
+                            ("0005", "error: revision 0005 is newer than the store's 0003: run `tuner db upgrade`")):
+        result = run_tuner("db", "downgrade", target, "--db", url)
+        assert result.exit_code == 2 and result.stderr.startswith(message) and result.stderr.count("\n") == 1
+    assert _revision(url) == "0003"
+
+
+def test_alembics_own_cli_refuses_a_losing_downgrade_in_one_line(tmp_path) -> None:
+    """`alembic downgrade` (db/env.py, development) says the refusal as one FAILED line, not a traceback."""
+    import subprocess
+    import sys
+
+    from tuner.store import NcuMetric
+    from tuner.store.engine import head_revision, migrations_dir
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with open_store(url) as store:
+        store.add_ncu_metrics(store.add_trial(trial(store.start_run(H200))), [NcuMetric("dram__throughput", 1.5)])
+    ini = tmp_path / "alembic.ini"
+    ini.write_text(f"[alembic]\nscript_location = {migrations_dir()}\n")
+    run = subprocess.run([sys.executable, "-m", "alembic", "-c", str(ini), "-x", f"url={url}", "downgrade", "0001"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stdout + run.stderr
+    assert (run.stdout + run.stderr).strip().splitlines() == ["FAILED: the results store cannot go back to revision 0001: that would "
+                                               "delete ncu metrics (1); nothing was changed"]
+    assert _revision(url) == head_revision()

@@ -49,6 +49,7 @@ def build_app() -> typer.Typer:
                          rich_markup_mode=None)
     db_app.command("info", epilog=epilog)(store_commands.db_info_command)
     db_app.command("upgrade", epilog=epilog)(store_commands.db_upgrade_command)
+    db_app.command("downgrade", epilog=epilog)(store_commands.db_downgrade_command)
     app.add_typer(db_app, name="db", epilog=epilog)
     return app
 

@@ -1,4 +1,4 @@
-"""`tuner results`, `tuner show`, `tuner db info|upgrade`: reading and migrating the results store."""
+"""`tuner results`, `tuner show`, `tuner db info|upgrade|downgrade`: reading and migrating the results store."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from tuner.cli.journal_check import warn_if_journal_damaged
 from tuner.cli.tables import hanging, results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
+from tuner.store.downgrade import downgrade_store
 from tuner.store.redact import redact_url
 
 
@@ -113,3 +114,17 @@ def db_upgrade_command(db: DbOption = None) -> None:
         say(f"{where} is already at revision {after}")
     else:
         say(f"upgraded {where} from revision {before or 'none'} to {after}")
+
+
+def db_downgrade_command(
+    revision: Annotated[str, typer.Argument(help="Schema revision to go back to (see `tuner db info`), or base.")],
+    db: DbOption = None,
+) -> None:
+    """Take the store's schema back to an older revision; refused, changing nothing, where that would delete data."""
+    use_db(db)
+    before, after = downgrade_store(state.db_url, revision)
+    where = redact_url(state.db_url or default_db_url())
+    if before == after:
+        say(f"{where} is already at revision {after}")
+    else:
+        say(f"downgraded {where} from revision {before} to {after} (`tuner db upgrade` goes back up)")
