@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tuner import stop_signals
 from tuner.cli import catalog_commands, output_commands, search_commands, store_commands
 from tuner.cli.state import err_console, refresh_consoles, say, state, store_epilog
 from tuner.errors import TunerError
@@ -90,6 +91,7 @@ def main(hooks: Hooks = Hooks()) -> None:
     previous = warnings.showwarning
     warnings.showwarning = lambda message, *_args, **_kw: say(f"warning: {message}", stderr=True)
     state.hooks = hooks
+    stop_signals.reset()  # this invocation's signals (tests run the CLI several times in one process)
     try:
         _run_app()
     finally:
@@ -104,8 +106,9 @@ def _run_app() -> None:
         say(f"error: {exc}", stderr=True)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted", markup=False)
-        sys.exit(130)
+        stop_signals.work_done()  # nothing left to abort: a further signal must not cut the exit short
+        err_console.print(stop_signals.stopped_line(), markup=False)
+        sys.exit(stop_signals.exit_code())  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except _CLICK_ERRORS as exc:  # bad usage: click's own message, no traceback

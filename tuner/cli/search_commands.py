@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tuner import stop_signals
 from tuner.cli.state import (
     MAX_ID,
     MAX_SEED,
@@ -107,7 +108,7 @@ def print_search_report(report: SearchReport) -> None:
     if report.interrupted:
         say("interrupted: every finished trial is stored; continue with --resume", stderr=True)
         # Not typer.Exit: with standalone_mode=False click returns its code instead of raising it.
-        sys.exit(130)
+        sys.exit(stop_signals.exit_code())  # 130 after Ctrl-C, 143 after SIGTERM
 
 
 def search_command(
@@ -176,7 +177,9 @@ def search_command(
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
             confirm_rounds=confirm_rounds, objective=check_objective(objective),
         )
-        report = run_search(options, console=err_console, hooks=state.hooks)
+        # A signal while the search is prepared stops it cleanly once its workers start (nothing half-written).
+        with stop_signals.deferred(lambda text: say(text, stderr=True)):
+            report = run_search(options, console=err_console, hooks=state.hooks)
         if top and report.run_ids and not report.interrupted:
             with open_store(options.db_url) as store:
                 for run_id in report.run_ids:

@@ -11,6 +11,7 @@ import contextlib
 import queue as queue_module
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from tuner import stop_signals
 from tuner.errors import TunerError
 from tuner.search.job import Events, WorkerResult
 from tuner.search.progress import SearchProgress
@@ -26,11 +27,18 @@ class EscalateOnSigint(SigintHandler):
         self.flag, self.procs, self.say, self.previous = flag, procs, say, None
         self.presses = 0
 
+    def __enter__(self) -> "EscalateOnSigint":
+        super().__enter__()
+        if self.flag.is_set():  # signalled while the search was prepared: that was the first press
+            self.presses = max(self.presses, 1)
+        return self
+
     @property
     def aborted(self) -> bool:
         return self.presses > 1
 
     def _handler(self, signum: int, frame: Any) -> None:
+        stop_signals.note(signum)  # the exit code names the first signal
         self.presses += 1
         if self.presses == 1:
             self.flag.set()

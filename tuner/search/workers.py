@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Self
 
 from optuna.trial import TrialState
 
+from tuner import stop_signals
 from tuner.backends.base import BaselineMeasurement
 from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
@@ -77,7 +78,7 @@ def worker_seed(seed: Optional[int], worker: int, existing: int) -> Optional[int
 
 # SIGTERM (a scheduler, `kill`, a closed session) is handled like Ctrl-C: the trial in hand
 # finishes and is stored, the run is ended; a second one aborts.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = stop_signals.STOP_SIGNALS
 
 
 class SigintHandler:
@@ -91,22 +92,32 @@ class SigintHandler:
     def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             self.previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        flag = getattr(self, "flag", None)
+        if flag is not None and stop_signals.pending():  # signalled while the search was prepared
+            flag.set()
         return self
 
     def __exit__(self, *_exc: Any) -> None:
+        stop_signals.work_done()  # what is left (the report) is not aborted by a later signal
         for sig, handler in (self.previous or {}).items():
             signal.signal(sig, handler)
 
 
 class StopOnSigint(SigintHandler):
-    """First SIGINT sets `flag` (stop after the current trial); a second raises KeyboardInterrupt."""
+    """First SIGINT (or SIGTERM) sets `flag` (stop after the current trial); a second raises KeyboardInterrupt
+    (abort the trial in hand); later ones are ignored, so they cannot cut the abort's own storing short."""
 
     def __init__(self, flag: Any, say: Optional[Callable[[str], None]] = None) -> None:
         self.flag, self.say, self.previous = flag, say, None
+        self.aborted = False
 
     def _handler(self, signum: int, frame: Any) -> None:
+        stop_signals.note(signum)  # the exit code names the first signal
         if self.flag.is_set():
-            raise KeyboardInterrupt
+            if not self.aborted:
+                self.aborted = True
+                raise stop_signals.Stopped(signum)
+            return
         self.flag.set()
         if self.say:
             self.say("stopping after the current trial (Ctrl-C again to abort it)")
@@ -243,7 +254,10 @@ def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks
     """Run one worker in this process; the first Ctrl-C stops it after the current trial."""
     stop = threading.Event()
     with StopOnSigint(stop, say):
-        return run_worker(spec, events, stop, hooks)
+        result = run_worker(spec, events, stop, hooks)
+    if stop.is_set():  # stopped before its first trial too (a signal while the search was prepared)
+        result.interrupted = True
+    return result
 
 
 # --- the body of a worker process (several devices; started by tuner.search.worker_processes) -----
