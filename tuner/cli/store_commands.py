@@ -27,7 +27,7 @@ from tuner.cli.journal_check import warn_if_journal_damaged
 from tuner.cli.tables import hanging, results_table, trial_detail
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
-from tuner.store.downgrade import downgrade_store
+from tuner.store.schema import downgrade_store
 from tuner.store.redact import redact_url
 
 

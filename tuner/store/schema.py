@@ -1,4 +1,4 @@
-"""A store's schema: which revision it is at, and migrating it to the newest."""
+"""A store's schema: which revision it is at, migrating it to the newest, and back to an older one."""
 
 from __future__ import annotations
 
@@ -59,5 +59,42 @@ def upgrade_store(url: Optional[str] = None) -> tuple[Optional[str], str]:
                 create_optuna_tables(parsed.render_as_string(hide_password=False))
         assert after is not None
         return before, after
+    finally:
+        engine.dispose()
+
+
+def _revisions_oldest_first() -> list[str]:
+    from alembic.script import ScriptDirectory
+
+    return [s.revision for s in ScriptDirectory.from_config(eng.alembic_config()).walk_revisions()][::-1]
+
+
+def downgrade_store(url: Optional[str], target: str) -> tuple[str, str]:
+    """Take the store at `url` (default: the default store) back to schema revision `target` ("base": no
+    schema), refused in one line, before anything changes, where that would delete data
+    (tuner.store.downgrade.refuse_losses) or `target` is not older than the store's revision.
+    Returns (before, after)."""
+    order = _revisions_oldest_first()
+    target = target.strip()
+    if target != "base" and target not in order:
+        raise TunerError(f"unknown schema revision {target!r}; known: {', '.join(order)} (or base: no schema)")
+    engine, parsed = eng.create_store_engine(url if url is not None else eng.default_db_url(), create=False)
+    try:
+        with eng.translate_errors(parsed, "cannot downgrade the results store"):
+            before, unversioned = eng.schema_state(engine, eng.head_revision())
+            if unversioned:
+                raise eng.unversioned_tables_error(parsed)
+            if before is None:
+                raise TunerError(f"{redacted(parsed)} has no schema yet: there is nothing to downgrade")
+            if before not in order:
+                raise TunerError(f"schema revision {before} is unknown to this tuner (written by a newer version?)")
+            if target == before:
+                return before, before
+            if target != "base" and order.index(target) > order.index(before):
+                raise TunerError(f"revision {target} is newer than the store's {before}: run `tuner db upgrade`")
+            eng.migrate(engine, target, downgrade=True)  # refuses a loss first (refuse_losses), in its transaction
+            with engine.connect() as conn:
+                after = eng.current_revision(conn)
+        return before, after or "base"
     finally:
         engine.dispose()
