@@ -217,3 +217,20 @@ def test_alembics_own_cli_refuses_a_losing_downgrade_in_one_line(tmp_path) -> No
     assert (run.stdout + run.stderr).strip().splitlines() == ["FAILED: the results store cannot go back to revision 0001: that would "
                                                "delete ncu metrics (1); nothing was changed"]
     assert _revision(url) == head_revision()
+
+
+def test_a_journal_sqlite_cannot_open_read_only_is_read_through_the_store_instead(tmp_path, monkeypatch) -> None:
+    """Where the checker's own read-only connection cannot open the file (a read-only folder, an SQLite
+    without json_valid), the journal is read as Optuna reads it: an intact one raises no false alarm."""
+    import sqlite3
+
+    from tuner.cli import journal_check
+
+    def cannot_open(path: str) -> None:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    url, path = _journal_store(tmp_path)
+    monkeypatch.setattr(journal_check, "_sqlite_damage", cannot_open)
+    assert run_tuner("results", "--db", url).stderr == ""
+    _damage(path, b'"n":777,', -3, b"\xff")
+    assert "is damaged (" in run_tuner("results", "--db", url).stderr

@@ -13,6 +13,7 @@ On SQLite the check costs one b-tree check of the journal table and one scan in 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -33,7 +34,10 @@ _PAGE = re.compile(r"\bpage (\d+)")
 
 def _sqlite_damage(path: str) -> Optional[str]:
     """The damage SQLite itself finds in the journal table of the file at `path` (read-only)."""
-    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    file = Path(path).resolve()
+    # A folder this process cannot write (read-only media): SQLite reads a WAL-mode file there only immutable.
+    immutable = "" if os.access(file.parent, os.W_OK) else "&immutable=1"
+    conn = sqlite3.connect(file.as_uri() + "?mode=ro" + immutable, uri=True)
     try:
         try:
             found = [row[0] for row in conn.execute(f"PRAGMA quick_check({TABLE})").fetchall()]
@@ -83,9 +87,10 @@ def journal_damage(store: Store) -> Optional[str]:
         if database and database != ":memory:":
             try:
                 return _sqlite_damage(database)
-            except sqlite3.Error as exc:
-                if "json_valid" not in str(exc):  # an SQLite without JSON functions: read it instead
-                    return f"SQLite cannot read it: {exc}"
+            except sqlite3.OperationalError:  # cannot open it so, or an SQLite without json_valid: read it instead
+                pass
+            except sqlite3.DatabaseError as exc:  # "malformed", "not a database"
+                return f"SQLite cannot read it: {exc}"
     return _read_damage(store)
 
 
