@@ -73,7 +73,8 @@ def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str
                                     packed)
         for label, folder in cubins.items():  # the same variant built from other template revisions
             other = AttentionKernel((folder / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
-            calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}")
+            calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}",
+                                                      packed)
     baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale) if b.name != "sdpa_efficient"}
     timed: dict[str, Callable] = {}
     meter = EnergyMeter(0)

@@ -3,13 +3,14 @@ profile side by side (the limiter of each: pipe utilisation, warp stalls, issue 
 
     ncu --clock-control none --nvtx --nvtx-include "ours/" --nvtx-include "fa4/" \\
         --section SpeedOfLight --section WarpStateStats ... \\
-        python benchmarks/limiter_run.py VARIANT --shape 8,16,2048,128 [--hkv 8]
+        python benchmarks/limiter_run.py VARIANT --shape 8,16,2048,128 [--hkv 8] [--cubin .ab/old/VARIANT.cubin]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import nvtx
 import torch
@@ -18,7 +19,8 @@ from tuner.kernels.variant import parse_variant_name
 from tuner.problem import problem_from_shape
 from tuner.profiles import resolve_profile
 from tuner.runtime.baselines import fa4_baseline
-from tuner.runtime.build import build
+from tuner.runtime.build import build, launch_shape
+from tuner.runtime.shipped.launcher import AttentionKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.verify import empty_output, make_inputs
 
@@ -29,13 +31,18 @@ def main() -> None:
     ap.add_argument("--shape", required=True)
     ap.add_argument("--hkv", type=int, default=None)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--cubin", type=Path, default=None,
+                    help="profile this cubin of the variant (build_cubins.py, another template revision)")
     args = ap.parse_args()
     cuda_driver(0)
     variant = parse_variant_name(args.variant)
     problem = problem_from_shape(args.shape, dtype=variant.dtype, causal=variant.causal, heads_kv=args.hkv)
-    built = build(variant, resolve_profile("auto").nvcc_arch)
-    assert built.ok, built.compiled.log
-    kernel = built.load()
+    if args.cubin is not None:
+        kernel = AttentionKernel(args.cubin.read_bytes(), variant.name, launch_shape(variant), 0)
+    else:
+        built = build(variant, resolve_profile("auto").nvcc_arch)
+        assert built.ok, built.compiled.log
+        kernel = built.load()
     q, k, v = make_inputs(problem)
     out = empty_output(q)
     scale = 1.0 / math.sqrt(problem.head_dim)
