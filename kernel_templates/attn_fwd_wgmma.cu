@@ -44,7 +44,10 @@ __device__ __forceinline__ void attn_fwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const SmemLayout<C> sm(smem_raw);
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  // Broadcast from lane 0 so that ptxas can prove the warpgroup index warp-uniform (CUTLASS's
+  // canonical_warp_group_idx): the per-consumer shared-memory descriptors then live in uniform
+  // registers, with no R2UR before each wgmma.
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
   const TileScheduler<C> sched(a);
 
   if (tid == 0) sm.init_barriers();

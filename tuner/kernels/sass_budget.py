@@ -1,0 +1,115 @@
+"""The instruction budget of a kernel's main loop, counted in its static SASS (cuobjdump -sass), no GPU needed.
+
+A variant's speed is counted before it is timed: when two kernels do the same math, the non-math
+instructions of the loop that runs once per K/V tile are where their cycles differ (benchmarks/NOTES.md,
+issue 37). The main loop is the loop (a backward branch and the instructions it jumps back over) that
+holds tensor-core instructions and is the shortest such (the outer loops over work items, and the branches
+back from out-of-line barrier retries, span it): one iteration is one K/V tile. Its opcode counts are what `benchmarks/sass_budget.py` tabulates and what the kernel tests hold.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+# Tensor-core instructions: sm_90 wgmma (16-bit and FP8) and sm_80 mma.sync.
+TENSOR_OPS = frozenset({"HGMMA", "QGMMA", "HMMA"})
+# The softmax and the GEMMs: what both kernels of a comparison must execute alike.
+MATH_OPS = frozenset({"HGMMA", "QGMMA", "HMMA", "FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "F2FP", "FSEL"})
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:0x([0-9a-f]+)|`\(\.L_x_\d+\))")
+
+
+@dataclass(frozen=True)
+class Instr:
+    addr: int
+    text: str
+
+    @property
+    def opcode(self) -> str:
+        """The opcode without its modifiers or predicate: `@!P0 SYNCS.ARRIVE.TRANS64 ...` -> SYNCS."""
+        words = self.text.split()
+        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        return op.split(".")[0]
+
+    @property
+    def branch_target(self) -> int | None:
+        m = _BRANCH.search(self.text)
+        return int(m.group(1), 16) if m and m.group(1) else None
+
+
+@dataclass(frozen=True)
+class LoopBudget:
+    """One loop of a kernel: where it is and what one iteration holds, by opcode."""
+
+    function: str
+    start: int
+    end: int
+    counts: Counter[str]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def non_math(self) -> int:
+        return sum(n for op, n in self.counts.items() if op not in MATH_OPS)
+
+
+def functions(sass: str) -> dict[str, list[Instr]]:
+    """Each function of cuobjdump's text, its instructions in address order."""
+    out: dict[str, list[Instr]] = {}
+    for part in sass.split("Function : ")[1:]:
+        name = part.split(None, 1)[0]
+        out[name] = [Instr(int(m.group(1), 16), m.group(2).strip()) for m in _INSTR.finditer(part)]
+    return out
+
+
+def loops(instrs: list[Instr]) -> list[tuple[int, int]]:
+    """(first, last) indices of every loop: a branch back to an earlier instruction of the same function."""
+    at = {ins.addr: i for i, ins in enumerate(instrs)}
+    found = []
+    for i, ins in enumerate(instrs):
+        target = ins.branch_target
+        if target is not None and target <= ins.addr and target in at:
+            found.append((at[target], i))
+    return found
+
+
+def main_loop(sass: str, function: str | None = None) -> LoopBudget:
+    """The main loop of `function` (default: the first function with tensor-core instructions): the shortest
+    loop holding tensor-core instructions. ValueError where there is none."""
+    for name, instrs in functions(sass).items():
+        if function is not None and name != function:
+            continue
+        best: tuple[int, int, int] | None = None  # (length, first, last)
+        for first, last in loops(instrs):
+            if not any(ins.opcode in TENSOR_OPS for ins in instrs[first:last + 1]):
+                continue
+            key = (last - first + 1, first, last)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            _, first, last = best
+            body = instrs[first:last + 1]
+            return LoopBudget(name, body[0].addr, body[-1].addr, Counter(ins.opcode for ins in body))
+        if function is not None:
+            break
+    raise ValueError(f"no loop with tensor-core instructions in {function or 'any function'}")
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """cuobjdump's SASS of a cubin (cuobjdump from the CUDA toolkit or the nvidia-cuda-cuobjdump wheel)."""
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        raise FileNotFoundError("cuobjdump is not on PATH (CUDA toolkit, or pip install nvidia-cuda-cuobjdump)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
