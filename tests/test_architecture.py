@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "tuner"
 # The flow of a trial, bottom to top: a module may import its own layer and the ones below.
 LAYERS = (
-    ("tuner", "tuner.errors", "tuner.problem", "tuner.status", "tuner.assets", "tuner.models",
+    ("tuner", "tuner.errors", "tuner.dtypes", "tuner.problem", "tuner.status", "tuner.assets", "tuner.models",
      "tuner.stop_signals"),  # domain types every layer uses; the stop signals every command shares
     ("tuner.profiles",),
     ("tuner.kernels",),

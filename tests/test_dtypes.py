@@ -1,0 +1,66 @@
+"""The dtype registry (tuner/dtypes.py): its shipped copy matches it, and no module keeps a table of its own."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tuner import dtypes
+from tuner.dtypes import SPECS, spec
+from tuner.errors import TunerError
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tuner"
+
+
+def test_the_shipped_copy_is_generated_from_the_registry() -> None:
+    """A change to tuner/dtypes.py without `python -m tuner.dtypes` (or a hand edit of the copy) fails here."""
+    assert dtypes.SHIPPED_COPY.read_text(encoding="utf-8") == dtypes.shipped_source(), \
+        "tuner/runtime/shipped/dtypes.py differs from the registry: run `python -m tuner.dtypes`"
+
+
+def test_the_shipped_copy_states_the_registry_facts() -> None:
+    """Loaded as the runtime loads it (no tuner import), every field is the registry's."""
+    loaded = importlib.util.spec_from_file_location("shipped_dtypes", dtypes.SHIPPED_COPY)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    assert module.ELEMENTS == {e.name: vars(e) for e in dtypes.ELEMENTS.values()}
+    for name, s in SPECS.items():
+        copy = module.DTYPES[name]
+        assert copy["code"] == s.code and copy["tolerance"] == s.tolerance and copy["template_arg"] == s.template_arg
+        assert [copy[k] for k in ("query", "kv", "output", "compute")] == [s.query.name, s.kv.name, s.output.name,
+                                                                          s.compute.name]
+    assert list(module.DTYPES) == list(SPECS)
+
+
+def test_write_shipped_copy_writes_only_a_change(tmp_path: Path) -> None:
+    path = tmp_path / "dtypes.py"
+    assert dtypes.write_shipped_copy(path) and path.read_text() == dtypes.shipped_source()
+    assert not dtypes.write_shipped_copy(path)
+
+
+# What exports, stores and headers already hold: a refactor of the registry must not move any of it.
+PUBLISHED = {  # name: header code, template argument, header Element / Output, k/v bytes, torch q, tolerance
+    "fp16": (0, "half", "half", "half", 2, "float16", 2e-3),
+    "bf16": (1, "__nv_bfloat16", "__nv_bfloat16", "__nv_bfloat16", 2, "bfloat16", 1e-2),
+    "e4m3": (2, "__nv_fp8_e4m3", "__nv_fp8_e4m3", "__nv_bfloat16", 1, "float8_e4m3fn", 5e-2),
+    "fp16_kv_e4m3": (3, "fc::KvE4m3<half>", "half", "half", 1, "float16", 2e-3),
+    "bf16_kv_e4m3": (4, "fc::KvE4m3<__nv_bfloat16>", "__nv_bfloat16", "__nv_bfloat16", 1, "bfloat16", 1e-2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_facts_stay(name: str) -> None:
+    s = spec(name)
+    assert (s.code, s.template_arg, s.query.cxx, s.output.cxx, s.kv.bytes, s.query.torch, s.tolerance) == \
+        PUBLISHED[name]
+
+
+def test_codes_are_unique_and_kinds_follow_the_types() -> None:
+    assert len({s.code for s in SPECS.values()}) == len(SPECS)
+    assert [n for n, s in SPECS.items() if s.fp8] == ["e4m3", "fp16_kv_e4m3", "bf16_kv_e4m3"]
+    assert [n for n, s in SPECS.items() if s.fp8_kv] == ["fp16_kv_e4m3", "bf16_kv_e4m3"]
+    with pytest.raises(TunerError, match="unknown dtype 'fp32'"):
+        spec("fp32")
