@@ -10,6 +10,8 @@ import sys
 from functools import lru_cache
 from typing import Any
 
+from .dtypes import ELEMENTS as _ELEMENTS
+
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 
 
@@ -42,8 +44,8 @@ class TensorMapEncoder:
     and writes each call's addresses into it (`address_free`).
     """
 
-    # CU_TENSOR_MAP_DATA_TYPE_{FLOAT16,BFLOAT16,UINT8}: e4m3 moves as bytes
-    _DTYPES = {"torch.float16": 6, "torch.bfloat16": 9, "torch.float8_e4m3fn": 0}
+    # CUtensorMapDataType by str(torch dtype), from the dtype registry's copy (e4m3 moves as bytes)
+    _DTYPES = {f"torch.{e['torch']}": e["tensor_map"] for e in _ELEMENTS.values()}
     _SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{32B,64B,128B}
     _L2_PROMOTION_128B = 2
     CACHE_LIMIT = 256  # cached input layouts per kernel
