@@ -71,14 +71,15 @@ def _plain(element: Element, code: int, tolerance: float, output: Element | None
 
 def _fp8_kv_cache(over: DtypeSpec, code: int) -> DtypeSpec:
     """An FP8 KV cache (vLLM's k_scale / v_scale) under `over`'s 16-bit q and output. k and v widen to fp16
-    exactly and the kernels compute in fp16 (attn_decode/kv_fp8.h), so only the 16-bit rounding is left: the
-    query dtype's tolerance. The template argument is a tag over q's type (attn_decode/config.h)."""
+    exactly and the kernels compute in fp16 (attn_decode/kv_fp8.h); the reference sees their real values, so
+    only the kernel's 16-bit rounding is left (P in fp16, Q as fp16 times a power of two: no coarser than the
+    query dtype's): the query dtype's tolerance. The template argument is a tag over q's type
+    (attn_decode/config.h)."""
     return DtypeSpec(over.name + KV_E4M3, code, over.query, E4M3, over.output, FP16,
                      f"fc::KvE4m3<{over.query.cxx}>", over.tolerance)
 
 
-# Tolerances. fp16 2e-3 and bf16 1e-2: a few units of their last place over a long softmax sum.
-# e4m3 (q, k, v FP8 with descales, bf16 out): the reference runs on the exact dequantised inputs, so the
+# Tolerances. e4m3 (q, k, v FP8 with descales, bf16 out): the reference runs on the exact dequantised inputs, so the
 # kernel's own rounding is what shows, and most of it is P: the kernel quantises the softmax probabilities to
 # e4m3 before P.V. Three mantissa bits round each p by up to 2^-4 of itself, about 0.03 rms (relative); the
 # output is a p-weighted mean of the rows of V, so its relative L2 error is about that rms again (the largest p

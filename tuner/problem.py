@@ -7,26 +7,26 @@ import random
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from tuner.dtypes import KV_E4M3, SPECS, spec  # noqa: F401 (KV_E4M3: this module's API too)
 from tuner.errors import TunerError
 
-# Input dtypes of a problem. e4m3 is FP8 (torch.float8_e4m3fn) q, k and v with float32 descale factors per batch
-# row and K/V head (FlashAttention-3's q_descale, k_descale, v_descale [B, Hkv]: real value = fp8 value * descale)
-# and a bf16 output; fp16 and bf16 problems have inputs and output in that dtype. fp16_kv_e4m3 and bf16_kv_e4m3
-# are an FP8 KV cache: q and the output in fp16 / bf16, k and v float8_e4m3fn with float32 scales per batch row
-# and K/V head (vLLM's k_scale / v_scale, broadcast to [B, Hkv]: real value = fp8 value * scale).
-DTYPES = ("fp16", "bf16", "e4m3", "fp16_kv_e4m3", "bf16_kv_e4m3")
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "e4m3": 1, "fp16_kv_e4m3": 1, "bf16_kv_e4m3": 1}  # bytes of one k or v element
-KV_E4M3 = "_kv_e4m3"  # the suffix of an FP8 KV cache's dtype
+# A problem's dtype names its spec in the dtype registry (tuner.dtypes): what q, k, v and the output are. e4m3 is
+# FP8 q, k and v with float32 descale factors per batch row and K/V head (FlashAttention-3's q_descale, k_descale,
+# v_descale [B, Hkv]: real value = fp8 value * descale) and a bf16 output. fp16_kv_e4m3 and bf16_kv_e4m3 are an
+# FP8 KV cache: q and the output 16-bit, k and v float8_e4m3fn with float32 scales per batch row and K/V head
+# (vLLM's k_scale / v_scale, broadcast to [B, Hkv]: real value = fp8 value * scale).
+DTYPES = tuple(SPECS)
+DTYPE_BYTES = {name: s.kv.bytes for name, s in SPECS.items()}  # bytes of one k or v element
 
 
 def query_dtype(dtype: str) -> str:
     """The dtype of q (and of the output, but for e4m3's bf16): fp16, bf16 or e4m3."""
-    return dtype[: -len(KV_E4M3)] if dtype.endswith(KV_E4M3) else dtype
+    return spec(dtype).query.name
 
 
 def kv_dtype(dtype: str) -> str:
     """The dtype of k and v: fp16, bf16 or e4m3."""
-    return "e4m3" if dtype.endswith(KV_E4M3) else dtype
+    return spec(dtype).kv.name
 
 
 def dtype_pattern() -> str:
@@ -123,12 +123,12 @@ class Problem:
     @property
     def fp8(self) -> bool:
         """Whether any input is FP8 (e4m3 q, k, v, or an FP8 KV cache): inputs come with scales (fp8_inputs)."""
-        return self.dtype == "e4m3" or self.fp8_kv
+        return spec(self.dtype).fp8
 
     @property
     def fp8_kv(self) -> bool:
         """Whether only k and v are FP8 (an FP8 KV cache with 16-bit queries)."""
-        return self.dtype.endswith(KV_E4M3)
+        return spec(self.dtype).fp8_kv
 
     @property
     def page_size(self) -> int:

@@ -7,24 +7,14 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from tuner.errors import TunerError
-from tuner.problem import Problem, query_dtype
+from tuner.dtypes import SPECS, spec
+from tuner.problem import Problem
 # The FP8 helpers live in tuner.runtime.fp8; Descales and dequantized are this module's API too.
 from tuner.runtime.fp8 import Descales, dequantized, dequantized_inputs, quantize  # noqa: F401
 
-# Relative L2 error allowed against the fp32 reference (README, "How a trial runs").
-# e4m3: the reference runs on the exact dequantised inputs, so the kernel's own rounding is what shows, and
-# most of it is P: the kernel quantises the softmax probabilities to e4m3 before P.V. Three mantissa bits
-# round each p by up to 2^-4 of itself, about 0.03 rms (relative); the output is a p-weighted mean of the
-# rows of V, so its relative L2 error is about that rms again (the largest p is exact, so a peaked row errs
-# less). The bf16 output adds ~2^-9, the fp8 MMAs' accumulation less. Probabilities below e4m3's smallest
-# normal round coarser: FlashAttention-3 scales P by 2^8 before converting (softmax.h, Max_offset = 8) so
-# that they stay normal. Simulated on a CPU (tests/test_fp8_inputs.py): 0.017-0.027 with that offset from
-# Sk 256 to 128K; without it 0.02 at Sk 256 rising to 0.039 at 128K, close to the limit. 5e-2 leaves ~1.8x
-# room over the offset kernel; a wrong descale is off by 0.4 or more.
-# An FP8 KV cache (*_kv_e4m3): K and V widen to fp16 exactly and the reference sees their real values, so only
-# the 16-bit kernel's own rounding is left (P in fp16, Q as fp16 times a power of two: no coarser than the
-# query dtype's): its query dtype's tolerance.
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "e4m3": 5e-2, "fp16_kv_e4m3": 2e-3, "bf16_kv_e4m3": 1e-2}
+# Relative L2 error allowed against the fp32 reference (README, "How a trial runs"), by dtype: the registry's
+# tolerances (tuner.dtypes says why each is what it is).
+TOLERANCE = {name: s.tolerance for name, s in SPECS.items()}
 # Past this many scores per (batch, head) (Sq x Sk; 32768^2), the fp32 reference covers sampled query rows
 # only: at 131072^2 one head's scores alone are 64 GiB.
 FULL_REFERENCE_SCORES = 1 << 30
@@ -36,7 +26,7 @@ def torch_dtype(dtype: str) -> Any:
     query dtype, k and v being float8_e4m3fn)."""
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[query_dtype(dtype)]
+    return getattr(torch, spec(dtype).query.torch)
 
 
 def make_inputs(problem: Problem, device: str = "cuda", seed: int | None = None) -> tuple[Any, Any, Any]:
