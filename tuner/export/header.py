@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from tuner.dtypes import SPECS, spec
 from tuner.errors import TunerError
 from tuner.export.options import ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
@@ -24,14 +25,8 @@ from tuner.kernels.variant import mask_suffix
 from tuner.profiles import GpuProfile
 
 _CONFIG = re.compile(r"^using TunerCfg = (.+);$", re.M)
-# Per dtype: its code in nearest_bucket(), and the C++ types of the inputs and the output (the render's spelling;
-# __nv_fp8_e4m3 is <cuda_fp8.h>'s, which the templates include).
-# An FP8 KV cache's Element is q's type (k and v are __nv_fp8_e4m3: the decode template's KvE4m3 config).
-DTYPE_CODES = {"fp16": 0, "bf16": 1, "e4m3": 2, "fp16_kv_e4m3": 3, "bf16_kv_e4m3": 4}
-_ELEMENT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3", "fp16_kv_e4m3": "half",
-            "bf16_kv_e4m3": "__nv_bfloat16"}
-_OUTPUT = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_bfloat16", "fp16_kv_e4m3": "half",
-           "bf16_kv_e4m3": "__nv_bfloat16"}
+# Per dtype: its code in nearest_bucket() (the registry's: published in headers, never renumbered).
+DTYPE_CODES = {name: s.code for name, s in SPECS.items()}
 
 
 def config_of(source: str) -> str:
@@ -166,8 +161,9 @@ def _bucket_struct(e: dict[str, Any], k: ExportedKernel) -> list[str]:
     lines = [
         f"// {e['problem_label']}: trial {e['trial_id']}, {e['median_us']:.1f} us{ratio}; {e['kernel']}",
         f"struct {_struct_name(key)} {{",
-        f"  using Element = {_ELEMENT[key['dtype']]};  // q, k, v",
-        f"  using Output = {_OUTPUT[key['dtype']]};",
+        # An FP8 KV cache's Element is q's type (k and v are __nv_fp8_e4m3: the decode template's KvE4m3 config).
+        f"  using Element = {spec(key['dtype']).query.cxx};  // q, k, v",
+        f"  using Output = {spec(key['dtype']).output.cxx};",
         f"  static constexpr int HEAD_DIM = {key['head_dim']};",
         f"  static constexpr bool CAUSAL = {'true' if key['causal'] else 'false'};",
         f"  static constexpr int GROUP = {key['group']};",

@@ -5,16 +5,13 @@ from __future__ import annotations
 import shlex
 import struct
 
+from tuner.dtypes import spec
 from tuner.errors import TunerError
 from tuner.kernels.compiler import BASE_OPTIONS, arch_flags
 from tuner.kernels.feasibility import resources
 from tuner.kernels.manifest import ParamValue, inline_headers, load_manifest
 from tuner.kernels.variant import Variant, validate_variant
 
-# A problem dtype as the template's `dtype` argument: its q/k/v element type (e4m3's output is bf16: the
-# template derives that itself); an FP8 KV cache is a tag type over the queries' type (attn_decode/config.h).
-_CXX_TYPES = {"fp16": "half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3",
-              "fp16_kv_e4m3": "fc::KvE4m3<half>", "bf16_kv_e4m3": "fc::KvE4m3<__nv_bfloat16>"}
 # Resources the launcher and feasibility act on, and the template constant
 # each must equal: a drift would hang a TMA copy or launch the wrong grid.
 _LAUNCH_CONTRACT = (("tma_swizzle", "SWB"), ("tma_kv_rows", "BN"), ("tma_q_rows", "Q_ROWS"),
@@ -50,7 +47,7 @@ def render(variant: Variant) -> str:
     args = []
     for arg in manifest.config_args:
         if arg == "dtype":
-            args.append(_CXX_TYPES[variant.dtype])
+            args.append(spec(variant.dtype).template_arg)  # e4m3's bf16 output: the template derives it
         elif arg == "head_dim":
             args.append(str(variant.head_dim))
         elif arg == "causal":
