@@ -16,12 +16,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tuner.dtypes import spec
 from tuner.export.options import PACKAGE_VERSION, ExportOptions, ExportReport
 from tuner.export.selection import ExportedKernel
 from tuner.export.staging import check_out, write_staged
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import GpuProfile
-from tuner.problem import KV_E4M3, query_dtype
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime" / "shipped"  # copied whole as <package>/_runtime
 _PACKAGE_INIT = '''"""Tuned fused-attention kernels exported by FlashCore tuner (provenance in manifest.json).
@@ -140,21 +140,21 @@ def _example(key: dict[str, Any]) -> str:
     if key.get("softcap"):
         call += f", softcap={key['softcap']:g}"
     shape = f"1, 8, 1024, {key['head_dim']}"
-    if key["dtype"] == "e4m3":  # FP8 inputs with their descales (float32 [B, Hkv]: real = stored * descale)
-        return (f"q = k = v = torch.randn({shape}, device=\"cuda\").to(torch.float8_e4m3fn)\n"
+    s = spec(key["dtype"])
+    q, kv = f"torch.{s.query.torch}", f"torch.{s.kv.torch}"
+    if s.fp8 and not s.fp8_kv:  # FP8 inputs with their descales (float32 [B, Hkv]: real = stored * descale)
+        return (f"q = k = v = torch.randn({shape}, device=\"cuda\").to({q})\n"
                 "one = torch.ones(1, 8, device=\"cuda\")  # float32 [B, Hkv]: real = stored * descale\n"
                 "scales = dict(q_descale=one, k_descale=one, v_descale=one)\n"
-                f"out = attention(q, k, v, {call}, **scales)  # bfloat16\n"
+                f"out = attention(q, k, v, {call}, **scales)  # {s.output.torch}\n"
                 f"print(attention.explain(q, k, v, {call}, **scales))\n")
-    if key["dtype"].endswith(KV_E4M3):  # an FP8 KV cache: 16-bit q, e4m3 k and v with their scales (decode)
-        dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[query_dtype(key["dtype"])]
-        return (f"q = torch.randn(1, 32, 1, {key['head_dim']}, dtype={dtype}, device=\"cuda\")\n"
-                f"k = v = torch.randn(1, 8, 4096, {key['head_dim']}, device=\"cuda\").to(torch.float8_e4m3fn)\n"
+    if s.fp8_kv:  # an FP8 KV cache: 16-bit q, e4m3 k and v with their scales (decode)
+        return (f"q = torch.randn(1, 32, 1, {key['head_dim']}, dtype={q}, device=\"cuda\")\n"
+                f"k = v = torch.randn(1, 8, 4096, {key['head_dim']}, device=\"cuda\").to({kv})\n"
                 "one = torch.ones((), device=\"cuda\")  # float32: one, [Hkv] or [B, Hkv]; real = stored * scale\n"
                 f"out = attention(q, k, v, {call}, k_scale=one, v_scale=one)\n"
                 f"print(attention.explain(q, k, v, {call}, k_scale=one, v_scale=one))\n")
-    dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}[key["dtype"]]
-    return (f"q = k = v = torch.randn({shape}, dtype={dtype}, device=\"cuda\")\n"
+    return (f"q = k = v = torch.randn({shape}, dtype={q}, device=\"cuda\")\n"
             f"out = attention(q, k, v, {call})\nprint(attention.explain(q, k, v, {call}))\n")
 
 

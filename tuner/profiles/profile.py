@@ -11,7 +11,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from tuner.errors import TunerError
-from tuner.problem import KV_E4M3, Problem
+from tuner.dtypes import SPECS
+from tuner.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,17 @@ class GpuProfile:
         return tuple(self.extra.get("templates", DEFAULT_TEMPLATES))
 
     def peak_tflops(self, dtype: str) -> float:
-        """Dense tensor-core peak for 'fp16', 'bf16' or 'e4m3' (the profile's optional peak_fp8_tflops); an FP8
-        KV cache's kernels compute in fp16 (attn_decode/kv_fp8.h), at its peak."""
-        if dtype == "fp16" or dtype.endswith(KV_E4M3):
-            return self.peak_fp16_tflops
-        if dtype == "bf16":
-            return self.peak_bf16_tflops
-        if dtype == "e4m3" and self.peak_fp8_tflops > 0:
-            return self.peak_fp8_tflops
-        if dtype == "e4m3":
-            raise TunerError(f"GPU profile {self.name!r} gives no FP8 peak (peak_fp8_tflops; a card without FP8 "
-                             "tensor cores has none)")
-        raise TunerError(f"no peak figure for dtype {dtype!r} in GPU profile {self.name!r}")
+        """Dense tensor-core peak of a dtype's compute type (the dtype registry's: an FP8 KV cache's kernels
+        compute in fp16, attn_decode/kv_fp8.h); e4m3's is the profile's optional peak_fp8_tflops."""
+        s = SPECS.get(dtype)
+        if s is None:
+            raise TunerError(f"no peak figure for dtype {dtype!r} in GPU profile {self.name!r}")
+        peak = getattr(self, s.compute.peak)
+        if peak > 0 or s.compute.peak not in _OPTIONAL_FLOAT_FIELDS:
+            return peak
+        # Only the FP8 peak is optional in a profile (absent: 0, the card has none).
+        raise TunerError(f"GPU profile {self.name!r} gives no FP8 peak ({s.compute.peak}; a card without FP8 "
+                         "tensor cores has none)")
 
     def matches(self, device_name: str) -> bool:
         """Whether one of `match` is a whole-token, case-insensitive part of `device_name`."""

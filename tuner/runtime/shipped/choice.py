@@ -10,6 +10,7 @@ import torch
 
 from . import kernels as _kernels
 from .dispatch import DispatchTable, Key
+from .dtypes import DTYPES as _SPECS, ELEMENTS
 from .launcher import AttentionInputError
 
 
@@ -21,8 +22,10 @@ def table() -> DispatchTable:
     return DispatchTable(manifest["entries"], manifest.get("checked", {}).get("cells", []))
 
 
-# The input dtypes a package's table can hold (Problem's names): float8_e4m3fn calls come with descales (fp8_call.py).
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+# The input dtypes a package's table can hold (Problem's names), by q's torch dtype: the registry's (its copy in
+# dtypes.py) whose q, k and v are one type (an FP8 cache's key comes from its q's: fp8_cache.py). float8_e4m3fn
+# calls come with descales (fp8_call.py).
+DTYPES = {getattr(torch, ELEMENTS[s["query"]]["torch"]): name for name, s in _SPECS.items() if s["query"] == s["kv"]}
 FALLBACKS = (None, "sdpa")
 
 
