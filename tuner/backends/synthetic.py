@@ -14,7 +14,8 @@ from typing import Iterable
 from tuner.backends.replay import synthetic_run_info
 from tuner.kernels.feasibility import feasible_space
 from tuner.kernels.manifest import load_manifest
-from tuner.problem import Problem, query_dtype
+from tuner.dtypes import spec
+from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.baselines import sdpa_skipped
 from tuner.runtime.energy import Energy
@@ -79,9 +80,9 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
         run_id = store.start_run(synthetic_run_info(gpu_name, profile))
         for problem in problems:
             peak = prof.peak_tflops(problem.dtype)
-            # An e4m3 problem's baselines run in bf16 (tuner.runtime.baselines), at bf16's peak; an FP8 KV
-            # cache's in its query dtype.
-            baseline_peak = prof.peak_tflops("bf16" if problem.dtype == "e4m3" else query_dtype(problem.dtype))
+            # The baselines run in the registry's baseline type (e4m3's bf16, an FP8 KV cache's query dtype), at its
+            # peak (tuner.runtime.baselines).
+            baseline_peak = prof.peak_tflops(spec(problem.dtype).baseline.name)
             skipped = sdpa_skipped(problem)  # as a GPU worker would: no SDPA where it cannot express the problem
             for impl, eff in ((i, e) for i, e in _BASELINES.items() if i not in skipped):
                 us = problem.flops / (baseline_peak * 1e12 * eff) * 1e6 + _LAUNCH_US

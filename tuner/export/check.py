@@ -31,11 +31,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.dtypes import spec
 from tuner.errors import TunerError
 from tuner.export import check_fp8, check_packed, check_paged
 from tuner.export.check_cells import CheckCell, check_cells, decide, median_ratios
 from tuner.export.package import seal
-from tuner.problem import Problem, query_dtype
+from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 
 ROUNDS = 5  # interleaved rounds per cell: a ratio counts as the median per-round ratio
@@ -122,13 +123,14 @@ def fallback_baselines(pkg: Any, problem: Problem, q: Any, k: Any, v: Any, desca
     from tuner.runtime.baselines import SDPA_BACKENDS, Baseline, available_baselines, sdpa_baseline
     from tuner.runtime.verify import ragged_seq_lens
 
+    baseline = spec(problem.dtype).baseline.name  # the type FP8 inputs are dequantised to (e4m3's bf16)
     if descales is not None and descales[0] is None:  # an FP8 KV cache: k and v to q's dtype in each call
         kv = check_fp8.cache_dequantised(pkg, q, k, v, descales)
-        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype=query_dtype(problem.dtype)), q, *kv)
+        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype=baseline), q, *kv)
         return check_fp8.cache_dequantising(pkg, found, q, k, v, descales, kv)
     if descales is not None:
         buffers = check_fp8.dequantised(pkg, q, k, v, descales)
-        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype="bf16"), *buffers)
+        found = fallback_baselines(pkg, dataclasses.replace(problem, dtype=baseline), *buffers)
         return check_fp8.dequantising(pkg, found, q, k, v, descales, buffers)
     if not problem.local and not problem.softcap:  # a ragged batch: SDPA under its lengths' mask (sdpa_mask)
         return available_baselines(problem, q, k, v, fa4=False)

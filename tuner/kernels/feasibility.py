@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.dtypes import spec
 from tuner.errors import TunerError
 from tuner.kernels.expr import evaluate
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, enumerate_space, mask_of
-from tuner.problem import DTYPE_BYTES, KV_E4M3, Problem
+from tuner.problem import DTYPE_BYTES, Problem
 from tuner.profiles import GpuProfile
 
 # Registers a thread needs beyond its accumulators (fragments, addresses,
@@ -34,7 +35,7 @@ def expression_names(variant: Variant) -> dict[str, object]:
     """The names a manifest expression may use for this variant (elem_bytes: of a k or v element, 2 for
     fp16/bf16, 1 for e4m3 and an FP8 KV cache; kv_fp8: 1 for an FP8 KV cache with 16-bit queries)."""
     return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": DTYPE_BYTES[variant.dtype],
-            "kv_fp8": int(variant.dtype.endswith(KV_E4M3)), "causal": variant.causal, "packed": variant.packed}
+            "kv_fp8": int(spec(variant.dtype).fp8_kv), "causal": variant.causal, "packed": variant.packed}
 
 
 def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, int]:

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Optional
 
+from tuner.dtypes import spec
 from tuner.kernels.compiler import cache_root
 from tuner.problem import Problem
 from tuner.runtime.baseline_log import warnings_logged
@@ -229,8 +230,8 @@ def available_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: float |
 
         if problem.dtype == "e4m3":
             native = fp8_baselines(problem, q, k, v, scale, descales)
-        # e4m3's in bf16; an FP8 KV cache's in q's dtype (the unquantised model's attention)
-        q, k, v = dequantized_inputs(q, k, v, descales, torch.bfloat16 if problem.dtype == "e4m3" else q.dtype)
+        # in the registry's baseline type: e4m3's bf16; an FP8 KV cache's q's dtype (the unquantised model's attention)
+        q, k, v = dequantized_inputs(q, k, v, descales, getattr(torch, spec(problem.dtype).baseline.torch))
     skipped = sdpa_skipped(problem)
     mask = sdpa_mask(problem, q.device) if len(skipped) < len(SDPA_BACKENDS) else None
     found = []

@@ -8,9 +8,9 @@ ELEMENTS = {
     'e4m3': {'name': 'e4m3', 'torch': 'float8_e4m3fn', 'cxx': '__nv_fp8_e4m3', 'bytes': 1, 'tensor_map': 0, 'peak': 'peak_fp8_tflops'},
 }
 DTYPES = {
-    'fp16': {'name': 'fp16', 'code': 0, 'query': 'fp16', 'kv': 'fp16', 'output': 'fp16', 'compute': 'fp16', 'template_arg': 'half', 'tolerance': 0.002},
-    'bf16': {'name': 'bf16', 'code': 1, 'query': 'bf16', 'kv': 'bf16', 'output': 'bf16', 'compute': 'bf16', 'template_arg': '__nv_bfloat16', 'tolerance': 0.01},
-    'e4m3': {'name': 'e4m3', 'code': 2, 'query': 'e4m3', 'kv': 'e4m3', 'output': 'bf16', 'compute': 'e4m3', 'template_arg': '__nv_fp8_e4m3', 'tolerance': 0.05},
-    'fp16_kv_e4m3': {'name': 'fp16_kv_e4m3', 'code': 3, 'query': 'fp16', 'kv': 'e4m3', 'output': 'fp16', 'compute': 'fp16', 'template_arg': 'fc::KvE4m3<half>', 'tolerance': 0.002},
-    'bf16_kv_e4m3': {'name': 'bf16_kv_e4m3', 'code': 4, 'query': 'bf16', 'kv': 'e4m3', 'output': 'bf16', 'compute': 'fp16', 'template_arg': 'fc::KvE4m3<__nv_bfloat16>', 'tolerance': 0.01},
+    'fp16': {'name': 'fp16', 'code': 0, 'query': 'fp16', 'kv': 'fp16', 'output': 'fp16', 'compute': 'fp16', 'baseline': 'fp16', 'template_arg': 'half', 'tolerance': 0.002},
+    'bf16': {'name': 'bf16', 'code': 1, 'query': 'bf16', 'kv': 'bf16', 'output': 'bf16', 'compute': 'bf16', 'baseline': 'bf16', 'template_arg': '__nv_bfloat16', 'tolerance': 0.01},
+    'e4m3': {'name': 'e4m3', 'code': 2, 'query': 'e4m3', 'kv': 'e4m3', 'output': 'bf16', 'compute': 'e4m3', 'baseline': 'bf16', 'template_arg': '__nv_fp8_e4m3', 'tolerance': 0.05},
+    'fp16_kv_e4m3': {'name': 'fp16_kv_e4m3', 'code': 3, 'query': 'fp16', 'kv': 'e4m3', 'output': 'fp16', 'compute': 'fp16', 'baseline': 'fp16', 'template_arg': 'fc::KvE4m3<half>', 'tolerance': 0.002},
+    'bf16_kv_e4m3': {'name': 'bf16_kv_e4m3', 'code': 4, 'query': 'bf16', 'kv': 'e4m3', 'output': 'bf16', 'compute': 'fp16', 'baseline': 'bf16', 'template_arg': 'fc::KvE4m3<__nv_bfloat16>', 'tolerance': 0.01},
 }
