@@ -17,11 +17,14 @@ import torch
 from . import paged as _paged
 from .choice import DTYPES, FALLBACKS, check_structure, choose_kernel, refuse_grads
 from .dispatch import Key
+from .dtypes import DTYPES as _SPECS, ELEMENTS
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors, check_paged_inputs
 from .masked import fallback_call
 from .seq_lens import check_seq_lens, sdpa_with_lens
 
 FP8 = torch.float8_e4m3fn
+# The q dtypes an FP8 cache comes under: the registry's (its copy in dtypes.py) FP8 KV cache dtypes.
+_CACHE_QUERIES = tuple(getattr(torch, ELEMENTS[s["query"]]["torch"]) for s in _SPECS.values() if s["kv"] != s["query"])
 KV_SUFFIX = "_kv_e4m3"  # a package's dtype of an FP8 cache: the query dtype's name with this (Problem's names)
 # A call's layout (shapes, strides, dtypes, devices, causal, mask, form) once validated -> (device, the decode
 # kernel, or None: the dequantising fallback)
@@ -30,7 +33,7 @@ _cache: dict[tuple, tuple[int, Any]] = {}
 
 def is_fp8_cache(q: Any, k: Any, v: Any) -> bool:
     """Whether a call is the FP8-cache form: 16-bit q, float8_e4m3fn k or v."""
-    return (isinstance(q, torch.Tensor) and q.dtype in (torch.float16, torch.bfloat16)
+    return (isinstance(q, torch.Tensor) and q.dtype in _CACHE_QUERIES
             and any(isinstance(t, torch.Tensor) and t.dtype == FP8 for t in (k, v)))
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from .cuda_driver import AttentionInputError
+from .dtypes import ELEMENTS
 from .fp8 import is_fp8
+
+_ELEMENT_TYPES = {f"torch.{e['torch']}" for e in ELEMENTS.values()}  # what the kernels take: the registry's types
 
 
 def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -> None:
@@ -22,7 +25,7 @@ def check_attention_tensors(q: Any, k: Any, v: Any, out: Any, lse: Any = None) -
             raise AttentionInputError(f"{name} must have rank 4 [B, H, S, D] (got shape {tuple(t.shape)})")
         want = torch.bfloat16 if name == "out" and is_fp8(q) else q.dtype  # e4m3 inputs write bf16
         fp8_cache = name in ("k", "v") and is_fp8(t) and not is_fp8(q) and is_fp8(k) and is_fp8(v)
-        if not (t.dtype in (torch.float16, torch.bfloat16) or is_fp8(t)) or (t.dtype != want and not fp8_cache):
+        if str(t.dtype) not in _ELEMENT_TYPES or (t.dtype != want and not fp8_cache):
             raise AttentionInputError(f"{name} must be float16, bfloat16 or float8_e4m3fn like q (k and v may both be "
                                       f"float8_e4m3fn: an FP8 KV cache), out bfloat16 for float8_e4m3fn q (got "
                                       f"{t.dtype}, q is {q.dtype})")
