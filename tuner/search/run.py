@@ -27,6 +27,7 @@ from rich.console import Console
 from tuner.backends.gpu_process import started_early
 from tuner.backends.replay import check_recorded, check_recording_objective, recorded_problems, recording_profile
 from tuner.errors import TunerError
+from tuner.kernels.feasibility import supports_problem
 from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
@@ -80,11 +81,23 @@ def _recorded(options: SearchOptions, profile: GpuProfile, hooks: Hooks) -> Opti
     one-line error before any store is opened: a replay of it would only prune every point)."""
     if options.backend != "replay" or hooks.replaced:  # replaced hooks answer from elsewhere (tests)
         return None
+    if options.shapes:  # a problem no template can tune says so first: a recording holding it is moot
+        _check_tunable(options, profile)
     recorded = recorded_problems(options.replay_from, profile, options.force)
     check_recorded(options.replay_from, profile, shape_problems(options) if options.shapes else [], recorded)
     if not options.shapes and not any(p in recorded for p in profile.default_problems):
         check_recorded(options.replay_from, profile, profile.default_problems, recorded)
     return recorded
+
+
+def _check_tunable(options: SearchOptions, profile: GpuProfile) -> None:
+    """The one-line 'cannot tune' error problems_of gives, for a --shape problem that neither --template nor
+    any of the profile's templates supports (the most general template's reason)."""
+    templates = [options.template] if options.template else list(profile.templates)
+    for problem in shape_problems(options):
+        reasons = [supports_problem(load_manifest(t), problem) for t in templates]
+        if all(reasons):
+            raise TunerError(f"cannot tune {problem.label}: {reasons[-1]}")
 
 
 def _run_ids(results: list[WorkerResult]) -> list[int]:
