@@ -1,5 +1,5 @@
 // The kernel arguments of the attention templates: one parameter list (the
-// launcher passes it positionally, tuner/runtime/launcher.py) and the struct
+// launcher passes it positionally, tuner/runtime/shipped/launcher.py) and the struct
 // the device code reads it through.
 //
 // Problem: Q [B, H, Sq, D], K/V [B, Hkv, Sk, D], O like Q, all given by
