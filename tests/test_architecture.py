@@ -8,6 +8,7 @@ not make a cycle go away, it only hides it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tuner"
 LAYERS = (
     ("tuner", "tuner.errors", "tuner.dtypes", "tuner.problem", "tuner.status", "tuner.assets", "tuner.models",
      "tuner.stop_signals"),  # domain types every layer uses; the stop signals every command shares
+    # The runtime exports ship imports nothing from tuner (checked below), so it sits at the bottom: the
+    # profiles' device query opens the driver through its door (cuda_driver.py), the only one.
+    ("tuner.runtime.shipped",),
     ("tuner.profiles",),
     ("tuner.kernels",),
     ("tuner.runtime",),
@@ -127,6 +131,19 @@ def test_the_shipped_runtime_imports_nothing_from_tuner() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             assert not any(n == "tuner" or n.startswith("tuner.") for n in names), f"{path.name} imports {names}"
+
+
+def test_one_module_opens_the_cuda_driver() -> None:
+    """libcuda is opened and its results checked in the shipped runtime's door alone (the exports, the
+    tuner's launches and its device query share it); PyCUDA, in runtime/driver.py, only binds the GPU
+    worker's context."""
+    loader = re.compile(r"\b(CDLL|PyDLL|WinDLL|LoadLibrary|find_library)\s*\(")
+    openers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if loader.search(text := p.read_text()) and re.search(r"libcuda|find_library\(\s*['\"]cuda", text))
+    assert openers == ["runtime/shipped/cuda_driver.py"]
+    pycuda = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                    if re.search(r"^\s*(import|from)\s+pycuda", p.read_text(), re.M))
+    assert pycuda == ["runtime/driver.py"]
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))

@@ -465,6 +465,10 @@ class _FakeLibcuda:
     def cuInit(self, flags):
         return self.fail
 
+    def cuGetErrorName(self, result, name):
+        name._obj.value = b"CUDA_ERROR_NO_DEVICE"
+        return 0
+
     def cuDeviceGetCount(self, count):
         count._obj.value = 2
         return 0
@@ -493,10 +497,11 @@ class _FakeLibcuda:
 
 def test_the_gpu_is_asked_of_the_cuda_driver_without_torch(monkeypatch):
     """detect_gpu, visible_gpu_count and --gpu auto read the driver (no torch import, no context)."""
-    from tuner.profiles import cuda_query, detect_gpu, resolve_profile, visible_gpu_count
+    from tuner.profiles import detect_gpu, resolve_profile, visible_gpu_count
+    from tuner.runtime.shipped import cuda_driver
 
     lib = _FakeLibcuda()
-    monkeypatch.setattr(cuda_query, "_library", lambda: lib)
+    monkeypatch.setattr(cuda_driver, "libcuda", lambda: lib)  # the one door: the query opens the driver there
     gpu = detect_gpu(1)
     assert (gpu.name, gpu.compute_capability, gpu.sm_count, gpu.total_memory_bytes) == \
         ("NVIDIA H100 80GB HBM3", (9, 0), 132, 80 << 30)
@@ -506,6 +511,24 @@ def test_the_gpu_is_asked_of_the_cuda_driver_without_torch(monkeypatch):
         detect_gpu(2)
     lib.fail = 100  # CUDA_ERROR_NO_DEVICE: a driver, no usable GPU
     assert detect_gpu(0) is None and visible_gpu_count() == 0
+
+
+def test_the_device_query_names_a_failed_call_through_the_drivers_door(monkeypatch):
+    """cuda_query's errors are the door's: the call, the driver's error name and its code."""
+    from tuner.profiles import cuda_query
+    from tuner.runtime.shipped import cuda_driver
+
+    lib = _FakeLibcuda()
+    lib.fail = 100
+    monkeypatch.setattr(cuda_driver, "libcuda", lambda: lib)
+    with pytest.raises(cuda_query.DriverError, match=r"cuInit failed: CUDA_ERROR_NO_DEVICE \(100\)"):
+        cuda_query.driver_devices()
+
+    def no_library():
+        raise cuda_driver.GpuUnavailableError("cannot open the CUDA driver library libcuda.so.1")
+
+    monkeypatch.setattr(cuda_driver, "libcuda", no_library)
+    assert cuda_query.driver_devices() is None  # no driver library: torch.cuda is asked instead
 
 
 @pytest.mark.parametrize("name", ["h100", "h200"])

@@ -254,10 +254,10 @@ def _driver_version() -> Optional[str]:
         except (OSError, subprocess.SubprocessError):
             pass
     try:
-        import pycuda.driver as drv
+        from tuner.profiles.cuda_query import driver_cuda_version
 
-        version = drv.get_driver_version()  # e.g. 13000 for CUDA 13.0
-        return f"cuda {version // 1000}.{version % 1000 // 10}"
+        version = driver_cuda_version()  # e.g. 13000 for CUDA 13.0
+        return None if version is None else f"cuda {version // 1000}.{version % 1000 // 10}"
     except Exception:  # noqa: BLE001 - a missing fact is not an error
         return None
 

@@ -3,7 +3,7 @@
 We call nvcc the way PyCUDA's compiler does (source -> cubin), but directly,
 because we also need ptxas's resource report (registers, spills) and because
 compiling must work on machines without a GPU driver (CI, a compile pool).
-The cubin is loaded with PyCUDA in tuner.runtime.driver.
+The cubin is loaded through the CUDA driver's ctypes door, tuner/runtime/shipped/cuda_driver.py.
 
 Headers: a rendered template `#include`s headers by paths relative to the
 templates folders (e.g. "common/utils.h", "attn_fwd_wgmma/config.h"). The

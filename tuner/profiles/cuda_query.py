@@ -1,9 +1,11 @@
-"""The CUDA devices as the driver reports them, through libcuda and ctypes.
+"""The CUDA devices as the driver reports them, through the shipped runtime's door to libcuda.
 
 Asking torch costs a process about two seconds (importing torch, then CUDA's
 runtime); the driver answers in milliseconds and creates no context. Every
 worker of a search asks before it starts its GPU process, so this is what
-they use. CUDA_VISIBLE_DEVICES applies as it does to torch.
+they use. CUDA_VISIBLE_DEVICES applies as it does to torch. The library is
+opened and each call's result checked in tuner/runtime/shipped/cuda_driver.py
+(importing it imports no torch); this module keeps only the query.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from tuner.runtime.shipped import cuda_driver as _door
+from tuner.runtime.shipped.cuda_driver import DriverError, check as _check
+
+__all__ = ["DriverDevice", "DriverError", "driver_devices"]
+
 _SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute values
-
-
-class DriverError(Exception):
-    """The driver library is there but a call failed (no device, driver/library mismatch)."""
 
 
 @dataclass(frozen=True)
@@ -30,15 +33,11 @@ class DriverDevice:
 
 
 def _library() -> Optional[Any]:
+    """The driver library, None where this machine has none (then torch.cuda is asked instead)."""
     try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        return _door.libcuda()
+    except _door.GpuUnavailableError:
         return None
-
-
-def _check(result: int, call: str) -> None:
-    if result != 0:
-        raise DriverError(f"{call} failed with CUDA error {result}")
 
 
 def driver_devices() -> Optional[list[DriverDevice]]:
@@ -72,3 +71,14 @@ def _device(lib: Any, index: int) -> DriverDevice:
     uuid = f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
     return DriverDevice(index, name.value.decode(errors="replace"), (attribute(_CC_MAJOR), attribute(_CC_MINOR)),
                         attribute(_SM_COUNT), int(memory.value), uuid)
+
+
+def driver_cuda_version() -> Optional[int]:
+    """The CUDA version the driver supports (cuDriverGetVersion: e.g. 13000 for CUDA 13.0; no cuInit
+    needed); None where this machine has no driver library."""
+    lib = _library()
+    if lib is None:
+        return None
+    version = ctypes.c_int(0)
+    _check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    return version.value

@@ -1,8 +1,10 @@
-"""The tuner's door to the CUDA driver: PyCUDA bound to torch's primary context, with the tuner's errors.
+"""PyCUDA bound to torch's primary context, with the tuner's errors: PyCUDA's one job in the tuner.
 
-The tuner keeps PyCUDA for its JIT path (a GPU worker's CUDA context, the driver's version); the kernels
-themselves load and launch through tuner.runtime.shipped (ctypes), as an exported package does. Only this
-module imports pycuda; everything else in the package imports and runs without a GPU.
+A GPU worker (and ncu's replay) binds the context of its JIT path here before it loads what it builds.
+Everything else that speaks to the driver goes through the one ctypes door,
+tuner/runtime/shipped/cuda_driver.py: the kernels' loads and launches (as in an exported package), and the
+device query and driver version (tuner/profiles/cuda_query.py). Only this module imports pycuda;
+everything else in the package imports and runs without a GPU.
 """
 
 from __future__ import annotations

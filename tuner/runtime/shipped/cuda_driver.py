@@ -2,6 +2,9 @@
 tensor maps. Needs the driver (libcuda.so.1) and torch, nothing else: no PyCUDA, no CUDA toolkit.
 
 Part of the runtime every export ships (this folder, copied whole); imports nothing from `tuner`.
+It is the one door to libcuda: the library is opened (libcuda) and a call's result checked (check) here
+only, for the exports, the tuner's launches and its device query (tuner/profiles/cuda_query.py) alike.
+The tuner's GPU worker also binds PyCUDA to torch's context (tuner/runtime/driver.py), for its JIT path.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ class GpuUnavailableError(RuntimeError):
     """No CUDA GPU visible to torch, or no CUDA driver that can run the kernels."""
 
 
+class DriverError(RuntimeError):
+    """A driver call failed; the message names the call and the driver's error name and code."""
+
+
 @lru_cache(maxsize=1)
-def _libcuda() -> Any:
+def libcuda() -> Any:
     """The CUDA driver library, opened once (it comes with the NVIDIA driver, not the toolkit)."""
     import ctypes
 
@@ -54,7 +61,7 @@ class TensorMapEncoder:
         import ctypes
 
         try:
-            self._fn = _libcuda().cuTensorMapEncodeTiled
+            self._fn = libcuda().cuTensorMapEncodeTiled
         except AttributeError as exc:
             raise GpuUnavailableError(f"the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12+): {exc}") from None
         self._fn.restype = ctypes.c_int
@@ -110,7 +117,7 @@ class DriverKernel:
         import ctypes
         import threading
 
-        lib = self._lib = _libcuda()
+        lib = self._lib = libcuda()
         self._ctx = primary_context(device)  # torch initialises the driver and the device first
         self._ctypes, self._library, self._fn = ctypes, ctypes.c_void_p(), ctypes.c_void_p()
         self._image = ctypes.create_string_buffer(cubin, len(cubin))  # the driver may read it lazily
@@ -187,13 +194,14 @@ class DriverKernel:
 
 
 def check(result: int, call: str) -> None:
-    """RuntimeError naming the driver call and its error, when `result` is not CUDA_SUCCESS."""
+    """DriverError naming the driver call and its error, when `result` is not CUDA_SUCCESS (cuGetErrorName
+    needs no cuInit, so it names a failed cuInit too)."""
     if result:
         import ctypes
 
         name = ctypes.c_char_p()
-        _libcuda().cuGetErrorName(result, ctypes.byref(name))
-        raise RuntimeError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({result})")
+        libcuda().cuGetErrorName(result, ctypes.byref(name))
+        raise DriverError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({result})")
 
 
 def _cu_device(device: int) -> int:
@@ -201,7 +209,7 @@ def _cu_device(device: int) -> int:
     import ctypes
 
     dev = ctypes.c_int()
-    check(_libcuda().cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    check(libcuda().cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
     return dev.value
 
 
@@ -220,7 +228,7 @@ def primary_context(device: int) -> Any:
             raise GpuUnavailableError("no CUDA GPU is visible to torch on this machine")
         torch.zeros(1, device=f"cuda:{device}")  # torch creates the primary context (and initialises the driver)
         ctx = ctypes.c_void_p()
-        check(_libcuda().cuDevicePrimaryCtxRetain(ctypes.byref(ctx), _cu_device(device)),
+        check(libcuda().cuDevicePrimaryCtxRetain(ctypes.byref(ctx), _cu_device(device)),
               "cuDevicePrimaryCtxRetain")
         ctx = _primary.setdefault(device, ctx)
     return ctx

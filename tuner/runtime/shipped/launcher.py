@@ -20,8 +20,8 @@ from .cuda_driver import (  # noqa: F401 - the errors are this module's API too
     DriverKernel,
     GpuUnavailableError,
     TensorMapEncoder,
-    _libcuda,
     capturing_on,
+    libcuda,
     stream_getter,
 )
 from .fp8 import VTransposer, check_descales, is_fp8, v_transposed_like
@@ -75,7 +75,7 @@ def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
     64-byte aligned tensor map may be placed after padding (48 bytes on sm_90, where parameters start
     at constant-bank offset 0x210). The offsets come from the driver (cuKernelGetParamInfo, CUDA 12.4+).
     """
-    if not hasattr(_libcuda(), "cuKernelGetParamInfo"):
+    if not hasattr(libcuda(), "cuKernelGetParamInfo"):
         raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuKernelGetParamInfo is missing)")
     offsets = kernel.param_offsets(4)  # the three tensor maps and the first pointer after them
     first = offsets[0]
