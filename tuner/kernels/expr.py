@@ -43,3 +43,8 @@ def evaluate(text: str, names: Mapping[str, Any]) -> Any:
         return eval(code, {"__builtins__": {}}, {**_FUNCTIONS, **names})  # noqa: S307 - AST-whitelisted
     except (NameError, ArithmeticError, TypeError, ValueError) as exc:
         raise TunerError(f"manifest expression {text!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def names_in(text: str) -> frozenset[str]:
+    """The names `text` reads (its functions excluded): which resources a constraint refers to."""
+    return frozenset(_compile(text).co_names) - _FUNCTIONS.keys()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.dtypes import spec
 from tuner.errors import TunerError
-from tuner.kernels.expr import evaluate
+from tuner.kernels.expr import evaluate, names_in
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, enumerate_space, mask_of
 from tuner.problem import DTYPE_BYTES, Problem
@@ -101,10 +101,15 @@ def check(variant: Variant, problem: Problem, profile: GpuProfile) -> Feasibilit
     if profile.nvcc_arch not in manifest.archs:
         return Feasibility(False, f"{manifest.name} is built for {', '.join(manifest.archs)}, not {profile.nvcc_arch}")
     names = expression_names(variant)
+    res: dict[str, int] | None = None
     for constraint in manifest.constraints:
-        if not evaluate(constraint.rule, names):
+        # A rule may name a resource (its formula stated once, in [resources]); they are evaluated only once
+        # the earlier rules hold, so a formula never meets a point they exclude (a zero divisor, say).
+        if res is None and names_in(constraint.rule) & manifest.resources.keys():
+            res = resources(variant, manifest)
+        if not evaluate(constraint.rule, {**names, **(res or {})}):
             return Feasibility(False, constraint.reason)
-    res = resources(variant, manifest)
+    res = res if res is not None else resources(variant, manifest)
     threads, smem = res.get("threads", 0), res.get("smem_bytes", 0)
     static = res.get("static_smem_bytes", 0)  # the kernel's own __shared__ variables: dynamic + static <= opt-in
     if threads > profile.max_threads_per_block:
