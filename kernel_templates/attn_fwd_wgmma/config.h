@@ -71,7 +71,8 @@ struct HopperConfig {
   // launched with: THREADS x LAUNCH_REGS (ptxas gives a setmaxnreg kernel the
   // most its launch bounds allow: 168 for 384 threads, 128 for 512). Asking
   // for more than the producer gave back blocks forever. One consumer (256
-  // threads) already has 240+ registers: no split.
+  // threads) already has 240+ registers: no split. CONSUMER_REGS is the manifest's consumer_regs
+  // (attn_fwd_wgmma.toml [resources], which its constraints use): the rendered source asserts they agree.
   static constexpr bool SPLIT_REGS = CONSUMERS > 1;
   static constexpr int LAUNCH_REGS = (65536 / THREADS > 255 ? 255 : 65536 / THREADS) / 8 * 8;
   static constexpr int CONSUMER_REGS_RAW = (LAUNCH_REGS * (CONSUMERS + 1) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
@@ -82,7 +83,7 @@ struct HopperConfig {
   static constexpr int Q_BYTES = BM * D * ES;  // what TMA loads
   static constexpr int Q_REGION = BM * D * 2;  // the epilogue stages the 16-bit O in the Q rows
   static constexpr int KV_BYTES = BN * D * ES;  // one K or one V tile
-  static constexpr int SMEM_BYTES = 1024 + Q_REGION + 2 * STAGES * KV_BYTES + 256;
+  static constexpr int SMEM_BYTES = 1024 + Q_REGION + 2 * STAGES * KV_BYTES + 256;  // = the manifest's smem_bytes
   static_assert((2 * CONSUMERS + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
