@@ -146,12 +146,13 @@ def replay_eval_command(
     trials: Annotated[int, typer.Option(min=1, callback=at_most(MAX_ID), help="Trials per replayed search.")] = 100,
     shape: Annotated[Optional[str], typer.Option(help="Recorded problem B,H,S,D (default: the one with most variants).")] = None,
     jobs: Annotated[Optional[int], typer.Option(min=1, max=4096, help="Worker processes (default: CPU count).")] = None,
+    early_stop: Annotated[Optional[int], typer.Option("--early-stop", min=1, callback=at_most(MAX_ID), help="Each replayed search's --early-stop (default: off, the full --trials).")] = None,
     out: Annotated[Optional[str], typer.Option(help="Folder for replay_eval.md, replay_eval.csv and replay_eval.png.")] = None,
 ) -> None:
     """Replay each sampler on a full recording: trials to come within 1% and 3% of the recorded best."""
     names = tuple(s.strip().lower() for s in samplers.split(",") if s.strip())
     options = EvalOptions(recording=replay_from, samplers=names, seeds=seeds, trials=trials, shape=shape, jobs=jobs,
-                          out_dir=out)
+                          early_stop=early_stop, out_dir=out)
     result = evaluate_samplers(options, progress=lambda r: err_console.print(
         f"{r.sampler} seed {r.seed}: {len(r.best_so_far)} trials in {r.seconds:.1f} s", markup=False, highlight=False))
     console.print(replay_eval_table(result))

@@ -32,6 +32,7 @@ from tuner.reporting.profiling import profile_top
 from tuner.runtime.objective import check_objective
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.confirm_run import ConfirmOptions, run_confirm
+from tuner.search.early_stop import EARLY_STOP_NOISE
 from tuner.search.job import MAX_REPEAT_STREAK
 from tuner.search.options import SearchOptions
 from tuner.search.run import SearchReport, run_join, run_search
@@ -102,6 +103,9 @@ def print_search_report(report: SearchReport) -> None:
     say_wrapped(count_pieces(report))
     if report.wall_s and report.seconds:
         say_wrapped(time_pieces(report))
+    for name, held in report.stopped_early:
+        say(f"study {name}: stopped early after {held} trials (--early-stop: the best did not improve by more "
+            f"than {EARLY_STOP_NOISE:.0%} in the last trials)", stderr=True)
     for name in report.exhausted:
         say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
             "the space looks exhausted for it, so the search stopped early", stderr=True)
@@ -145,6 +149,7 @@ def search_command(
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", min=1, max=100, help="Interleaved rounds of the confirm stage.")] = DEFAULT_ROUNDS,
     model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model, one search per layer kind (sliding window, softcap): a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, mistral-7b-v0.1, qwen2.5-7b, gemma-2-9b, gemma-3-12b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
     objective: Annotated[str, typer.Option(help="What to minimize: time (µs of back-to-back calls, the card at its power limit), energy (J per call of those calls; needs NVML) or isolated (µs of calls with the card idle in between).")] = "time",
+    early_stop: Annotated[Optional[int], typer.Option("--early-stop", min=1, callback=at_most(MAX_ID), help="End a problem's study when its best has not improved by more than 1% (the timing noise) for N trials; --trials stays the ceiling (default: off).")] = None,
     kv_cache: Annotated[str, typer.Option("--kv-cache", help="With --model: e4m3 tunes its decode steps over an FP8 KV cache (dtype <model dtype>_kv_e4m3, vLLM's k_scale / v_scale); default: the model's dtype.")] = "",
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
@@ -175,7 +180,7 @@ def search_command(
             lengths=lengths, template=template, trials=trials, time_budget_s=left, sampler=sampler.strip().lower(), seed=seed,
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
-            confirm_rounds=confirm_rounds, objective=check_objective(objective),
+            confirm_rounds=confirm_rounds, objective=check_objective(objective), early_stop=early_stop,
         )
         # A signal while the search is prepared stops it cleanly once its workers start (nothing half-written).
         with stop_signals.deferred(lambda text: say(text, stderr=True)):

@@ -90,7 +90,8 @@ def _shape_of(problem: Problem) -> str:
     return f"{problem.batch},{problem.heads},{problem.seq_q},{problem.seq_k},{problem.head_dim}"
 
 
-def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) -> SeedRun:
+def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int,
+                early_stop: Optional[int] = None) -> SeedRun:
     """Run the real search (replay backend) into a temporary store; best-so-far µs by trial number."""
     p = recording.problem
     start = time.perf_counter()
@@ -100,7 +101,7 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int) 
             gpu=recording.profile, shapes=(_shape_of(p),), heads_kv=p.heads_kv, dtype=p.dtype, causal=p.causal,
             layout=p.layout, lengths=p.lengths, window=(p.window_left, p.window_right), softcap=p.softcap,
             template=recording.template, trials=trials, sampler=sampler, seed=seed, db_url=db_url,
-            backend="replay", replay_from=recording.url, warm_start=0,
+            backend="replay", replay_from=recording.url, warm_start=0, early_stop=early_stop,
         )  # fmt: skip
         report = run_search(options, console=Console(file=io.StringIO()))
         with open_store(db_url, create=False) as store:
@@ -141,7 +142,7 @@ def _regret(recording: GridRecording, variant: Optional[str]) -> Optional[float]
     return (recording.true_us[variant] / recording.best_us - 1) * 100
 
 
-def _replay_job(args: tuple[GridRecording, str, int, int]) -> SeedRun:
+def _replay_job(args: tuple[GridRecording, str, int, int, Optional[int]]) -> SeedRun:
     return replay_once(*args)
 
 
@@ -161,6 +162,8 @@ def _validate(options: EvalOptions) -> None:
         raise TunerError(f"unknown sampler {', '.join(unknown) or '(none)'}; expected some of {', '.join(SAMPLERS)}")
     if options.seeds < 1 or options.trials < 1:
         raise TunerError("--seeds and --trials must be positive integers")
+    if options.early_stop is not None and options.early_stop < 1:
+        raise TunerError("--early-stop must be a positive number of trials")
     if options.jobs is not None and options.jobs < 1:
         raise TunerError("--jobs must be a positive integer")
     if not options.thresholds_pct or any(p <= 0 for p in options.thresholds_pct):
@@ -173,7 +176,7 @@ def evaluate_samplers(options: EvalOptions, progress: Optional[Callable[[SeedRun
     if options.out_dir is not None:
         ensure_out_dir(options.out_dir)
     recording = load_recording(options.recording, options.shape)
-    pairs = [(recording, s, seed, options.trials) for s in dict.fromkeys(options.samplers) for seed in range(options.seeds)]
+    pairs = [(recording, s, seed, options.trials, options.early_stop) for s in dict.fromkeys(options.samplers) for seed in range(options.seeds)]
     jobs = min(options.jobs or os.cpu_count() or 1, len(pairs))
     runs: list[SeedRun] = []
     if jobs == 1:

@@ -27,6 +27,7 @@ class EvalOptions:
     shape: Optional[str] = None  # B,H,S,D: which recorded problem (default: the one with most variants)
     jobs: Optional[int] = None  # worker processes (default: CPU count; 1 runs in this process)
     thresholds_pct: tuple[float, ...] = THRESHOLDS_PCT
+    early_stop: Optional[int] = None  # the searches' --early-stop (None: each runs its full --trials)
     out_dir: Optional[str] = None  # checked (and created) before the evaluation, so a bad --out loses no results
 
 

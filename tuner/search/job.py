@@ -42,6 +42,7 @@ class WorkerResult:
     infeasible: int = 0  # points pruned by the feasibility rules (stored, not budgeted)
     interrupted: bool = False
     exhausted: list[str] = field(default_factory=list)  # studies whose sampler proposed only held points
+    stopped_early: dict[str, int] = field(default_factory=dict)  # study -> budgeted trials it held at the stop
     # Where the worker's wall time went (seconds): what `tuner search` prints as its time breakdown.
     seconds: dict[str, float] = field(default_factory=dict)
 

@@ -29,6 +29,7 @@ from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.objective import figure, required_column
+from tuner.search.early_stop import budgeted_values, plateaued
 from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (
     DUPLICATE_WAIT_S,
@@ -153,6 +154,8 @@ class ProblemSearch:
         reap(self.study, self.ctx.store)
         if self.cap is not None and budget_taken(self.study) >= self.cap:
             return False
+        if self._plateaued():
+            return False
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK or self.unmeasurable_streak >= MAX_UNMEASURABLE_STREAK:
             return False  # the sampler finds nothing feasible (or measurable: a replay's problem not recorded)
         if self.repeat_streak >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
@@ -163,6 +166,17 @@ class ProblemSearch:
         sampler = self.study.sampler
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
             return False
+        return True
+
+    def _plateaued(self) -> bool:
+        """The early stop (tuner.search.early_stop), read from the study: a resume or another worker on it
+        counts the same trials. Noted in the result with the budgeted trials the study held."""
+        if self.info.early_stop is None:
+            return False
+        values = budgeted_values(self.study)
+        if not plateaued(values, self.info.early_stop):
+            return False
+        self.ctx.result.stopped_early[self.study.study_name] = len(values)
         return True
 
     def _ask(self) -> Optional[Pending]:

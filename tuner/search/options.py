@@ -43,6 +43,7 @@ class SearchOptions:
     confirm: int = DEFAULT_CONFIRM  # best distinct variants re-timed interleaved with the baselines (0: off)
     confirm_rounds: int = DEFAULT_ROUNDS
     objective: str = DEFAULT_OBJECTIVE  # time, energy or isolated (tuner.runtime.objective)
+    early_stop: Optional[int] = None  # end a study after N budgeted trials without a gain beyond the noise
 
 
 def validate_options(options: SearchOptions) -> None:
@@ -65,6 +66,8 @@ def validate_options(options: SearchOptions) -> None:
         raise TunerError("--confirm must be 0 or more and --confirm-rounds at least 1")
     if options.trials is not None and options.trials < 1:
         raise TunerError(f"--trials must be a positive integer, got {options.trials}")
+    if options.early_stop is not None and options.early_stop < 1:
+        raise TunerError(f"--early-stop must be a positive number of trials, got {options.early_stop}")
     if options.time_budget_s is not None and options.time_budget_s <= 0:
         raise TunerError("--time-budget must be positive")
     if not options.devices or len(set(options.devices)) != len(options.devices):

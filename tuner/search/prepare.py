@@ -22,6 +22,7 @@ from tuner.search.options import DEFAULT_TRIALS, SearchOptions
 from tuner.search.samplers import make_sampler, problem_key, study_name
 from tuner.search.study import (
     ATTR_BUDGET,
+    ATTR_EARLY_STOP,
     ATTR_OBJECTIVE,
     ATTR_PROBLEM,
     ATTR_PROFILE,
@@ -215,6 +216,8 @@ def _resumed(options: SearchOptions, study: optuna.Study, profile: GpuProfile, p
     if budget is None and options.time_budget_s is None:  # started with --time-budget alone
         raise TunerError(f"study {name!r} has no trial budget (it was started with --time-budget alone): "
                          f"give --trials or --time-budget to resume it")
+    if options.early_stop is not None:  # given again: it replaces the study's own; else the study keeps its own
+        study.set_user_attr(ATTR_EARLY_STOP, options.early_stop)
     study.set_user_attr(ATTR_BUDGET, budget)
     return study, budget
 
@@ -238,7 +241,7 @@ def _write_attributes(options: SearchOptions, study: optuna.Study, profile: GpuP
         raise TunerError(f"study {study.study_name!r} was started for another {', '.join(clash)}; "
                          f"pass --study NAME for a new study")
     for key, value in (*wanted[:3], (ATTR_SAMPLER, options.sampler), (ATTR_SEED, options.seed), wanted[3],
-                       (ATTR_BUDGET, budget)):
+                       (ATTR_EARLY_STOP, options.early_stop), (ATTR_BUDGET, budget)):
         if key not in have:
             study.set_user_attr(key, value)
     return budget

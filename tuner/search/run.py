@@ -57,6 +57,7 @@ class SearchReport:
     infeasible: int = 0  # points pruned by the feasibility rules, not budgeted
     repeated: int = 0  # proposals of a point the study already held (free)
     exhausted: tuple[str, ...] = ()  # studies whose sampler kept proposing points they held
+    stopped_early: tuple[tuple[str, int], ...] = ()  # (study, budgeted trials it held) ended by --early-stop
     seconds: tuple[tuple[str, float], ...] = ()  # the workers' time by phase, summed
     wall_s: float = 0.0
     workers: int = 1  # worker processes (cards) the search ran on
@@ -119,6 +120,8 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         infeasible=sum(r.infeasible for r in results),
         repeated=sum(r.repeated for r in results),
         exhausted=tuple(dict.fromkeys(name for r in results for name in r.exhausted)),
+        stopped_early=tuple((name, max(r.stopped_early.get(name, 0) for r in results))
+                            for name in dict.fromkeys(n for r in results for n in r.stopped_early)),
         seconds=tuple((phase, sum(r.seconds.get(phase, 0.0) for r in results))
                       for phase in dict.fromkeys(p for r in results for p in r.seconds)),
         workers=len(results),

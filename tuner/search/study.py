@@ -39,6 +39,7 @@ ATTR_PROFILE = "gpu_profile"
 ATTR_SAMPLER = "sampler"
 ATTR_SEED = "seed"
 ATTR_BUDGET = "trials_budget"
+ATTR_EARLY_STOP = "early_stop"  # patience of the early stop (tuner.search.early_stop); absent: off
 ATTR_OBJECTIVE = "objective"  # what the study minimizes (tuner.runtime.objective); absent: time
 
 # Trial user attributes.
@@ -132,6 +133,7 @@ class StudyInfo:
     seed: Optional[int]
     budget: Optional[int]
     objective: str = "time"
+    early_stop: Optional[int] = None  # stop after this many budgeted trials without a gain beyond the noise
 
 
 def unfinished(study: optuna.Study) -> bool:
@@ -158,6 +160,7 @@ def study_info(study: optuna.Study) -> StudyInfo:
         seed=attrs.get(ATTR_SEED),
         budget=attrs.get(ATTR_BUDGET),
         objective=attrs.get(ATTR_OBJECTIVE, "time"),
+        early_stop=attrs.get(ATTR_EARLY_STOP),
     )
 
 
