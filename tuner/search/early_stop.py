@@ -43,3 +43,12 @@ def plateaued(values: Sequence[Optional[float]], patience: int, noise: float = E
     """Whether the last `patience` budgeted trials brought no improvement beyond the noise (never before the
     study holds more than `patience` trials: the first one sets the best the others must beat)."""
     return len(values) > patience and trials_since_improvement(values, noise) >= patience
+
+
+def study_plateaued(study: optuna.Study, patience: Optional[int]) -> Optional[int]:
+    """The budgeted trials `study` held when its early stop fired (`patience` from the study's attributes),
+    else None (no early stop asked, or the study still improves)."""
+    if patience is None:
+        return None
+    values = budgeted_values(study)
+    return len(values) if plateaued(values, patience) else None

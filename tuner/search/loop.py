@@ -29,7 +29,7 @@ from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.objective import figure, required_column
-from tuner.search.early_stop import budgeted_values, plateaued
+from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (
     DUPLICATE_WAIT_S,
@@ -154,7 +154,8 @@ class ProblemSearch:
         reap(self.study, self.ctx.store)
         if self.cap is not None and budget_taken(self.study) >= self.cap:
             return False
-        if self._plateaued():
+        if (held := study_plateaued(self.study, self.info.early_stop)) is not None:  # a resume counts alike
+            self.ctx.result.stopped_early[self.study.study_name] = held
             return False
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK or self.unmeasurable_streak >= MAX_UNMEASURABLE_STREAK:
             return False  # the sampler finds nothing feasible (or measurable: a replay's problem not recorded)
@@ -166,17 +167,6 @@ class ProblemSearch:
         sampler = self.study.sampler
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
             return False
-        return True
-
-    def _plateaued(self) -> bool:
-        """The early stop (tuner.search.early_stop), read from the study: a resume or another worker on it
-        counts the same trials. Noted in the result with the budgeted trials the study held."""
-        if self.info.early_stop is None:
-            return False
-        values = budgeted_values(self.study)
-        if not plateaued(values, self.info.early_stop):
-            return False
-        self.ctx.result.stopped_early[self.study.study_name] = len(values)
         return True
 
     def _ask(self) -> Optional[Pending]:
@@ -316,8 +306,6 @@ class ProblemSearch:
     # Duplicates --------------------------------------------------------------------------------
 
     def _known(self, variant: Variant) -> Optional[TrialRow]:
-        # This study's own timeouts and launch errors count as known: a re-proposed failure is answered
-        # from the store, never measured (and counted) again.
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
                                          variant.stored_params(), self.ctx.gpu_name,
                                          required_column(self.ctx.objective), self.ctx.replayed_from,
