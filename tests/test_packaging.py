@@ -167,7 +167,7 @@ def test_python_m_tuner_help():
 
 def test_ci_runs_the_readme_test_command():
     """.ci/run runs the README's set-up (b) command verbatim."""
-    command = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest"
+    command = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -n auto"
     readme = (ROOT / "README.md").read_text()
     ci = ROOT / ".ci" / "run"
     assert command in readme
