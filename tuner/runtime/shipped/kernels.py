@@ -76,12 +76,9 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
     wrong_option = bad_nvcc_option(data["nvcc_options"])
     if wrong_option is not None:
         return f"nvcc_options holds {wrong_option!r}, not one an export writes ({NVCC_OPTIONS_ALLOWED})"
-    record = data.get("files", {})
-    if not isinstance(record, dict):
-        return "files (the record of the package's files) must be an object"
-    for rel, digest in record.items():
-        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
-            return f"file {rel}'s sha256 is {digest!r}, not a sha256"
+    wrong = _bad_digests(data.get("files", {}), "files (the record of the package's files)", "file")
+    if wrong:
+        return wrong
     for name, meta in data["kernels"].items():
         if not isinstance(meta, dict) or not isinstance(meta.get("cubins"), dict):
             return f"kernel {name} has no cubins object"
@@ -122,12 +119,16 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
         if isinstance(key, dict) and str(key.get("dtype")).endswith("_kv_e4m3") and not launch.get("kv_fp8"):
             return (f"entry {i} is an FP8 KV cache's, but its kernel {entry.get('kernel')!r} does not launch as one "
                     f"(launch kv_fp8)")
-    headers = data.get("headers", {})
-    if not isinstance(headers, dict):
-        return "headers must be an object"
-    for rel, digest in headers.items():
+    return _bad_digests(data.get("headers", {}), "headers", "header")
+
+
+def _bad_digests(record: Any, name: str, item: str) -> Optional[str]:
+    """What is wrong with a {relative path: sha256} record of the manifest (None: nothing)."""
+    if not isinstance(record, dict):
+        return f"{name} must be an object"
+    for rel, digest in record.items():
         if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
-            return f"header {rel}'s sha256 is {digest!r}, not a sha256"
+            return f"{item} {rel}'s sha256 is {digest!r}, not a sha256"
     return None
 
 
