@@ -36,46 +36,50 @@ from tuner.runtime.shipped.launcher import AttentionKernel
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import interleaved_timings, per_round_ratio, time_cuda
-from tuner.runtime.verify import TOLERANCE, Expected, empty_output, expected_output, make_inputs
+from tuner.runtime.verify import TOLERANCE, Expected, empty_output, expected_output, fp8_inputs, make_inputs
 
 
 def _checked_call(kern: Any, q: Any, k: Any, v: Any, ref: Expected, scale: float, dtype: str, label: str,
-                  packed: Any = None) -> Callable:
+                  packed: Any = None, descales: Any = None) -> Callable:
     """The kernel's unchecked launch, after one checked launch verified against `ref` (packed: on the packed
-    copies, scattered back to be checked)."""
+    copies, scattered back to be checked; FP8 inputs with their descales)."""
     out = empty_output(q)
     if packed is not None:
         data = {"packed": packed, "scale": scale}
         packed_call(kern, data, out, checked=True)()
     else:
-        kern(q, k, v, out, None, scale)
+        kern(q, k, v, out, None, scale, descales=descales)
     torch.cuda.synchronize()
     err = ref.error(out)
     assert err < TOLERANCE[dtype], (label, err)
     print(f"  {label}: relative error {err:.2e}", flush=True)
     if packed is not None:
         return packed_call(kern, data, out, checked=False)
-    return lambda: kern.launch_unchecked(q, k, v, out, None, scale)
+    return lambda: kern.launch_unchecked(q, k, v, out, None, scale, None, descales)
 
 
 def measure(problem: Problem, variants: list[str], rounds: int, cubins: dict[str, Path]) -> dict[str, Any]:
     """Every implementation's median µs per round, its energy per round (J per call, W, MHz; NVML), and the
     per-round ratios of each kernel to each baseline, in time and in energy."""
     profile = resolve_profile("auto")
-    q, k, v = make_inputs(problem, seed=0)
+    descales = None
+    if problem.fp8:  # e4m3: the kernels, the reference and the baselines all need the inputs' descales
+        q, k, v, descales = fp8_inputs(problem, seed=0)
+    else:
+        q, k, v = make_inputs(problem, seed=0)
     scale = 1.0 / math.sqrt(problem.head_dim)
-    ref = expected_output(problem, q, k, v, scale)  # sampled query rows at 128K
+    ref = expected_output(problem, q, k, v, scale, descales=descales)  # sampled query rows at 128K
     packed = packed_inputs(problem, q, k, v) if problem.packed else None
     calls: dict[str, Callable] = {}
     for name in variants:
         var = parse_variant_name(name)
         calls[name] = _checked_call(build(var, profile.nvcc_arch).load(), q, k, v, ref, scale, problem.dtype, name,
-                                    packed)
+                                    packed, descales)
         for label, folder in cubins.items():  # the same variant built from other template revisions
             other = AttentionKernel((folder / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
             calls[f"{name}@{label}"] = _checked_call(other, q, k, v, ref, scale, problem.dtype, f"{name}@{label}",
-                                                      packed)
-    baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale) if b.name != "sdpa_efficient"}
+                                                      packed, descales)
+    baselines = {b.name: b for b in available_baselines(problem, q, k, v, scale, descales=descales) if b.name != "sdpa_efficient"}
     timed: dict[str, Callable] = {}
     meter = EnergyMeter(0)
     for name, b in baselines.items():
