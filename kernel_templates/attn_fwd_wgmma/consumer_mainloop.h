@@ -172,6 +172,12 @@ struct Turns {
 // The accumulators (o, s, p, row stats) are locals of the function that runs
 // both loops: passing them into a separate per-item function changed the
 // registers and SASS nvcc produced for persistent OVERLAP variants.
+// The overlapped loop rotated (wait_pv_pack below) for 16-bit tiles: measured on an H200 (benchmarks/
+// NOTES.md, session 19) 1.02x on causal D128 and D256 and neutral elsewhere, but 0.94x on e4m3, whose
+// tile is softmax-bound: FP8 keeps the unrotated order.
+template <class C>
+inline constexpr bool ROTATED = C::OVERLAP && !C::FP8;
+
 template <class C>
 __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>& sm, const TileScheduler<C>& sched,
                                          int tid, int wg) {
@@ -250,6 +256,17 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       release_v(j);
     };
 
+    // ROTATED: P_{j-2} V_{j-2} is waited for at the top of iteration j, and S_{j-1} packed into P there,
+    // so the loop's back edge lies between that wait and tile j-1's softmax: ptxas hoists a wait within a
+    // block above the exp2s, which then never overlap the tensor cores' P V. The wait is unconditional
+    // (nothing in flight at j = 1): inside an `if`, ptxas serialises every wgmma (C7514).
+    auto wait_pv_pack = [&](int j) {
+      wgmma_wait<0>();
+      fence_regs<C::D / 2>(o);
+      if (j >= 0) release_v(j);
+      pack_p<C>(p, s);
+    };
+
     mbar_wait(sm.q_full(cw), round & 1);
     if (n_tiles > 0) {
       if constexpr (C::OVERLAP) {
@@ -257,9 +274,10 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         turns.release(false);
         wgmma_wait<0>();
         softmax_s(0);
-        pack_p<C>(p, s);
+        if constexpr (!ROTATED<C>) pack_p<C>(p, s);
       }
       for (int j = C::OVERLAP ? 1 : 0; j < n_tiles; ++j) {
+        if constexpr (ROTATED<C>) wait_pv_pack(j - 2);
         issue_s(j);
         if constexpr (C::OVERLAP) {
           rescale_o<C>(o, corr);
@@ -269,10 +287,10 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         turns.release(false);
         wgmma_wait<C::OVERLAP ? 1 : 0>();
         softmax_s(j);
-        if constexpr (C::OVERLAP) {
+        if constexpr (C::OVERLAP && !ROTATED<C>) {
           finish_o(j - 1);
           pack_p<C>(p, s);
-        } else {
+        } else if constexpr (!C::OVERLAP) {
           rescale_o<C>(o, corr);
           pack_p<C>(p, s);
           mbar_wait(sm.v_full(slot(j)), phase(j));
@@ -283,6 +301,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         }
       }
       if constexpr (C::OVERLAP) {
+        if constexpr (ROTATED<C>) wait_pv_pack(n_tiles - 2);
         mbar_wait(sm.v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
         turns.acquire();
         rescale_o<C>(o, corr);

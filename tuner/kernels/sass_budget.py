@@ -104,6 +104,27 @@ def main_loop(sass: str, function: str | None = None) -> LoopBudget:
     raise ValueError(f"no loop with tensor-core instructions in {function or 'any function'}")
 
 
+_WAIT_GROUP = re.compile(r"^WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
+
+
+def exp2_under_pv(sass: str, function: str | None = None) -> tuple[int, int]:
+    """(overlapped, total) exp2 of the main loop's softmax: the MUFU.EX2 that come after the loop's
+    wait for S (wgmma.wait_group 1) with no wait for every wgmma (wait_group 0, which includes the P V in
+    flight) between them, i.e. the exp2 that run while the tensor cores do P V. ptxas is free to hoist a
+    wait above the exp2s of its block; where it does, the softmax does not overlap P V (0 of 64)."""
+    loop = main_loop(sass, function)
+    body = [i for i in functions(sass)[loop.function] if loop.start <= i.addr <= loop.end]
+    total = sum(1 for i in body if i.text.startswith("MUFU.EX2"))
+    overlapped, after_s = 0, False
+    for ins in body:
+        m = _WAIT_GROUP.match(ins.text)
+        if m:
+            after_s = int(m.group(1), 16) > 0  # a wait that leaves one group (P V) in flight
+        elif after_s and ins.text.startswith("MUFU.EX2"):
+            overlapped += 1
+    return overlapped, total
+
+
 def cubin_sass(cubin: bytes) -> str:
     """cuobjdump's SASS of a cubin (cuobjdump from the CUDA toolkit or the nvidia-cuda-cuobjdump wheel)."""
     tool = shutil.which("cuobjdump")
