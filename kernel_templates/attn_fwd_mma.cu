@@ -13,11 +13,11 @@
 
 #include "attn_fwd_mma/config.h"
 #include "attn_fwd_mma/load_tile.h"
-#include "attn_fwd_mma/ptx_sm80.h"
-#include "attn_fwd_mma/tree_reduce.h"
-#include "attn_fwd_mma/warp_tile.h"
 #include "common/attn_args.h"
+#include "common/ptx_sm80.h"
+#include "common/tree_reduce.h"
 #include "common/utils.h"
+#include "common/warp_tile.h"
 
 namespace fc {
 

@@ -2,7 +2,7 @@
 // variant; tuner/kernels/render.py writes its arguments).
 #pragma once
 
-#include "../attn_fwd_mma/config.h"
+#include "../common/tile_layout.h"
 #include "../common/mask.h"
 
 namespace fc {

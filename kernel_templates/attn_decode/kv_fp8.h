@@ -14,8 +14,8 @@
 //    O's dims are then permuted (o_col), undone when the warps merge in shared memory.
 #pragma once
 
-#include "../attn_fwd_mma/ptx_sm80.h"
-#include "../attn_fwd_mma/warp_tile.h"
+#include "../common/ptx_sm80.h"
+#include "../common/warp_tile.h"
 #include "../common/attn_args.h"
 #include "../common/utils.h"
 

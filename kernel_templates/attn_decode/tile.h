@@ -5,8 +5,8 @@
 // in shared memory, and the rows' final merge over the splits.
 #pragma once
 
-#include "../attn_fwd_mma/ptx_sm80.h"
-#include "../attn_fwd_mma/warp_tile.h"
+#include "../common/ptx_sm80.h"
+#include "../common/warp_tile.h"
 #include "../common/attn_args.h"
 #include "../common/utils.h"
 #include "config.h"

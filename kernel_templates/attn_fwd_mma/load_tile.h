@@ -1,7 +1,7 @@
 // The cp.async producer of the mma template: global rows into a shared tile.
 #pragma once
 
-#include "ptx_sm80.h"
+#include "../common/ptx_sm80.h"
 
 namespace fc {
 

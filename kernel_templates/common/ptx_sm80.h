@@ -1,11 +1,12 @@
-// sm_80 PTX wrappers of the mma template: cp.async, ldmatrix and mma.sync.
+// sm_80 PTX wrappers the mma.sync templates share (the sm_80 forward, both decode templates): cp.async,
+// ldmatrix and mma.sync.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "../common/utils.h"
+#include "utils.h"
 
 namespace fc {
 

@@ -7,7 +7,7 @@
 // chunk offset, L::addr).
 #pragma once
 
-#include "../common/utils.h"
+#include "utils.h"
 #include "ptx_sm80.h"
 #include "tree_reduce.h"
 
