@@ -1,7 +1,8 @@
 """The templates' key-range logic (kernel_templates/common/mask.h), compiled by nvcc as host code and checked
 on the CPU against every (query row, key) of many shapes and windows: the tiles a work item runs over hold
-every key its rows see, the tiles it skips hold none, a tile that is not flagged partial needs no mask, and
-the keys seen add up to Problem.flops' pair count. No GPU."""
+every key its rows see, the tiles it skips hold none, a tile that is not flagged partial needs no mask, a
+row's key bounds (first, end: what the mma.sync templates' warp_mask compares with) hide the keys hidden()
+does, and the keys seen add up to Problem.flops' pair count. No GPU."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ CHECK = r"""
 template <int L, int R, bool CAUSAL>
 void check(int sq, int sk, int bm, int bn) {
   using K = fc::KeyWindow<fc::Mask<L, R, 0u>, CAUSAL>;
-  long long seen = 0, missed = 0, extra = 0, unflagged = 0;
+  long long seen = 0, missed = 0, extra = 0, unflagged = 0, bounds = 0;
   for (int i = 0; i < sq; ++i) {  // every key a row sees, counted by definition
     const int p = i + sk - sq;
     for (int j = 0; j < sk; ++j) seen += !K::hidden(j, p, sk);
+    for (int j = 0; j < sk + bn; ++j)  // a tail tile's keys past Sk too (common/warp_tile.h: warp_mask)
+      bounds += K::hidden(j, p, sk) != (j >= K::end(p, sk) || (L >= 0 && j < K::first(p)));
   }
   for (int m0 = 0; m0 < sq; m0 += bm) {  // a work item: rows m0 .. m0 + bm - 1 (64-row warpgroups inside)
     const int p_lo = m0 + sk - sq, p_hi = p_lo + bm - 1;
@@ -54,8 +57,8 @@ void check(int sq, int sk, int bm, int bn) {
       }
     }
   }
-  std::printf("%d %d %d %d %d %d %d %lld %lld %lld %lld\n", L, R, CAUSAL ? 1 : 0, sq, sk, bm, bn, seen, missed,
-              extra, unflagged);
+  std::printf("%d %d %d %d %d %d %d %lld %lld %lld %lld %lld\n", L, R, CAUSAL ? 1 : 0, sq, sk, bm, bn, seen,
+              missed, extra, unflagged, bounds);
 }
 
 int main() {
@@ -94,8 +97,13 @@ def test_a_tile_not_flagged_partial_needs_no_mask(results) -> None:
     assert not bad, f"(L, R, causal, Sq, Sk, BM, BN, seen, missed, extra, unflagged): {bad[:5]}"
 
 
+def test_a_row_s_key_bounds_hide_what_hidden_hides(results) -> None:
+    bad = [r for r in results if r[11]]
+    assert not bad, f"(L, R, causal, Sq, Sk, BM, BN, seen, missed, extra, unflagged, bounds): {bad[:5]}"
+
+
 def test_the_keys_seen_are_the_pairs_flops_count(results) -> None:
-    for left, right, causal, sq, sk, *_, seen, _, _, _ in results:
+    for left, right, causal, sq, sk, *_, seen, _, _, _, _ in results:
         if left < 0 and right < 0:
             continue  # plain causal counts Sq * Sk / 2 when Sq = Sk, as FlashAttention's benchmarks do
         assert seen == window_pairs(sq, sk, left, 0 if causal else right), (left, right, causal, sq, sk)

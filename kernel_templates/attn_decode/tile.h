@@ -62,25 +62,6 @@ __device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs&
   }
 }
 
-// What a warp carries from tile to tile: O (unnormalised) and the online softmax's row max and sum.
-template <class C>
-struct WarpState {
-  float acc_o[C::MT][C::DT][4];
-  float row_max[C::MT][2], row_sum[C::MT][2];
-
-  __device__ __forceinline__ void init() {
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) {
-#pragma unroll
-      for (int dt = 0; dt < C::DT; ++dt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc_o[mt][dt][i] = 0.f;
-      row_max[mt][0] = row_max[mt][1] = NEG_INF;
-      row_sum[mt][0] = row_sum[mt][1] = 0.f;
-    }
-  }
-};
-
 // Where the block's rows and this lane sit: fixed for the whole key loop.
 struct TilePlace {
   int m0, group, diag, p_first, p_last, n_end, key_base, g, t;  // p_first/p_last: the block's query positions
@@ -120,19 +101,9 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
   C::Cap::template apply<C::MT * C::NT * 4>(&acc_s[0][0][0], at.cap_pre);  // softcap (before the masks)
 
   // ---- masks: keys past the end, and outside each row's causal limit or window
-  if (C::Keys::partial(n0, C::BN, at.p_first + at.diag, at.p_last + at.diag, at.n_end)) {
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int p = (at.m0 + mt * 16 + g + r * 8) / at.group + at.diag;
-#pragma unroll
-        for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (C::Keys::hidden(n0 + at.key_base + nt * 8 + 2 * t + e, p, at.n_end)) acc_s[mt][nt][2 * r + e] = NEG_INF;
-      }
-  }
+  if (C::Keys::partial(n0, C::BN, at.p_first + at.diag, at.p_last + at.diag, at.n_end))
+    warp_mask<typename C::Keys>(acc_s, n0 + at.key_base, g, t, at.n_end,
+                                [&](int row) { return (at.m0 + row) / at.group + at.diag; });
 
   // ---- online softmax, then O += P V
 #pragma unroll
@@ -164,13 +135,7 @@ template <class C>
 __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned char* smem_raw, const TilePlace& at,
                                                      int warp, int rows) {
   const int g = at.g, t = at.t;
-#pragma unroll
-  for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      st.row_sum[mt][r] += __shfl_xor_sync(0xffffffff, st.row_sum[mt][r], 1);
-      st.row_sum[mt][r] += __shfl_xor_sync(0xffffffff, st.row_sum[mt][r], 2);
-    }
+  st.quad_sums();
   float* s_acc = reinterpret_cast<float*>(smem_raw + C::Q_BYTES);  // [BM][D]
   float* s_wmax = s_acc + C::BM * C::D;                            // [NUM_WARPS][BM]
   float* s_wsum = s_wmax + C::NUM_WARPS * C::BM;                   // [NUM_WARPS][BM]
