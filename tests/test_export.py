@@ -646,7 +646,8 @@ def test_header_export(export_store, tmp_path) -> None:
     assert (out / "attn_fwd_mma.cu").is_file()
     assert "namespace fc_tuned {" in header and "namespace h100 {" in header
     assert "struct fp16_d64_noncausal_g1_sq11_sk11_bh4 {" in header
-    assert "using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::Xor, 2, true, 1, false, false>;" in header
+    assert ("using Config = fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::Xor, 2, true, 1, false, false, "
+            "fc::NoMask>;") in header
     assert "struct bf16_d128_causal_g4_sq10_sk10_bh" in header and "static constexpr int BLOCK_N = 32;" in header
     assert "sq11" in header and "sq8" in header
     # Each bucket says whether the package would route it to SDPA (here every kernel beat SDPA's 50 us).
@@ -857,13 +858,14 @@ def test_a_shipped_source_compiles_with_the_shipped_headers_alone(exported, tmp_
 def _synthetic_header_inputs():
     from tuner.export.selection import ExportedKernel
     from tuner.kernels.compiler import CompileResult
+    from tuner.kernels.render import config_type
     from tuner.runtime.build import BuiltKernel, launch_shape
 
     kernels = {"fp16": variant(BIG, PARAMS["big"]), "bf16": variant(GQA_CAUSAL, PARAMS["gqa"])}
     built = {}
-    for i, v in enumerate(kernels.values()):
+    for v in kernels.values():
         compiled = CompileResult(True, v.name, "sm_90a", None, "", 0, 0, 0, 0, 0.0, "")
-        source = f"using TunerCfg = fc::AttnConfig<half, {i}>;\n"
+        source = f"using TunerCfg = {config_type(v)};\n"
         built[v.name] = ExportedKernel(BuiltKernel(v, source, compiled, launch_shape(v)), b"", False)
     rows = [("fp16", 1, 11, 11), ("fp16", 4, 11, 11), ("fp16", 2, 8, 8), ("fp16", 1, 8, 10), ("fp16", 8, 10, 8),
             ("fp16", 1, 6, 6), ("fp16", 3, 12, 12), ("fp16", 2, 12, 12), ("fp16", 1, 9, 7), ("fp16", 1, 7, 9),
@@ -896,7 +898,10 @@ def test_header_lookup_matches_python_dispatch(export_store, tmp_path, source) -
                                        name="fc_tuned", force=True)).entries
     # Host only: stand-ins for the CUDA types and the sm_80 template's config the Config aliases name.
     stubs = ("struct half; struct __nv_bfloat16;\n"
-             "namespace fc { enum class Swizzle { None, Pad, Xor }; template <class T, auto... V> struct AttnConfig {}; }\n")
+             "namespace fc { enum class Swizzle { None, Pad, Xor }; template <int L = -1, int R = -1, unsigned B = 0u>\n"
+             "  struct Mask {};\n  using NoMask = Mask<>;\n"
+             "  template <class T, int D, int BM, int BN, int W, int KS, Swizzle SW, int ST, bool QR, int MB, bool LR,\n"
+             "  bool C, class M = NoMask> struct AttnConfig {}; }\n")
     exe = build_host_lookup(tmp_path, "fc_tuned.h", (
         "int main() { int dt, hd, c, g, sq, sk, bh, page, lens;\n"
         '  while (std::scanf("%d %d %d %d %d %d %d %d %d", &dt, &hd, &c, &g, &sq, &sk, &bh, &page, &lens) == 9)\n'

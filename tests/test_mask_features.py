@@ -3,6 +3,7 @@ names that read back, feasibility by template, the store, and the rendered mask 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from tuner.kernels.render import mask_type, render
 from tuner.kernels.variant import parse_variant_name, variant_from_params
 from tuner.problem import Problem, parse_window, window_pairs, window_text
 from tuner.profiles import load_profile
+
+TEMPLATES = ("attn_fwd_mma", "attn_fwd_wgmma", "attn_decode", "attn_decode_sm80")
 
 
 def brute_pairs(sq: int, sk: int, left: int, right: int, causal: bool) -> int:
@@ -63,7 +66,7 @@ def test_causal_spells_its_right_bound_one_way() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from(["attn_fwd_wgmma", "attn_decode", "attn_decode_sm80"]), st.integers(-1, 70000),
+@given(st.sampled_from(TEMPLATES), st.integers(-1, 70000),
        st.integers(-1, 70000), st.booleans(),
        st.one_of(st.just(0.0), st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)))
 def test_masked_variant_names_read_back(template: str, left: int, right: int, causal: bool, softcap: float) -> None:
@@ -79,8 +82,14 @@ def test_masked_variant_names_read_back(template: str, left: int, right: int, ca
 
 def test_templates_without_windows_say_so_and_variants_must_match_the_problem() -> None:
     problem = Problem(1, 8, 512, 512, 64, causal=True, window_left=128)
-    assert "no sliding windows" in supports_problem(load_manifest("attn_fwd_mma"), problem)
-    assert "no logit softcapping" in supports_problem(load_manifest("attn_fwd_mma"), Problem(1, 8, 64, 64, 64, softcap=30))
+    capped = Problem(1, 8, 16, 64, 64, softcap=30)
+    for name in TEMPLATES:  # every template has both (the sm_80 forward since issue 39) ...
+        for short in (dataclasses.replace(problem, seq_q=16), capped):  # Sq 16: the decode templates' too
+            assert not supports_problem(load_manifest(name), short), name
+    mma = load_manifest("attn_fwd_mma")  # ... so a manifest without them stands in for one that lacks them
+    bare = dataclasses.replace(mma, features=dataclasses.replace(mma.features, windows=False, softcap=False))
+    assert "no sliding windows" in supports_problem(bare, problem)
+    assert "no logit softcapping" in supports_problem(bare, capped)
     h100 = load_profile("h100")
     plain = covering_sample("attn_fwd_wgmma", Problem(1, 8, 512, 512, 64, causal=True), h100, seed=0)[0]
     assert not check(plain, problem, h100) and "window or softcap" in check(plain, problem, h100).reason
@@ -122,3 +131,24 @@ def test_masked_variants_compile(template: str, problem: Problem, tmp_path: Path
     for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
         assert built.ok, f"{variant.name}: {built.compiled.log[-1500:]}"
         assert built.compiled.spill_bytes == 0 or template == "attn_fwd_wgmma"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("problem", [
+    Problem(1, 8, 700, 700, 64, causal=True, window_left=100),                          # causal, a window
+    Problem(1, 8, 300, 700, 128, dtype="bf16", window_left=50, window_right=30),         # both sides, Sq < Sk
+    Problem(2, 8, 512, 512, 128, dtype="bf16", causal=True, heads_kv=2, softcap=30.0),  # a softcap
+], ids=lambda p: p.label.replace(" ", "_"))
+def test_the_sm80_forward_takes_windows_and_softcap(problem: Problem, tmp_path: Path, monkeypatch) -> None:
+    """attn_fwd_mma compiles the window and softcap in (common/mask.h, issue 39): feasible on an A100, its
+    covering sample (every value of every parameter: Q in registers or not, key splits, 1-3 stages) renders the
+    mask and builds for sm_80."""
+    from tuner.runtime.build import build_many
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    a100 = load_profile("a100")
+    variants = covering_sample("attn_fwd_mma", problem, a100, seed=1)
+    assert variants and all(check(v, problem, a100) for v in variants)
+    assert all(mask_type(v).startswith("fc::Mask<") and f", {mask_type(v)}>;\n" in render(v) for v in variants)
+    for variant, built in zip(variants, build_many(variants, a100.nvcc_arch)):
+        assert built.ok, f"{variant.name}: {built.compiled.log[-1500:]}"

@@ -136,7 +136,8 @@ def test_render_names_the_entry_point_after_the_variant() -> None:
     v = parse_variant_name("attn_fwd_mma_d128_bf16_m64n32_w4_kv2_pad_s3_qsmem_causal")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS)\n{v.name}(' in src
-    assert "fc::AttnConfig<__nv_bfloat16, 128, 64, 32, 4, 2, fc::Swizzle::Pad, 3, false, 1, false, true>" in src
+    assert ("fc::AttnConfig<__nv_bfloat16, 128, 64, 32, 4, 2, fc::Swizzle::Pad, 3, false, 1, false, true, "
+            "fc::NoMask>") in src
 
 
 def test_enumeration_is_the_cartesian_product() -> None:

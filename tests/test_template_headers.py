@@ -153,7 +153,8 @@ def test_cache_key_covers_the_included_headers(tmp_path: Path, monkeypatch: pyte
 def test_enum_parameters_reach_the_source_by_name() -> None:
     for swizzle, spelling in (("none", "None"), ("pad", "Pad"), ("xor", "Xor")):
         src = render(parse_variant_name(f"attn_fwd_mma_d64_fp16_m64n64_w4_q_rows_{swizzle}_s2_qsmem"))
-        assert f"fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::{spelling}, 2, false, 1, false, false>" in src
+        assert (f"fc::AttnConfig<half, 64, 64, 64, 4, 1, fc::Swizzle::{spelling}, 2, false, 1, false, false, "
+                "fc::NoMask>") in src
 
 
 def _copy_mma_template(tmp_path: Path) -> Path:

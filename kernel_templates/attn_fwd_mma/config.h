@@ -5,12 +5,13 @@
 
 #include <stdint.h>
 
+#include "../common/mask.h"
 #include "../common/tile_layout.h"
 
 namespace fc {
 
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int NUM_WARPS_, int KV_SPLIT_, Swizzle SWIZZLE_,
-          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool LAZY_RESCALE_, bool CAUSAL_>
+          int STAGES_, bool Q_IN_REGS_, int MIN_BLOCKS_, bool LAZY_RESCALE_, bool CAUSAL_, class MASK_ = NoMask>
 struct AttnConfig {
   using T = T_;
   static constexpr int D = HEAD_DIM_;
@@ -22,6 +23,8 @@ struct AttnConfig {
   static constexpr int STAGES = STAGES_;
   static constexpr bool Q_IN_REGS = Q_IN_REGS_;
   static constexpr bool CAUSAL = CAUSAL_;
+  using Keys = KeyWindow<MASK_, CAUSAL_>;  // which keys a row sees: causal and a window (common/mask.h)
+  using Cap = Softcap<MASK_>;
   // CTAs per SM the register allocation must allow (__launch_bounds__'s
   // second argument): 2 caps registers at 65536 / (2 * THREADS) per thread.
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
