@@ -19,6 +19,9 @@ CASES = {
         ("attn_fwd_mma_d64_fp16_m64n64_w4_q_rows_xor_s2_qreg", Problem(1, 2, 17, 33, 64)),
         ("attn_fwd_mma_d64_fp16_m64n64_w4_kv2_pad_s3_qsmem_causal", Problem(1, 2, 77, 50, 64, causal=True)),
         ("attn_fwd_mma_d128_bf16_m128n32_w8_kv2_none_s1_qsmem", Problem(2, 2, 130, 1, 128, dtype="bf16", heads_kv=1)),
+        # A window (tiles left of it skipped: the K/V ring starts past tile 0) and a softcap, with tails
+        ("attn_fwd_mma_d64_bf16_m64n64_w4_kv2_pad_s3_qreg_causal_wl100_sc30",
+         Problem(1, 2, 333, 500, 64, dtype="bf16", causal=True, window_left=100, softcap=30.0)),
     ],
     "wgmma": [
         ("attn_fwd_wgmma_d64_fp16_m128n128_s2_sw128_r24_ov_pp", Problem(1, 2, 300, 333, 64)),

@@ -23,6 +23,15 @@ PROBLEMS = [
     Problem(1, 2, 129, 129, 32),                               # extra head dims
     Problem(1, 2, 129, 129, 96, dtype="bf16"),
     Problem(1, 2, 130, 130, 256),
+    # Sliding windows and softcap (issue 39): tiles left of the window skipped, partial tiles masked on both sides.
+    Problem(1, 2, 600, 600, 64, dtype="bf16", causal=True, window_left=20),    # narrower than any tile
+    Problem(2, 4, 900, 900, 128, causal=True, window_left=300, heads_kv=1),    # MQA
+    Problem(1, 2, 250, 650, 64, window_left=70, window_right=10, layout="bshd"),  # both sides, Sq < Sk
+    Problem(1, 2, 450, 280, 128, causal=True, window_left=100),                # Sq > Sk: rows that see no key
+    Problem(1, 2, 300, 300, 32, window_left=0, window_right=0),                # each query its own key only
+    Problem(1, 2, 190, 190, 256, dtype="bf16", causal=True, softcap=50.0),
+    Problem(1, 4, 333, 333, 64, dtype="bf16", softcap=5.0, heads_kv=2),        # strong capping
+    Problem(1, 4, 640, 700, 96, causal=True, window_left=150, softcap=30.0),
 ]
 
 
