@@ -33,6 +33,8 @@ LAYERS = (
 )
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+TEMPLATES = PACKAGE.parent / "kernel_templates"
+MAX_CUDA_FUNCTION_LINES = 150  # issue 39: the sm_80 forward was one 322-line function
 
 
 def _module_name(path: Path) -> str:
@@ -154,3 +156,40 @@ def test_modules_and_functions_stay_small(path: Path) -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+_CUDA_FUNCTION = re.compile(r"^\s*(?:static\s+)?(?:__host__\s+)?(?:__device__|__global__)\b")
+_NO_CODE = re.compile(r'//.*|"(?:\\.|[^"\\])*"')  # comments and string literals: their braces do not count
+
+
+def cuda_function_lengths(text: str) -> dict[str, int]:
+    """Lines of each CUDA function defined in `text` (by its first line), from its signature's first line to the
+    brace that closes its body; declarations (no body) are not counted."""
+    lines, out = text.splitlines(), {}
+    for i, line in enumerate(lines):
+        if not _CUDA_FUNCTION.match(line):
+            continue
+        depth, opened = 0, False
+        for j in range(i, len(lines)):
+            code = _NO_CODE.sub("", lines[j])
+            if not opened and ";" in code and "{" not in code:
+                break  # a declaration
+            depth += code.count("{") - code.count("}")
+            opened = opened or "{" in code
+            if opened and depth <= 0:
+                out[f"{i + 1}: {line.strip()[:70]}"] = j - i + 1
+                break
+    return out
+
+
+def test_cuda_function_lengths_are_measured() -> None:
+    text = "__device__ int f(int a);\n__device__ void g() {\n  if (x) {\n  }\n  s = \"}\";  // }\n}\n"
+    assert list(cuda_function_lengths(text).values()) == [5]
+
+
+@pytest.mark.parametrize("path", sorted([*TEMPLATES.rglob("*.cu"), *TEMPLATES.rglob("*.h")]),
+                         ids=lambda p: str(p.relative_to(TEMPLATES)))
+def test_cuda_functions_stay_small(path: Path) -> None:
+    long = [f"{where} ({n} lines)" for where, n in cuda_function_lengths(path.read_text()).items()
+            if n > MAX_CUDA_FUNCTION_LINES]
+    assert not long, f"CUDA functions over {MAX_CUDA_FUNCTION_LINES} lines: {', '.join(long)}"
