@@ -219,8 +219,9 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + sk - sq;
     auto needs_mask = [&](int j) { return C::Keys::partial(kv_first + j * C::BN, C::BN, p_lo, p_lo + 63, sk); };
     // Slot and phase of this work item's K/V tile j in the ring.
-    auto slot = [&](int j) { return (ring + j) % C::STAGES; };
-    auto phase = [&](int j) { return static_cast<uint32_t>(((ring + j) / C::STAGES) & 1); };
+    // (Unsigned: ring + j is never negative where used, and a signed % or / costs a sign fix-up.)
+    auto slot = [&](int j) { return static_cast<uint32_t>(ring + j) % C::STAGES; };
+    auto phase = [&](int j) { return (static_cast<uint32_t>(ring + j) / C::STAGES) & 1; };
     auto release_k = [&](int j) {
       if (lane == 0) mbar_arrive(sm.k_empty(slot(j)));
     };

@@ -3,8 +3,10 @@
 A variant's speed is counted before it is timed: when two kernels do the same math, the non-math
 instructions of the loop that runs once per K/V tile are where their cycles differ (benchmarks/NOTES.md,
 issue 37). The main loop is the loop (a backward branch and the instructions it jumps back over) that
-holds tensor-core instructions and is the shortest such (the outer loops over work items, and the branches
-back from out-of-line barrier retries, span it): one iteration is one K/V tile. Its opcode counts are what `benchmarks/sass_budget.py` tabulates and what the kernel tests hold.
+holds tensor-core instructions and is the shortest such (the outer loops over work items span it; the
+branches back from out-of-line barrier retries, after the function's EXIT, do not count as loops): one
+iteration is one K/V tile. Its opcode counts are what `benchmarks/sass_budget.py` tabulates and what the
+kernel tests hold.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ def main_loop(sass: str, function: str | None = None) -> LoopBudget:
             continue
         best: tuple[int, int, int] | None = None  # (length, first, last)
         for first, last in loops(instrs):
-            if not any(ins.opcode in TENSOR_OPS for ins in instrs[first:last + 1]):
+            body = instrs[first:last + 1]
+            # A barrier retry stub placed after the function's EXIT branches back into the loop: the span it
+            # makes holds that EXIT, and can be shorter than the real loop (it starts mid-loop).
+            if not any(ins.opcode in TENSOR_OPS for ins in body) or any(ins.opcode == "EXIT" for ins in body):
                 continue
             key = (last - first + 1, first, last)
             if best is None or key < best:
