@@ -19,7 +19,7 @@
 #include <cooperative_groups.h>
 
 #include "attn_decode/tile.h"
-#include "attn_fwd_wgmma/ptx_sm90.h"
+#include "common/ptx_sm90.h"
 
 namespace fc {
 

@@ -9,7 +9,7 @@
 
 #include "../common/mask.h"
 #include "../common/utils.h"
-#include "ptx_sm90.h"
+#include "../common/ptx_sm90.h"
 
 namespace fc {
 

@@ -11,7 +11,7 @@
 #include "../common/utils.h"
 #include "config.h"
 #include "epilogue.h"
-#include "ptx_sm90.h"
+#include "../common/ptx_sm90.h"
 #include "tile_scheduler.h"
 #include "wgmma_generated.h"
 

@@ -8,7 +8,7 @@
 
 #include "../common/attn_args.h"
 #include "config.h"
-#include "ptx_sm90.h"
+#include "../common/ptx_sm90.h"
 #include "tile_scheduler.h"
 
 namespace fc {
