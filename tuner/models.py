@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from tuner.dtypes import ELEMENTS
 from tuner.errors import TunerError
 from tuner.problem import KV_E4M3, Problem, problem_from_shape, window_text
 
@@ -88,7 +89,9 @@ PREFILL = ((1, 16384), (4, 4096), (16, 1024))
 # Decode of a serving run: (batch, query rows, context) - a batch at a long context, many short ones, one
 # very long sequence, and a speculative-decoding verify step of 4 tokens.
 DECODE = ((8, 1, 8192), (64, 1, 1024), (1, 1, 32768), (8, 4, 8192))
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "fp16": "fp16"}
+# A model's dtype as its config spells it (torch's name, ours, or torch's alias `half`) -> ours: the registry's
+# 16-bit elements (the kernels take FP8 only as a KV cache or with per-head scales, never as a model's dtype).
+_DTYPES = {alias: e.name for e in ELEMENTS.values() if e.bytes == 2 for alias in (e.torch, e.name)} | {"half": "fp16"}
 # transformers' config-class defaults (configuration_<model>.py, 5.x) of the attention keys a hub config.json
 # may leave out, by model_type: a Gemma-3 config states neither its head_dim nor its layer pattern.
 _CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -137,7 +140,7 @@ def shape_from_config(config: dict, name: str) -> ModelShape:
     raw = str(config.get("torch_dtype") or config.get("dtype") or top.get("torch_dtype") or top.get("dtype")
               or "bfloat16").removeprefix("torch.")
     if raw not in _DTYPES:
-        raise TunerError(f"model {name!r} is in {raw}; the kernels take fp16 or bf16")
+        raise TunerError(f"model {name!r} is in {raw}; the kernels take {' or '.join(sorted(set(_DTYPES.values())))}")
     if heads % heads_kv:
         raise TunerError(f"model {name!r}: {heads} heads are not a multiple of {heads_kv} K/V heads")
     if config.get("use_bidirectional_attention"):
