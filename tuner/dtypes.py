@@ -103,6 +103,12 @@ def spec(name: str) -> DtypeSpec:
         raise TunerError(f"unknown dtype {name!r}; expected one of {', '.join(SPECS)}") from None
 
 
+def names_text() -> str:
+    """Every dtype's name for a user to read: "fp16, bf16, ... or bf16_kv_e4m3" (the CLI's help)."""
+    names = list(SPECS)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 SHIPPED_COPY = Path(__file__).resolve().parent / "runtime" / "shipped" / "dtypes.py"
 
 

@@ -91,7 +91,8 @@ PREFILL = ((1, 16384), (4, 4096), (16, 1024))
 DECODE = ((8, 1, 8192), (64, 1, 1024), (1, 1, 32768), (8, 4, 8192))
 # A model's dtype as its config spells it (torch's name, ours, or torch's alias `half`) -> ours: the registry's
 # 16-bit elements (the kernels take FP8 only as a KV cache or with per-head scales, never as a model's dtype).
-_DTYPES = {alias: e.name for e in ELEMENTS.values() if e.bytes == 2 for alias in (e.torch, e.name)} | {"half": "fp16"}
+_DTYPES = {alias: e.name for e in ELEMENTS.values() if e.bytes == 2 for alias in (e.torch, e.name)}
+_DTYPES["half"] = _DTYPES["float16"]  # torch.half, torch's other name of float16
 # transformers' config-class defaults (configuration_<model>.py, 5.x) of the attention keys a hub config.json
 # may leave out, by model_type: a Gemma-3 config states neither its head_dim nor its layer pattern.
 _CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {

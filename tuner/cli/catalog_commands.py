@@ -25,6 +25,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.tables import profiles_table, space_table
 from tuner.cli.variant_lookup import NameHints, resolve_render_target
+from tuner.dtypes import names_text
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import Feasibility, default_template, space_report
 from tuner.kernels.render import render_standalone
@@ -55,7 +56,7 @@ def profiles_command(
 def space_command(
     gpu: Annotated[str, typer.Option(help="GPU profile name (h100, h200, a100, l4) or auto.")],
     shape: Annotated[str, typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")],
-    dtype: Annotated[str, typer.Option(help="fp16, bf16, e4m3 (FP8), fp16_kv_e4m3 or bf16_kv_e4m3 (FP8 KV cache).")] = "fp16",
+    dtype: Annotated[str, typer.Option(help=f"{names_text()} (e4m3: FP8 q, k, v; *_kv_e4m3: an FP8 KV cache).")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA); default: same as heads.")] = None,
     layout: Annotated[str, typer.Option(help="bhsd, bshd, paged16 ... paged256 (a paged K/V cache), or packed (varlen sequences).")] = "bhsd",
@@ -100,7 +101,7 @@ def render_command(
         "first arch); with a tunables part, only trials on it resolve the name."))] = None,
     template: Annotated[Optional[str], typer.Option(help="With a tunables part: the kernel template.")] = None,
     head_dim: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="With a tunables part: the head dim.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="With a tunables part: fp16, bf16, e4m3, fp16_kv_e4m3 or bf16_kv_e4m3.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"With a tunables part: {names_text()}.")] = None,
     db: DbOption = None,
 ) -> None:
     """Print the CUDA source of one variant as one file nvcc compiles alone (its headers inlined);

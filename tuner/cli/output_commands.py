@@ -24,6 +24,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.journal_check import warn_if_journal_damaged_at
 from tuner.cli.tables import export_lines, metrics_table, replay_eval_table
+from tuner.dtypes import names_text
 from tuner.errors import TunerError
 from tuner.export.check_cells import cell_line, checked_summary
 from tuner.export.run import ExportOptions, export
@@ -71,7 +72,7 @@ def export_command(
     out: Annotated[str, typer.Option(help="Folder to write (a pip-installable package, or a header).")],
     shape: Annotated[Optional[list[str]], typer.Option(help="Tuned problem B,H,S,D or B,H,Sq,Sk,D (repeatable).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every problem tuned for --gpu (the default without --shape).")] = False,
-    dtype: Annotated[Optional[str], typer.Option(help="Only this dtype (fp16, bf16, e4m3, fp16_kv_e4m3 or bf16_kv_e4m3).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"Only this dtype ({names_text()}).")] = None,
     name: Annotated[Optional[str], typer.Option(help="Python package name (default: the --out folder's name).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="package (Python, importable) or header (C++ constants).")] = "package",
     allow_rebuild: Annotated[bool, typer.Option("--allow-rebuild", help="Accept kernels whose rebuilt cubin differs from the one measured.")] = False,

@@ -25,6 +25,7 @@ from tuner.cli.state import (
     window_option,
 )
 from tuner.cli.tables import summary_table
+from tuner.dtypes import names_text
 from tuner.errors import TunerError
 from tuner.kernels.manifest import list_templates
 from tuner.models import Phase, load_model, search_plan
@@ -119,9 +120,9 @@ def search_command(
     gpu: Annotated[str, typer.Option(help="GPU profile (h100, h200, a100, l4) or auto (the GPU present).")] = "auto",
     shape: Annotated[Optional[list[str]], typer.Option(help="Problem B,H,S,D or B,H,Sq,Sk,D (repeatable); default: the profile's problems.")] = None,
     hkv: Annotated[Optional[int], typer.Option(min=1, callback=at_most(MAX_ID), help="K/V heads (GQA/MQA); default: same as H.")] = None,
-    dtype: Annotated[str, typer.Option(help="fp16, bf16, e4m3 (FP8 q/k/v with descales, bf16 output), or "
-                                             "fp16_kv_e4m3 / bf16_kv_e4m3 (an FP8 KV cache: e4m3 k/v with scales; "
-                                             "decode); a template that declares it.")] = "fp16",
+    dtype: Annotated[str, typer.Option(help=f"{names_text()}: e4m3 is FP8 q/k/v with descales (bf16 output), "
+                                             "*_kv_e4m3 an FP8 KV cache (e4m3 k/v with scales; decode); a template "
+                                             "that declares it.")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
     layout: Annotated[str, typer.Option(help="bhsd or bshd (dense K/V), paged16 ... paged256: K/V in a paged "
                                               "cache of that page size (decode template), or packed: B sequences "

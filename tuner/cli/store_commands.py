@@ -25,6 +25,7 @@ from tuner.cli.state import (
 )
 from tuner.cli.journal_check import warn_if_journal_damaged
 from tuner.cli.tables import hanging, results_table, trial_detail
+from tuner.dtypes import names_text
 from tuner.problem import parse_shape
 from tuner.store import TrialFilter, TrialRow, default_db_url, open_store, store_info, upgrade_store
 from tuner.store.schema import downgrade_store
@@ -34,7 +35,7 @@ from tuner.store.redact import redact_url
 def results_command(
     gpu: Annotated[Optional[str], typer.Option(help="GPU profile name, or part of the GPU name.")] = None,
     shape: Annotated[Optional[str], typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="fp16, bf16, e4m3, fp16_kv_e4m3 or bf16_kv_e4m3.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help=f"{names_text()}.")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Only causal / non-causal.")] = None,
     template: Annotated[Optional[str], typer.Option(help="Kernel template name.")] = None,
     status: Annotated[
