@@ -141,7 +141,7 @@ def shape_from_config(config: dict, name: str) -> ModelShape:
     raw = str(config.get("torch_dtype") or config.get("dtype") or top.get("torch_dtype") or top.get("dtype")
               or "bfloat16").removeprefix("torch.")
     if raw not in _DTYPES:
-        raise TunerError(f"model {name!r} is in {raw}; the kernels take {' or '.join(sorted(set(_DTYPES.values())))}")
+        raise TunerError(f"model {name!r} is in {raw}; the kernels take {' or '.join(dict.fromkeys(_DTYPES.values()))}")
     if heads % heads_kv:
         raise TunerError(f"model {name!r}: {heads} heads are not a multiple of {heads_kv} K/V heads")
     if config.get("use_bidirectional_attention"):
