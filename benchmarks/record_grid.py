@@ -57,8 +57,7 @@ def main() -> None:
                 gpu_name=facts.gpu_name, profile=profile.name, gpu_uuid=facts.gpu_uuid, driver=facts.driver,
                 cuda_version=facts.cuda_version))
             for b in backend.baselines(problem):
-                store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=b.impl, median_us=b.median_us,
-                                                  p20_us=b.p20_us, p80_us=b.p80_us))
+                store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=b.impl, timing=b.timing))
             order = list(range(len(builts)))
             rng.shuffle(order)
             for number in order:

@@ -14,6 +14,7 @@ def add_built_trial(store: Any, run: int, problem: Problem, variant: Any, arch: 
     from tuner.kernels.manifest import load_manifest
     from tuner.runtime.build import build
     from tuner.status import TrialStatus
+    from tuner.runtime.timed import Timing
     from tuner.store import TrialRecord
 
     built = build(variant, arch)
@@ -21,5 +22,5 @@ def add_built_trial(store: Any, run: int, problem: Problem, variant: Any, arch: 
     return store.add_trial(TrialRecord(
         run_id=run, problem=problem, template=variant.template,
         template_hash=load_manifest(variant.template).source_hash, params=variant.stored_params(),
-        variant_name=variant.name, status=TrialStatus.OK, median_us=median_us, rel_error=rel_error,
+        variant_name=variant.name, status=TrialStatus.OK, timing=Timing(median_us), rel_error=rel_error,
         cubin_sha256=built.compiled.cubin_sha256))

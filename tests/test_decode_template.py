@@ -15,6 +15,7 @@ from tuner.kernels.render import render
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.shipped.launcher import LaunchShape, launch_grid
+from tuner.runtime.timed import Timing
 
 TEMPLATE = "attn_decode"
 DECODE_STEP = Problem(8, 32, 1, 8192, 128, dtype="bf16", heads_kv=8)
@@ -123,7 +124,7 @@ def test_a_header_export_of_decode_kernels_says_how_to_launch_them_and_compiles(
     variant = Variant(template, 128, "bf16", False, dict(BLOCK_M=16, BLOCK_N=64, NUM_WARPS=4, SPLITS=2, STAGES=2))
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=gpu_name, profile=profile, host="test"))
-        store.add_baseline(BaselineRecord(run_id=run, problem=DECODE_STEP, impl="sdpa_cudnn", median_us=100.0))
+        store.add_baseline(BaselineRecord(run_id=run, problem=DECODE_STEP, impl="sdpa_cudnn", timing=Timing(100.0)))
         add_built_trial(store, run, DECODE_STEP, variant, f"sm_{arch}", 94.0, 3e-3)
         store.finish_run(run)
     out = tmp_path / "hdr"

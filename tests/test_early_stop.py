@@ -13,6 +13,7 @@ import pytest
 from tuner.backends.replay import ReplayBackend
 from tuner.errors import TunerError
 from tuner.profiles import load_profile
+from tuner.runtime.timed import Timing
 from tuner.search.early_stop import budgeted_values, plateaued, trials_since_improvement
 from tuner.search.hooks import Hooks
 from tuner.search.options import SearchOptions
@@ -44,7 +45,7 @@ class _Scripted:
             return m
         self.n += 1
         us = self.script(self.n)
-        return replace(m, median_us=us, p20_us=us, p80_us=us)
+        return replace(m, timing=Timing(us, us, us))
 
     def confirm(self, *args, **kwargs):
         return self.inner.confirm(*args, **kwargs)

@@ -3,6 +3,7 @@ that has it, made up by the synthetic recording; --objective energy refused wher
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,12 +34,16 @@ class EnergyRunner(FakeRunner):
     def _isolated(self) -> float | None:
         return 8.0 if self.options.objective == "isolated" else None
 
+    def _figures(self, timing: Timing) -> Timing:
+        return replace(timing, energy=E, isolated_us=self._isolated())
+
     def baselines(self, problem: Problem, range_prefix: str, progress) -> list[dict[str, Any]]:
-        return [{**row, "energy": E, "isolated_us": self._isolated()}
+        return [{**row, "timing": self._figures(row["timing"])}
                 for row in super().baselines(problem, range_prefix, progress)]
 
     def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
-        return {**super().measure(request, progress), "energy": E, "isolated_us": self._isolated()}
+        reply = super().measure(request, progress)
+        return {**reply, "timing": self._figures(reply["timing"])}
 
     def confirm(self, request: dict[str, Any], progress) -> dict[str, list[Timing]]:
         names = [b.entry for b in request["builts"]] + ["sdpa_flash"]

@@ -23,6 +23,7 @@ from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, RunInfo, TrialRecord, open_store
 
@@ -77,18 +78,18 @@ def write_export_store(url: str) -> ExportStore:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, driver="580.65.06", cuda_version="12.8",
                                       torch_version="2.9.0", tuner_version="0.1.0", host="test"))
         for problem in (BIG, SMALL, SHADOWED, GQA_CAUSAL):
-            store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl="sdpa_flash", median_us=50.0))
+            store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl="sdpa_flash", timing=Timing(50.0)))
         for label, problem, pkey, us in plan:
             v = variant(problem, PARAMS[pkey])
             names[pkey] = v.name
             ids[label] = store.add_trial(TrialRecord(
                 run_id=run, problem=problem, template=TEMPLATE, template_hash=thash, params=v.stored_params(),
-                variant_name=v.name, status=TrialStatus.OK, median_us=us, p20_us=us * 0.99, p80_us=us * 1.01,
+                variant_name=v.name, status=TrialStatus.OK, timing=Timing(us, us * 0.99, us * 1.01),
                 rel_error=3e-4, cubin_sha256=compiled_sha(v)))
         v = variant(BIG, dict(_COMMON, BLOCK_M=128, BLOCK_N=64, SWIZZLE="xor"))
         ids["incorrect"] = store.add_trial(TrialRecord(
             run_id=run, problem=BIG, template=TEMPLATE, template_hash=thash, params=v.stored_params(),
-            variant_name=v.name, status=TrialStatus.INCORRECT, median_us=1.0, rel_error=0.5))
+            variant_name=v.name, status=TrialStatus.INCORRECT, timing=Timing(1.0), rel_error=0.5))
         store.finish_run(run)
     return ExportStore(url, ids, names)
 
@@ -980,10 +981,10 @@ def _one_trial_store(url: str, baselines: dict[str, float], median_us: float,
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile=PROFILE, host="test", replayed_from=replayed_from))
         for impl, us in baselines.items():
-            store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl=impl, median_us=us))
+            store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl=impl, timing=Timing(us)))
         store.add_trial(TrialRecord(run_id=run, problem=BIG, template=TEMPLATE,
                                     template_hash=load_manifest(TEMPLATE).source_hash, params=v.stored_params(),
-                                    variant_name=v.name, status=TrialStatus.OK, median_us=median_us, rel_error=3e-4,
+                                    variant_name=v.name, status=TrialStatus.OK, timing=Timing(median_us), rel_error=3e-4,
                                     cubin_sha256=compiled_sha(v)))
         store.finish_run(run)
 

@@ -9,6 +9,7 @@ from store_factories import BIG, H100, trial
 
 from tuner.export.selection import ExportedKernel, entry_of
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timing
 from tuner.store import BaselineRecord, ConfirmRecord, TrialFilter, open_store
 
 KERNEL = ExportedKernel(types.SimpleNamespace(variant=types.SimpleNamespace(name="attn_fwd_mma_x")), b"", False)
@@ -22,8 +23,8 @@ def test_an_entry_records_the_kernels_and_its_best_baselines_energy(sqlite_url):
     with open_store(sqlite_url) as store:
         run = store.start_run(H100)
         tuned = store.add_trial(trial(run, BIG, median_us=50.0, energy=Energy(0.035, 700.0, 1500.0)))
-        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn", median_us=70.0,
-                                          energy=Energy(0.0455, 650.0, 1600.0)))
+        store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_cudnn",
+                                          timing=Timing(70.0, energy=Energy(0.0455, 650.0, 1600.0))))
         [row] = store.prefer_confirmed(store.best_trials(TrialFilter()))
         entry = _entry(store, row)
         assert (entry["joules_per_call"], entry["power_w"], entry["sm_mhz"]) == (0.035, 700.0, 1500.0)

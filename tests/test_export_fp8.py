@@ -18,6 +18,7 @@ from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.timed import Timing
 from tuner.runtime.verify import problem_reference, reference, relative_error
 from tuner.store import BaselineRecord, RunInfo, open_store
 
@@ -42,7 +43,7 @@ def _store(url: str) -> dict[Problem, int]:
     ids = {}
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
-        store.add_baseline(BaselineRecord(run_id=run, problem=ROUTED, impl="sdpa_cudnn", median_us=30.0))
+        store.add_baseline(BaselineRecord(run_id=run, problem=ROUTED, impl="sdpa_cudnn", timing=Timing(30.0)))
         for p in (FP8, BF16, ROUTED):
             ids[p] = add_built_trial(store, run, p, _variant(p), load_profile("h100").nvcc_arch, 40.0, 2e-2)
         store.finish_run(run)

@@ -14,6 +14,7 @@ from tuner.export.selection import sdpa_ratio, select_trials
 from tuner.kernels.manifest import load_manifest
 from tuner.profiles import load_profile
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timing
 from tuner.store import BaselineRecord, ConfirmRecord
 
 PROFILE = load_profile("h100")
@@ -42,7 +43,7 @@ def test_an_energy_confirm_stages_winner_is_not_exported_over_the_fastest(store)
     """Export ranks by back-to-back µs: the energy stage's frugal-but-slower winner (and its J ratio) would
     route the cell to SDPA, slower and costlier than the fastest kernel; a time stage's winner is preferred."""
     run = store.start_run(H100)
-    store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_flash", median_us=50.0))
+    store.add_baseline(BaselineRecord(run_id=run, problem=BIG, impl="sdpa_flash", timing=Timing(50.0)))
     fast = _trial(store, run, 64, 40.0, energy=Energy(0.045, 700.0, 1500.0))
     frugal = _trial(store, run, 32, 55.0, energy=Energy(0.030, 550.0, 1300.0))
     names = {fast: "attn_fwd_mma_block_m64_block_n64", frugal: "attn_fwd_mma_block_m64_block_n32"}

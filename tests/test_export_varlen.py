@@ -23,6 +23,7 @@ from tuner.problem import Problem
 from tuner.runtime.shipped import hf, varlen
 from tuner.runtime.shipped.dispatch import DispatchTable, Key, entry_key
 from tuner.runtime.shipped.launcher import AttentionInputError
+from tuner.runtime.timed import Timing
 from tuner.runtime.verify import reference
 
 BASE = dict(batch=8, heads=16, seq_q=2048, seq_k=2048, head_dim=128, dtype="bf16", causal=True, heads_kv=8)
@@ -405,7 +406,7 @@ def packed_export(tmp_path_factory):
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
         for name, p in (("dense", Problem(**SMALL)), ("packed", Problem(**SMALL, layout="packed",
                                                                            lengths="uniform:64"))):
-            store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_flash", median_us=50.0))
+            store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_flash", timing=Timing(50.0)))
             v = Variant(TEMPLATE, p.head_dim, p.dtype, p.causal, PARAMS, packed=p.packed)
             ids[name] = add_built_trial(store, run, p, v, load_profile("h100").nvcc_arch, 20.0, 3e-4)
         store.finish_run(run)

@@ -17,6 +17,7 @@ from tuner.export.run import ExportOptions, export
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import load_profile
+from tuner.runtime.timed import Timing
 from tuner.runtime.verify import problem_reference, reference
 from tuner.store import BaselineRecord, RunInfo, open_store
 
@@ -42,7 +43,7 @@ def _store(url: str, problems: list[Problem]) -> dict[Problem, int]:
         run = store.start_run(RunInfo(gpu_name=GPU_NAME, profile="h100", host="test"))
         for us, p in enumerate(problems, start=40):
             # SDPA faster than every kernel: cells route to the fallback, but a softcap's is no SDPA
-            store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_cudnn", median_us=30.0))
+            store.add_baseline(BaselineRecord(run_id=run, problem=p, impl="sdpa_cudnn", timing=Timing(30.0)))
             ids[p] = add_built_trial(store, run, p, _variant(p), load_profile("h100").nvcc_arch, float(us), 3e-4)
         store.finish_run(run)
     return ids

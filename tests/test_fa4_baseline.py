@@ -161,5 +161,4 @@ def test_the_gpu_worker_reports_how_many_warnings_each_baseline_logged(fa4_packa
     monkeypatch.setattr(baselines, "sdpa_baseline", no_sdpa)
     monkeypatch.setattr(baselines, "time_call", time_once)
     rows = runner.baselines(Problem(2, 8, 5, 7, 64, heads_kv=2), "", lambda *a, **kw: None)
-    assert rows == [{"impl": FA4, "median_us": 9.0, "p20_us": 8.0, "p80_us": 10.0, "energy": None,
-                     "isolated_us": None, "warnings": 2}]
+    assert rows == [{"impl": FA4, "timing": Timing(9.0, 8.0, 10.0, 10), "warnings": 2}]

@@ -21,6 +21,7 @@ from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.build import BuiltKernel, launch_shape
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 
 PROBLEM = Problem(1, 2, 128, 128, 64)
@@ -43,7 +44,7 @@ class FakeRunner:
 
     def baselines(self, problem: Problem, range_prefix: str, progress) -> list[dict[str, Any]]:
         progress("sdpa_flash/time", True)
-        return [{"impl": "sdpa_flash", "median_us": 12.0, "p20_us": 11.0, "p80_us": 13.0}]
+        return [{"impl": "sdpa_flash", "timing": Timing(12.0, 11.0, 13.0, 10)}]
 
     def measure(self, request: dict[str, Any], progress) -> dict[str, Any]:
         self.measured += 1
@@ -63,7 +64,7 @@ class FakeRunner:
         progress("time", True)
         if name == "slow_time":
             time.sleep(1.5)  # longer than the watchdog, within the timing budget
-        return {"status": "ok", "median_us": 10.0 + self.measured, "p20_us": 9.0, "p80_us": 11.0,
+        return {"status": "ok", "timing": Timing(10.0 + self.measured, 9.0, 11.0, 10),
                 "rel_error": 1e-4, "l2": self.options.l2_bytes, "range": request["range_prefix"]}
 
     def close(self) -> None:

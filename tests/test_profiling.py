@@ -16,6 +16,7 @@ from tuner.kernels.variant import Variant, parse_variant_name
 from tuner.problem import Problem
 from tuner.reporting.profiling import METRICS, ncu_command, parse_ncu_csv, profile_top, profile_trial, trial_range_name
 from tuner.runtime.nvtx import ncu_include, range_name
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import RunInfo, TrialRecord, open_store
 
@@ -68,7 +69,7 @@ def add_trial(store, run_id: int, variant: Variant, *, problem: Problem = PROBLE
               status: TrialStatus = TrialStatus.OK) -> int:
     return store.add_trial(TrialRecord(
         run_id=run_id, problem=problem, template=variant.template, template_hash="h", params=variant.stored_params(),
-        variant_name=variant.name, status=status, median_us=median_us if status is TrialStatus.OK else None,
+        variant_name=variant.name, status=status, timing=Timing(median_us) if status is TrialStatus.OK else None,
     ))
 
 

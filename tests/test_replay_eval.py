@@ -16,6 +16,7 @@ from tuner.kernels.variant import Variant
 from tuner.profiles import load_profile
 from tuner.reporting.replay_eval import evaluate_samplers, load_recording, summarise
 from tuner.reporting.replay_eval_model import EvalOptions, SeedRun
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import TrialFilter, open_store
 
@@ -199,11 +200,11 @@ def _noisy_copy(recording, tmp_path, spread: float = 0.08):
         run = store.start_run(RunInfo(gpu_name=recording.gpu_name, profile=recording.profile))
         for b in store.baselines_for(rows[0].run_id, rows[0].problem_id):
             store.add_baseline(BaselineRecord(run_id=run, problem=recording.problem, impl=b.impl,
-                                              median_us=b.median_us * 1.02, p20_us=b.median_us, p80_us=b.median_us))
+                                              timing=Timing(b.median_us * 1.02, b.median_us, b.median_us)))
         for r in rows:
             store.add_trial(TrialRecord(run_id=run, problem=r.problem, template=r.template, template_hash=r.template_hash,
                                         params=r.params, variant_name=r.variant_name, status=TrialStatus.OK,
-                                        median_us=r.median_us * (1 + rng.uniform(-spread, spread))))
+                                        timing=Timing(r.median_us * (1 + rng.uniform(-spread, spread)))))
     return url, {r.variant_name: r.median_us for r in rows}
 
 

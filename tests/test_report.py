@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from tests.cli_helpers import run_tuner
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, NcuMetric, TrialFilter, TrialRow, open_store
 
@@ -50,7 +51,7 @@ def report_store(replay_recording, tmp_path_factory) -> Fixture:
         best = store.best_trials(TrialFilter(gpu=replay_recording.profile))[0]
         triton_us = best.median_us * 1.25  # a slower Triton FA2 timed by the same worker
         store.add_baseline(BaselineRecord(run_id=best.run_id, problem=best.problem, impl="triton_fa2",
-                                          median_us=triton_us))
+                                          timing=Timing(triton_us)))
         store.add_ncu_metrics(best.id, NCU)
         best = store.best_trials(TrialFilter(gpu=replay_recording.profile))[0]  # ratio re-read
     return Fixture(url, best, replay_recording.profile, triton_us)

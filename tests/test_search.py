@@ -26,6 +26,7 @@ from tuner.kernels.manifest import load_manifest
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.build import BuiltKernel, launch_shape
+from tuner.runtime.timed import Timing
 from tuner.search.hooks import Hooks
 from tuner.search.options import SearchOptions
 from tuner.search.prepare import prepare_study, warm_start_points
@@ -209,7 +210,7 @@ def test_warm_start_enqueues_the_best_variants_of_the_nearest_problem(replay_rec
         decoy = {**top[-1], "head_dim": p.head_dim, "dtype": p.dtype, "causal": p.causal}
         store.add_trial(TrialRecord(run_id=run, problem=far, template="attn_fwd_mma",
                                     template_hash=manifest.source_hash, params=decoy, variant_name="decoy",
-                                    status=TrialStatus.OK, median_us=0.001))
+                                    status=TrialStatus.OK, timing=Timing(0.001)))
         warm = warm_start_points(store, rec.profile, "attn_fwd_mma", near, 3, manifest)
         assert warm.points == top[:3] and warm.sources == [f"the 3 best of {p.label}"]
         assert warm_start_points(store, "l4", "attn_fwd_mma", near, 3, manifest).points == []
@@ -603,8 +604,7 @@ class _TinySpaceBackend:
         return []
 
     def measure(self, problem, variant, built, *, range_prefix=""):
-        return Measurement(TrialStatus.OK, median_us=10.0 + len(variant.params["MODE"]), p20_us=1.0, p80_us=1.0,
-                           rel_error=0.0)
+        return Measurement(TrialStatus.OK, Timing(10.0 + len(variant.params["MODE"]), 1.0, 1.0), rel_error=0.0)
 
     def confirm(self, problem, variants, builts, rounds, **kwargs):
         from tuner.backends.base import ConfirmTimings
@@ -838,7 +838,7 @@ def test_a_confirmation_a_faster_trial_came_after_is_stale(replay_recording, sql
         faster = store.add_trial(TrialRecord(
             run_id=report.run_ids[0], problem=rec.problem, template=winner.template, template_hash=winner.template_hash,
             params={**winner.params, "BLOCK_N": 999}, variant_name="later_and_faster", status=TrialStatus.OK,
-            median_us=0.5))
+            timing=Timing(0.5)))
         [best] = store.prefer_confirmed(store.best_trials(TrialFilter(gpu=rec.profile)))
     assert best.id == faster and best.confirmed_us is None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -301,7 +300,7 @@ def test_energy_figures_refuse_a_downgrade_and_a_store_without_them_goes_down_an
         assert (row.id, row.median_us, row.energy, row.isolated_us) == (plain, 100.0, None, None)
         run = store.start_run(H100)
         trial_id = store.add_trial(trial(run, energy=energy, isolated_us=80.0))
-        store.add_baseline(dataclasses.replace(baseline(run), energy=energy))
+        store.add_baseline(baseline(run, energy=energy))
         store.add_confirmation(ConfirmRecord(run_id=run, problem=trial(run).problem, rounds=1, objective="energy",
                                              timings={"v": (trial_id, (100.0,))}, energy={"v": (energy,)},
                                              winner_trial_id=trial_id, winner_us=100.0, winner_ratio=1.2,

@@ -16,6 +16,7 @@ from store_factories import H100
 
 from tuner.problem import DTYPES, Problem
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, TrialRecord, canonical_json
 
@@ -37,6 +38,13 @@ params_dicts = st.dictionaries(texts, json_values, max_size=6)
 finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False, width=64)
 # What a store keeps of an Energy: everything but the window (a diagnostic of the timed block).
 energies = st.none() | st.builds(Energy, joules_per_call=finite, power_w=finite, sm_mhz=st.none() | finite)
+
+
+def stored_timings(median_us: st.SearchStrategy = st.floats(allow_nan=False, allow_infinity=True, width=64)
+                   ) -> st.SearchStrategy:
+    """What a store keeps of a Timing: everything but its repetitions (and its energy's window)."""
+    return st.builds(Timing, median_us=median_us, p20_us=maybe_float, p80_us=maybe_float, reps=st.none(),
+                     energy=energies, isolated_us=maybe_float)
 
 
 @st.composite
@@ -69,9 +77,7 @@ def trial_records(draw, run_id: int) -> TrialRecord:
         status=draw(st.sampled_from(list(TrialStatus))),
         study=draw(st.none() | texts),
         trial_number=draw(st.none() | int32),
-        median_us=draw(maybe_float),
-        p20_us=draw(maybe_float),
-        p80_us=draw(maybe_float),
+        timing=draw(st.none() | stored_timings()),
         tflops=draw(maybe_float),
         rel_error=draw(maybe_float),
         compile_s=draw(maybe_float),
@@ -82,8 +88,6 @@ def trial_records(draw, run_id: int) -> TrialRecord:
         error=draw(st.none() | texts),
         compile_log=draw(st.none() | st.text(max_size=300).map(lambda s: s.replace("\x00", ""))),
         source_path=draw(st.none() | texts),
-        energy=draw(energies),
-        isolated_us=draw(maybe_float),
     )
 
 
@@ -100,34 +104,32 @@ def test_trial_round_trip(store):
         assert detail.variant_name == first_names.setdefault(key, rec.variant_name)
         for f in fields(TrialRecord):
             sent, got = getattr(rec, f.name), getattr(detail, f.name, None)
-            if f.name in ("run_id", "problem", "template", "template_hash", "status", "study",
-                          "trial_number", "median_us", "p20_us", "p80_us", "rel_error", "compile_s", "registers",
-                          "smem_bytes", "spill_bytes", "cubin_sha256", "error", "compile_log", "source_path",
-                          "energy", "isolated_us"):  # fmt: skip
+            if f.name in ("run_id", "problem", "template", "template_hash", "status", "study", "trial_number",
+                          "timing", "rel_error", "compile_s", "registers", "smem_bytes", "spill_bytes",
+                          "cubin_sha256", "error", "compile_log", "source_path"):  # fmt: skip
                 assert got == sent, f.name
         assert detail.params == rec.params
+        median = rec.timing.median_us if rec.timing is not None else None
         if rec.tflops is not None:
             assert detail.tflops == rec.tflops
-        elif rec.median_us is not None and math.isfinite(rec.median_us) and rec.median_us > 0:
-            assert math.isclose(detail.tflops, rec.problem.tflops(rec.median_us))
+        elif median is not None and math.isfinite(median) and median > 0:
+            assert math.isclose(detail.tflops, rec.problem.tflops(median))
         else:
             assert detail.tflops is None
 
     check()
 
 
-def test_baseline_round_trip_keeps_energy_and_isolated_time(store):
+def test_baseline_round_trip_keeps_its_timing_whole(store):
     run = store.start_run(H100)
 
     @SETTINGS
     # µs from 1 ns up: a denormal median's TFLOP/s divides by zero (the store computes it; not this test's rule)
-    @given(problem=problems(), impl=texts.filter(bool), median_us=st.floats(1e-3, 1e6), energy=energies,
-           isolated_us=maybe_float)
-    def check(problem: Problem, impl: str, median_us: float, energy, isolated_us) -> None:
-        baseline_id = store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl=impl, median_us=median_us,
-                                                        energy=energy, isolated_us=isolated_us))
+    @given(problem=problems(), impl=texts.filter(bool), timing=stored_timings(st.floats(1e-3, 1e6)))
+    def check(problem: Problem, impl: str, timing: Timing) -> None:
+        baseline_id = store.add_baseline(BaselineRecord(run_id=run, problem=problem, impl=impl, timing=timing))
         [row] = [b for b in store.baselines_for(run, store.problem_id(problem)) if b.id == baseline_id]
-        assert (row.median_us, row.energy, row.isolated_us) == (median_us, energy, isolated_us)
+        assert row.timing == timing
 
     check()
 

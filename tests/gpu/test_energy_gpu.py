@@ -1,5 +1,5 @@
-"""Energy on a real card: NVML's counter around a back-to-back timing, and a short real search that
-stores energy with its trials, baselines and confirm rounds.
+"""Energy on a real card: NVML's counter around a back-to-back timing; a short energy search that stores
+energy with its trials, baselines and confirm rounds, and a default one that meters its confirm stage only.
 
     pytest -m gpu tests/gpu/test_energy_gpu.py -s     (-s shows the measured figures)
 
@@ -86,14 +86,22 @@ def test_a_short_search_stores_energy_for_trials_baselines_and_confirm_rounds(gp
     assert shown.exit_code == 0 and "mJ" in shown.stdout and "TF/W" in shown.stdout
 
 
-def test_a_default_search_stores_energy_too(gpu_profile, nvml, tmp_path) -> None:
-    """Energy is a measurement: a search minimizing time (the default) records it all the same."""
+def test_a_default_search_meters_its_confirm_stage_only(gpu_profile, nvml, tmp_path) -> None:
+    """Energy where it decides (issue 38): a search minimizing time (the default) times its trials and baselines
+    without the meter (NULL energy), and its confirm stage's rounds with it; `show` says a trial was not metered."""
     url = f"sqlite:///{tmp_path / 'time.db'}"
     res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", "2,16,1024,64", "--trials", "4",
-                    "--seed", "0", "--confirm", "0")
+                    "--seed", "0", "--confirm", "2", "--confirm-rounds", "2")
     assert res.exit_code == 0, res.stderr[-3000:]
     with sqlite3.connect(tmp_path / "time.db") as db:
-        trials = db.execute("SELECT joules_per_call FROM trials WHERE status = 'ok'").fetchall()
+        trials = db.execute("SELECT id, joules_per_call, power_w FROM trials WHERE status = 'ok'").fetchall()
         baselines = db.execute("SELECT joules_per_call FROM baselines").fetchall()
-    assert trials and all(j is not None for (j,) in trials)
-    assert baselines and all(j is not None for (j,) in baselines)
+        rounds = db.execute("SELECT impl, joules_per_call, power_w FROM confirm_timings").fetchall()
+    print(f"\ntrials {trials}\nconfirm rounds {rounds}")
+    assert trials and all(j is None and w is None for _, j, w in trials)
+    assert baselines and all(j is None for (j,) in baselines)
+    assert rounds and all(j is not None and 50.0 < w < 1000.0 for _, j, w in rounds)
+    shown = run_tuner("--db", url, "show", str(trials[0][0]))
+    assert shown.exit_code == 0 and "energy (back to back): - (not metered" in shown.stdout
+    best = run_tuner("--db", url, "results", "--best")
+    assert best.exit_code == 0 and "mJ" in best.stdout  # the confirm stage's J per call

@@ -116,8 +116,8 @@ def test_profile_a_real_trial_with_ncu(gpu_profile, tmp_path) -> None:
         trial_id = store.add_trial(TrialRecord(
             run_id=run_id, problem=PROBLEM, template=variant.template,
             template_hash=load_manifest(variant.template).source_hash, params=variant.stored_params(),
-            variant_name=variant.name, status=TrialStatus.OK, median_us=m.median_us, p20_us=m.p20_us,
-            p80_us=m.p80_us, rel_error=m.rel_error, registers=kernel.compiled.registers,
+            variant_name=variant.name, status=TrialStatus.OK, timing=m.timing, rel_error=m.rel_error,
+            registers=kernel.compiled.registers,
         ))
         metrics = {x.name: x for x in profile_trial(store, trial_id)}
         detail = store.trial_detail(trial_id)

@@ -15,32 +15,24 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.energy import Energy
-from tuner.runtime.timing import Timing
+from tuner.runtime.timed import Timed, Timing
 from tuner.status import TrialStatus
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(Timed):
     """Outcome of verifying then timing one variant on one problem."""
 
     status: TrialStatus  # ok, incorrect, launch_error or timeout (compile/pruned are decided before)
-    median_us: Optional[float] = None
-    p20_us: Optional[float] = None
-    p80_us: Optional[float] = None
+    timing: Optional[Timing] = None  # None unless ok
     rel_error: Optional[float] = None
     error: Optional[str] = None
-    energy: Optional[Energy] = None  # of the back-to-back timing (None: NVML missing, or not ok)
-    isolated_us: Optional[float] = None  # median of isolated calls (timed for --objective isolated only)
 
 
 @dataclass(frozen=True)
-class BaselineMeasurement:
+class BaselineMeasurement(Timed):
     impl: str  # e.g. sdpa_flash, sdpa_cudnn, sdpa_efficient
-    median_us: float
-    p20_us: float
-    p80_us: float
-    energy: Optional[Energy] = None
-    isolated_us: Optional[float] = None
+    timing: Timing
     warnings: int = 0  # raised while it was built and timed, written to the baselines' log (runtime.baseline_log)
 
 

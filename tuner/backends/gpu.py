@@ -15,10 +15,11 @@ method; the child binds PyCUDA to torch's primary context
       baselines, first_round})
     ("stop", {})
 
-Each timing in a result carries its `energy` (a tuner.runtime.energy.Energy, or None where NVML is
-missing) and, for --objective isolated, its `isolated_us`; a confirm result is each implementation's
-runtime.timing.Timing per round. At start-up the child answers ("ready", None), or ("refused", message)
-for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
+Each timing in a result is one tuner.runtime.timed.Timing, sent whole: a measure result's "timing", each
+baseline's "timing", each implementation's Timing per round of a confirm result. Its energy is read where
+it decides (runtime.objective.metered: the confirm stage's rounds; every timing under --objective energy),
+else None; for --objective isolated it carries `isolated_us`. At start-up the child answers ("ready", None),
+or ("refused", message) for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
 
 Every message holds plain picklable data (Problem and BuiltKernel are frozen
 dataclasses; a BuiltKernel travels without its source, the child reads the
@@ -197,8 +198,7 @@ class GpuBackend:
         except (_Timeout, _Fault) as exc:
             warnings.warn(f"baselines of {problem.label} failed: {exc}", RuntimeWarning, stacklevel=2)
             return []
-        return [BaselineMeasurement(r["impl"], r["median_us"], r["p20_us"], r["p80_us"], energy=r.get("energy"),
-                                    isolated_us=r.get("isolated_us"), warnings=r.get("warnings", 0)) for r in rows]
+        return [BaselineMeasurement(r["impl"], r["timing"], warnings=r.get("warnings", 0)) for r in rows]
 
     def measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                 range_prefix: Optional[str] = None) -> Measurement:
@@ -238,8 +238,7 @@ class GpuBackend:
         except _Refused as exc:  # e.g. the cubin vanished from the cache
             return Measurement(TrialStatus.LAUNCH_ERROR, error=str(exc))
         status = TrialStatus(reply["status"])
-        return Measurement(status, reply.get("median_us"), reply.get("p20_us"), reply.get("p80_us"),
-                           reply.get("rel_error"), reply.get("error"), reply.get("energy"), reply.get("isolated_us"))
+        return Measurement(status, reply.get("timing"), reply.get("rel_error"), reply.get("error"))
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:

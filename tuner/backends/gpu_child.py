@@ -27,7 +27,7 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.objective import ENERGY, ISOLATED, TIME
+from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, metered
 from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import (
@@ -73,7 +73,9 @@ class RunnerOptions:
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
     refresh_every: int = 20  # fresh inputs and reference for a problem after this many measurements
-    objective: str = TIME  # isolated: calls are also timed isolated; energy: refused at setup without NVML
+    # isolated: calls are also timed isolated; energy: every timing metered (objective.metered; else the confirm
+    # stage's alone), refused at setup without NVML
+    objective: str = TIME
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,10 +104,14 @@ class CudaRunner:
             raise TunerError(f"--objective energy needs NVML's energy counter on GPU {self.options.device}, "
                              f"which this machine does not give ({self._meter.why_not})")
 
-    def _time(self, fn: Callable[[], Any]) -> Timing:
-        """Back to back with its energy; for --objective isolated, isolated calls too."""
-        return time_call(fn, meter=self._meter, isolated_too=self.options.objective == ISOLATED,
-                         l2_bytes=self.options.l2_bytes)
+    def _timing_options(self, stage: str) -> dict[str, Any]:
+        """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM): the energy meter
+        where it decides (objective.metered); for --objective isolated, isolated calls too."""
+        return {"meter": self._meter if metered(self.options.objective, stage) else None,
+                "isolated_too": self.options.objective == ISOLATED, "l2_bytes": self.options.l2_bytes}
+
+    def _time(self, fn: Callable[[], Any], stage: str) -> Timing:
+        return time_call(fn, **self._timing_options(stage))
 
     def facts(self) -> dict[str, Optional[str]]:
         import torch
@@ -185,10 +191,8 @@ class CudaRunner:
         with annotate(range_name(prefix, name, "time")):
             # Inputs were validated by the verify launch: time the launch alone, without
             # ~10 us of Python checks per call that small kernels would otherwise pay.
-            timing = self._time(kernel_call(kernel, data, out, checked=False))
-        return {**base, "status": "ok", "median_us": timing.median_us, "p20_us": timing.p20_us,
-                "p80_us": timing.p80_us, "reps": timing.reps, "energy": timing.energy,
-                "isolated_us": timing.isolated_us}
+            timing = self._time(kernel_call(kernel, data, out, checked=False), TRIAL)
+        return {**base, "status": "ok", "timing": timing}
 
     def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[Timing]]:
         """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
@@ -206,20 +210,16 @@ class CudaRunner:
             kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
             if data["ref"].error(out) < TOLERANCE[problem.dtype]:
-                calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call)
+                calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call, CONFIRM)
         for baseline in available_baselines(problem, q, k, v, scale, descales=data.get("descales")):
             if wanted is not None and baseline.name not in wanted:
                 continue
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
-            calls[baseline.name] = lambda baseline=baseline: self._time_baseline(baseline)
+            calls[baseline.name] = lambda baseline=baseline: baseline.time(**self._timing_options(CONFIRM))
         return interleaved_timings(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
                                    first_round=int(request.get("first_round", 0)))
-
-    def _time_baseline(self, baseline: Any) -> Timing:
-        return baseline.time(meter=self._meter, isolated_too=self.options.objective == ISOLATED,
-                             l2_bytes=self.options.l2_bytes)
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", True)
@@ -231,9 +231,8 @@ class CudaRunner:
         for baseline in found:
             progress(f"{baseline.name}/time", True)
             with annotate(range_name(range_prefix, baseline.name, "time")):
-                timing = self._time_baseline(baseline)
-            results.append({"impl": baseline.name, "median_us": timing.median_us, "p20_us": timing.p20_us,
-                            "p80_us": timing.p80_us, "energy": timing.energy, "isolated_us": timing.isolated_us})
+                timing = baseline.time(**self._timing_options(BASELINE))
+            results.append({"impl": baseline.name, "timing": timing})
         logged = take_counts()  # written to the baselines' log: the search says where
         return [{**r, "warnings": logged.get(r["impl"], 0)} for r in results]
 

@@ -27,9 +27,10 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
 from tuner.runtime.build import BuiltKernel
-from tuner.runtime.energy import Energy
+from tuner.runtime.energy import median_energy
 from tuner.runtime.objective import COLUMN, TIME, figure
-from tuner.runtime.timing import Timing, interleaved_timings
+from tuner.runtime.timed import Timing
+from tuner.runtime.timing import interleaved_timings
 from tuner.status import TrialStatus
 from tuner.store import RunInfo, TrialFilter, TrialRow, canonical_json, open_store, redact_url
 
@@ -41,39 +42,21 @@ REPLAYED_STATUSES = (TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.LAUNCH_E
 DELAY_ENV = "TUNER_REPLAY_DELAY_S"
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    status: TrialStatus
-    median_us: Optional[float]
-    p20_us: Optional[float]
-    p80_us: Optional[float]
-    rel_error: Optional[float]
-    error: Optional[str]
-    energy: Optional[Energy] = None
-    isolated_us: Optional[float] = None
-
-    @classmethod
-    def of(cls, r: TrialRow) -> "_Recorded":
-        return cls(r.status, r.median_us, r.p20_us, r.p80_us, r.rel_error, r.error, r.energy, r.isolated_us)
-
-    def measurement(self) -> Measurement:
-        return Measurement(self.status, self.median_us, self.p20_us, self.p80_us, self.rel_error, self.error,
-                           self.energy, self.isolated_us)
-
-
-def _median_energy(samples: list[Optional[Energy]]) -> Optional[Energy]:
-    """The median of each figure over the samples that have energy (None when none has)."""
-    found = [e for e in samples if e is not None]
-    if not found:
-        return None
-    mhz = [e.sm_mhz for e in found if e.sm_mhz is not None]
-    return Energy(statistics.median(e.joules_per_call for e in found), statistics.median(e.power_w for e in found),
-                  statistics.median(mhz) if mhz else None)
+def recorded(r: TrialRow) -> Measurement:
+    """What a recorded trial answers: its outcome and its stored Timing, as the GPU worker gave them."""
+    return Measurement(r.status, r.timing, r.rel_error, r.error)
 
 
 def _median_of(values: list[Optional[float]]) -> Optional[float]:
     found = [v for v in values if v is not None]
     return statistics.median(found) if found else None
+
+
+def _median_timing(samples: list[Timing]) -> Timing:
+    """Each figure's median over the samples that have it (a baseline recorded in several runs)."""
+    return Timing(statistics.median(t.median_us for t in samples), _median_of([t.p20_us for t in samples]),
+                  _median_of([t.p80_us for t in samples]), None, median_energy([t.energy for t in samples]),
+                  _median_of([t.isolated_us for t in samples]))
 
 
 @dataclass
@@ -129,12 +112,12 @@ class ReplayBackend:
             # recording's numbers under this one's name).
             rows = [r for r in source.query_trials(TrialFilter()) if r.replayed_from is None]
             self._facts, self._run_ids = self._pick_gpu(source.url, rows, profile, force)
-            self._trials: dict[tuple, list[_Recorded]] = {}
+            self._trials: dict[tuple, list[Measurement]] = {}
             self._baselines: dict[Problem, dict[str, list[BaselineMeasurement]]] = {}
             mine = [row for row in rows if row.run_id in self._run_ids]
             baseline_keys = {(row.run_id, row.problem_id) for row in mine}
             for key, found in recorded_measurements(mine).items():
-                kept = [_Recorded.of(r) for r in found if r.status is not TrialStatus.OK or figure(objective, r) is not None]
+                kept = [recorded(r) for r in found if r.status is not TrialStatus.OK or figure(objective, r) is not None]
                 if kept:
                     self._trials[key] = kept
             for row in mine:
@@ -145,8 +128,8 @@ class ReplayBackend:
                 if problem is None:
                     continue
                 for b in source.baselines_for(run_id, problem_id):
-                    self._baselines.setdefault(problem, {}).setdefault(b.impl, []).append(BaselineMeasurement(
-                        b.impl, b.median_us, b.p20_us or b.median_us, b.p80_us or b.median_us, b.energy, b.isolated_us))
+                    self._baselines.setdefault(problem, {}).setdefault(b.impl, []).append(
+                        BaselineMeasurement(b.impl, b.timing))
         self.source_url = source.url
         if objective != TIME and not any(r.status is TrialStatus.OK for rows in self._trials.values() for r in rows):
             raise TunerError(_lacking(objective, source.url))
@@ -181,12 +164,9 @@ class ReplayBackend:
 
     def baselines(self, problem: Problem) -> list[BaselineMeasurement]:
         """Each baseline's median over its recorded timings (one per recorded run)."""
-        out = [samples[0] if len(samples) == 1 else BaselineMeasurement(
-                   impl, statistics.median(b.median_us for b in samples), statistics.median(b.p20_us for b in samples),
-                   statistics.median(b.p80_us for b in samples), _median_energy([b.energy for b in samples]),
-                   _median_of([b.isolated_us for b in samples]))
+        out = [samples[0] if len(samples) == 1 else BaselineMeasurement(impl, _median_timing([b.timing for b in samples]))
                for impl, samples in self._baselines.get(problem, {}).items()]
-        return sorted(out, key=lambda b: b.median_us)
+        return sorted(out, key=lambda b: b.timing.median_us)
 
     def submit_measure(self, problem: Problem, variant: Variant, built: Optional[BuiltKernel], *,
                        range_prefix: str = "") -> "_Paced":
@@ -203,7 +183,7 @@ class ReplayBackend:
         samples = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())))
         if not samples:
             return Measurement(status=TrialStatus.PRUNED, error=NOT_RECORDED)
-        return self._rng.choice(samples).measurement()
+        return self._rng.choice(samples)
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
@@ -212,14 +192,12 @@ class ReplayBackend:
         samples: dict[str, list[Timing]] = {}
         for variant in variants:
             rows = self._trials.get((problem, variant.template, canonical_json(variant.stored_params())), [])
-            ok = [Timing(r.median_us, r.median_us, r.median_us, 1, r.energy, r.isolated_us) for r in rows
-                  if r.status is TrialStatus.OK and r.median_us is not None]
+            ok = [r.timing for r in rows if r.status is TrialStatus.OK and r.timing is not None]
             if ok:
                 samples[variant.name] = ok
         for impl, measured in self._baselines.get(problem, {}).items():
             if baselines is None or impl in baselines:
-                samples[impl] = [Timing(m.median_us, m.median_us, m.median_us, 1, m.energy, m.isolated_us)
-                                 for m in measured]
+                samples[impl] = [m.timing for m in measured]
 
         def draw(impl: str) -> Timing:
             if self._delay:

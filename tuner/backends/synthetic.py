@@ -9,6 +9,7 @@ is simply a results store written by `tuner search` on a GPU.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Iterable
 
 from tuner.backends.replay import synthetic_run_info
@@ -19,6 +20,7 @@ from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.baselines import sdpa_skipped
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 from tuner.store import BaselineRecord, TrialRecord, open_store
 
@@ -58,12 +60,14 @@ def synthetic_time_us(problem: Problem, params: dict, peak_tflops: float, key: s
     return (problem.flops / (peak_tflops * 1e12 * eff) * 1e6 + _LAUNCH_US) * noise
 
 
-def synthetic_figures(key: str, us: float, energy: bool, isolated: bool) -> dict:
-    """Made-up energy (board power 80-100% of the limit, by a hash of `key`; J per call = power x µs)
-    and isolated µs (5-15% below the back-to-back µs: the boost clock) of a synthetic timing."""
+def synthetic_timing(key: str, us: float, spread: float, energy: bool, isolated: bool) -> Timing:
+    """A synthetic Timing of `us` (p20 / p80 `spread` below / above it), the value a GPU worker gives: with
+    made-up energy (board power 80-100% of the limit, by a hash of `key`; J per call = power x µs) and
+    isolated µs (5-15% below the back-to-back µs: the boost clock)."""
     power = _POWER_LIMIT_W * (0.8 + 0.2 * _unit("power:" + key))
-    return {"energy": Energy(power * us * 1e-6, power, 1980.0 - 600.0 * power / _POWER_LIMIT_W) if energy else None,
-            "isolated_us": us * (0.85 + 0.1 * _unit("isolated:" + key)) if isolated else None}
+    return Timing(us, us * (1 - spread), us * (1 + spread), None,
+                  Energy(power * us * 1e-6, power, 1980.0 - 600.0 * power / _POWER_LIMIT_W) if energy else None,
+                  us * (0.85 + 0.1 * _unit("isolated:" + key)) if isolated else None)
 
 
 def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile: str = "h100",
@@ -86,19 +90,18 @@ def write_synthetic_recording(url: str, problems: Iterable[Problem], *, profile:
             skipped = sdpa_skipped(problem)  # as a GPU worker would: no SDPA where it cannot express the problem
             for impl, eff in ((i, e) for i, e in _BASELINES.items() if i not in skipped):
                 us = problem.flops / (baseline_peak * 1e12 * eff) * 1e6 + _LAUNCH_US
-                store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=impl, median_us=us,
-                                                  p20_us=us * 0.99, p80_us=us * 1.01,
-                                                  **synthetic_figures(impl + problem.label, us, energy, isolated)))
+                store.add_baseline(BaselineRecord(run_id=run_id, problem=problem, impl=impl,
+                                                  timing=synthetic_timing(impl + problem.label, us, 0.01, energy, isolated)))
             for variant in feasible_space(template, problem, prof):
                 name = variant.name
                 us = synthetic_time_us(problem, dict(variant.params), peak, name + problem.label)
                 fate = _unit("fate:" + name + problem.label)
-                fields: dict = dict(median_us=us, p20_us=us * 0.98, p80_us=us * 1.02, rel_error=4e-4,
-                                    **synthetic_figures(name + problem.label, us, energy, isolated))
+                timing = synthetic_timing(name + problem.label, us, 0.02, energy, isolated)
+                fields: dict = dict(timing=timing, rel_error=4e-4)
                 status = TrialStatus.OK
                 if fate < 0.03:
-                    status, fields = TrialStatus.INCORRECT, dict(fields, rel_error=0.05, error="rel error 5.0e-02 > 2.0e-03 (synthetic)",
-                                                           energy=None, isolated_us=None)
+                    status, fields = TrialStatus.INCORRECT, dict(timing=replace(timing, energy=None, isolated_us=None),
+                                                           rel_error=0.05, error="rel error 5.0e-02 > 2.0e-03 (synthetic)")
                 elif fate < 0.05:
                     status, fields = TrialStatus.LAUNCH_ERROR, dict(error="an illegal memory access was encountered (synthetic)")
                 elif fate < 0.06:

@@ -220,13 +220,16 @@ def bandwidth_lines(d: TrialDetail) -> list[Text]:
 
 
 def energy_lines(d: TrialDetail) -> list[Text]:
-    """The trial's energy and isolated time, where measured."""
+    """The trial's energy (a dash where its timing was not metered) and isolated time, where measured."""
     lines = []
     if d.energy is not None:
         e = d.energy
         lines.append(_line("energy (back to back)", f"{e.joules_per_call:.3g} J/call at {e.power_w:.0f} W, SM "
                                                     f"{fmt(e.sm_mhz, '.0f')} MHz; {fmt(d.tflops_per_watt, '.3f')} "
                                                     f"TFLOP/s per W"))
+    elif d.timing is not None:
+        lines.append(_line("energy (back to back)", "- (not metered: a search reads energy on every trial only "
+                                                    "with --objective energy, else in its confirm stage)"))
     if d.isolated_us is not None:
         lines.append(_line("isolated calls", f"{d.isolated_us:.2f} µs median (the card idle between calls)"))
     return lines

@@ -40,11 +40,11 @@ from tuner.reporting.report_model import (
     RunLabel,
     StudyCurve,
 )  # fmt: skip
-from tuner.runtime.energy import Energy
+from tuner.runtime.energy import Energy, median_energy
 from tuner.runtime.timing import per_round_ratio
 from tuner.search.study import storage_for
 from tuner.status import TrialStatus
-from tuner.store import Store, TrialFilter, TrialRow, default_db_url, open_store
+from tuner.store import ConfirmedRow, Store, TrialFilter, TrialRow, default_db_url, open_store
 from tuner.store.redact import redact_url
 
 
@@ -143,9 +143,11 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
     label = RunLabel(best.gpu_name, (best.run_id,), _date(detail.run_started_at), synthetic=is_synthetic_run(detail.run),
                      replayed_from=detail.run.replayed_from if detail.run is not None else None)
     baselines = {b.impl: b for b in detail.baselines}
-    timings = [ImplTiming(TUNED, float(best.median_us), best.tflops, *_energy(best.energy))] + [
-        ImplTiming(i, baselines[i].median_us, baselines[i].tflops, *_energy(baselines[i].energy))
-        for i in _ordered(list(baselines))
+    confirmed = _confirmed(store, best)
+    energy = _confirm_energy(store, confirmed) if confirmed is not None and confirmed.run_id == best.run_id else {}
+    assert best.timing is not None  # a best trial is an ok one
+    timings = [ImplTiming(TUNED, best.timing, best.tflops, energy.get(best.variant_name))] + [
+        ImplTiming(i, baselines[i].timing, baselines[i].tflops, energy.get(i)) for i in _ordered(list(baselines))
     ]
     rows = [r for r in store.query_trials(TrialFilter(gpu=gpu, problem=best.problem, run_id=run_id))
             if r.profile == best.profile]
@@ -155,15 +157,29 @@ def _problem_report(store: Store, best: TrialRow, gpu: str, run_id: Optional[int
     return ProblemReport(
         problem=best.problem, best=best, label=label, timings=tuple(timings), curves=tuple(curves),
         importances=tuple(param_importance(storage, c.study, why_none) for c in curves),
-        ncu=tuple(detail.ncu_metrics), confirm=_confirm_section(store, best, rows),
+        ncu=tuple(detail.ncu_metrics), confirm=_confirm_section(store, best, rows, confirmed),
     )  # fmt: skip
 
 
-def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Optional[ConfirmSection]:
+def _confirmed(store: Store, best: TrialRow) -> Optional[ConfirmedRow]:
     """The newest confirm stage of the problem on this profile, where it re-timed the reported best (a stage of
-    other trials, another run's or a replay's, is not this report's): each variant's in-search and confirmed µs."""
+    other trials, another run's or a replay's, is not this report's)."""
     confirmed = store.confirmed(best.problem, best.profile)
     if confirmed is None or best.id not in store.confirmed_trial_ids(confirmed.confirmation_id):
+        return None
+    return confirmed
+
+
+def _confirm_energy(store: Store, confirmed: ConfirmedRow) -> dict[str, Energy]:
+    """Each implementation's median Energy over the rounds of a confirm stage that read it."""
+    found = {impl: median_energy(rounds) for impl, rounds in store.confirm_energy(confirmed.confirmation_id).items()}
+    return {impl: e for impl, e in found.items() if e is not None}
+
+
+def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow],
+                     confirmed: Optional[ConfirmedRow]) -> Optional[ConfirmSection]:
+    """The confirm stage that re-timed the reported best (_confirmed): each variant's in-search and confirmed µs."""
+    if confirmed is None:
         return None
     timings = store.confirm_timings(confirmed.confirmation_id)
     energy = store.confirm_energy(confirmed.confirmation_id)
@@ -183,11 +199,6 @@ def _confirm_section(store: Store, best: TrialRow, rows: list[TrialRow]) -> Opti
 def _median_joules(energy: list[Optional[Energy]]) -> Optional[float]:
     joules = [e.joules_per_call for e in energy if e is not None]
     return statistics.median(joules) if joules else None
-
-
-def _energy(energy: Optional[Energy]) -> tuple[Optional[float], Optional[float]]:
-    """(J per call, power) of an ImplTiming."""
-    return (energy.joules_per_call, energy.power_w) if energy is not None else (None, None)
 
 
 def _run_facts(store: Store, trial_id: int) -> RunFacts:

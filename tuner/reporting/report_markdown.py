@@ -48,7 +48,9 @@ def render_markdown(report: BenchmarkReport, figures: Optional[dict[str, str]] =
                      "best baseline", "baseline µs", "speed-up", "baseline J/call", "baseline TFLOP/s per W"], rows,
                     right_from=5)
     lines += ["J/call: energy per call back to back (the card at its power limit, board power x median time); "
-              "TFLOP/s per W = TFLOP per joule; - where the run measured no energy (NVML missing).", ""]
+              "TFLOP/s per W = TFLOP per joule. A search reads energy in its confirm stage (the median of the rounds "
+              "is shown) and on every trial only with --objective energy; - where nothing was metered (or NVML "
+              "is missing).", ""]
     impls = report.baseline_impls
     lines += ["## Speed-up over each baseline", ""]
     rows = [[p.problem.label, p.label.caption] + [_f(p.ratios.get(i), ".3f", "x") for i in impls]

@@ -8,6 +8,8 @@ from typing import Optional
 
 from tuner.problem import Problem
 from tuner.reporting.markdown import run_caption
+from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timed, Timing
 from tuner.search.samplers import problem_key
 from tuner.store import NcuMetric, TrialRow
 
@@ -49,14 +51,28 @@ class RunFacts:
 
 
 @dataclass(frozen=True)
-class ImplTiming:
-    """One implementation's time on a problem: the tuned kernel or a baseline of its run."""
+class ImplTiming(Timed):
+    """One implementation's timing on a problem: the tuned kernel or a baseline of its run."""
 
     impl: str  # TUNED or a baseline name
-    median_us: float
+    timing: Timing
     tflops: Optional[float]
-    joules_per_call: Optional[float] = None  # back to back (None: not measured)
-    power_w: Optional[float] = None
+    # The median Energy of its rounds in the confirm stage that re-timed the tuned kernel: a search times its
+    # trials and baselines without the energy meter (unless it minimizes energy), its confirm stage with it.
+    confirm_energy: Optional[Energy] = None
+
+    @property
+    def shown_energy(self) -> Optional[Energy]:
+        """Its timing's energy, else the confirm stage's (None: neither was metered)."""
+        return self.timing.energy if self.timing.energy is not None else self.confirm_energy
+
+    @property
+    def joules_per_call(self) -> Optional[float]:
+        return self.shown_energy.joules_per_call if self.shown_energy else None
+
+    @property
+    def power_w(self) -> Optional[float]:
+        return self.shown_energy.power_w if self.shown_energy else None
 
     @property
     def tflops_per_watt(self) -> Optional[float]:

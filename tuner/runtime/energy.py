@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 log = logging.getLogger(__name__)
 SAMPLE_S = 0.005  # the sampling thread's period (SM clock, power, the energy counter's steps)
@@ -64,6 +64,17 @@ def energy_of(joules_per_call: Optional[float], power_w: Optional[float], sm_mhz
     if joules_per_call is None or power_w is None:
         return None
     return Energy(joules_per_call, power_w, sm_mhz)
+
+
+def median_energy(samples: Iterable[Optional[Energy]]) -> Optional[Energy]:
+    """The median of each figure over the samples that have energy (None when none has): a variant's or a
+    baseline's over several timings (confirm rounds, recorded runs)."""
+    found = [e for e in samples if e is not None]
+    if not found:
+        return None
+    mhz = [e.sm_mhz for e in found if e.sm_mhz is not None]
+    return Energy(statistics.median(e.joules_per_call for e in found), statistics.median(e.power_w for e in found),
+                  statistics.median(mhz) if mhz else None)
 
 
 def _handle_of(nvml: Any, device: int) -> Any:

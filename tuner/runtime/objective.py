@@ -8,7 +8,8 @@
   boost clock in between): the latency of a call made now and then.
 
 Every timing keeps its back-to-back µs (median_us) whatever the objective; energy and the isolated
-µs come beside it, so figures of searches with different objectives never mix.
+µs come beside it, so figures of searches with different objectives never mix. Energy is read where it
+decides (`metered`): a metered timing runs 0.5 s at least, 5x an unmetered one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ DEFAULT_OBJECTIVE = TIME
 # The stored column of each objective's figure (trials, baselines, confirm timings).
 COLUMN = {TIME: "median_us", ENERGY: "joules_per_call", ISOLATED: "isolated_us"}
 UNIT = {TIME: "µs", ENERGY: "J/call", ISOLATED: "µs isolated"}
+# What the GPU worker times: a search's trials, the baselines a study starts with, the confirm stage's rounds.
+TRIAL, BASELINE, CONFIRM = "trial", "baseline", "confirm"
 
 
 def check_objective(name: Optional[str]) -> str:
@@ -37,6 +40,13 @@ def required_column(objective: str) -> Optional[str]:
     """The trials column a stored ok trial needs to answer a search with this objective (None: time,
     whose figure every ok trial has)."""
     return None if objective == TIME else COLUMN[objective]
+
+
+def metered(objective: str, stage: str) -> bool:
+    """Whether a timing of `stage` reads the energy meter. NVML's counter steps every ~100 ms, so a metered
+    block runs at least 0.5 s (energy.MIN_WINDOW_S) where ~0.1 s of back-to-back calls give the median: only
+    the confirm stage's rounds (candidates and baselines alike), and everything an energy search ranks."""
+    return stage == CONFIRM or objective == ENERGY
 
 
 def figure(objective: str, timed: Any) -> Optional[float]:

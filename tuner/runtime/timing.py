@@ -5,22 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
-from tuner.runtime.energy import Energy, EnergyMeter
+from tuner.runtime.energy import EnergyMeter
+from tuner.runtime.timed import Timing
 
 METERED_MAX_REPS = 100_000  # a metered block's repetitions may go past max_reps to fill the energy window
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_us: float
-    p20_us: float
-    p80_us: float
-    reps: int
-    energy: Optional[Energy] = None  # of the timed repetitions, when an EnergyMeter was given and read
-    isolated_us: Optional[float] = None  # the median of the same call timed isolated (time_call), when asked
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -35,11 +35,10 @@ def trial_record(run_id: int, problem: Problem, template_hash: str, study: str, 
     return TrialRecord(
         run_id=run_id, problem=problem, template=variant.template, template_hash=template_hash,
         params=variant.stored_params(), variant_name=variant.name, status=status, study=study, trial_number=number,
-        median_us=m.median_us if m else None, p20_us=m.p20_us if m else None, p80_us=m.p80_us if m else None,
-        rel_error=m.rel_error if m else None, compile_s=compiled.seconds if compiled else None,
+        timing=m.timing if m else None, rel_error=m.rel_error if m else None,
+        compile_s=compiled.seconds if compiled else None,
         registers=compiled.registers if compiled and compiled.ok else None,
         spill_bytes=compiled.spill_bytes if compiled and compiled.ok else None,
         cubin_sha256=(compiled.cubin_sha256 or None) if compiled else None,
         compile_log=compiled.log if compiled and not compiled.ok else None, smem_bytes=smem_bytes, error=error,
-        energy=m.energy if m else None, isolated_us=m.isolated_us if m else None,
     )

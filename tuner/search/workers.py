@@ -190,9 +190,7 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     try:
         measured = ctx.backend.baselines(info.problem)
         for b in measured:
-            ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
-                                                  median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us,
-                                                  energy=b.energy, isolated_us=b.isolated_us))
+            ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl, timing=b.timing))
             if figure(ctx.objective, b) is not None:  # the progress shows the objective's figures
                 ctx.events(("baseline", job.index, figure(ctx.objective, b), b.impl))
         if any(b.warnings for b in measured):

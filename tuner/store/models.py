@@ -23,8 +23,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, composite, mapped_column
 
+from tuner.runtime.timed import Timing
 from tuner.status import TrialStatus
 
 # Deterministic constraint names, so that migrations can refer to them.
@@ -49,6 +50,11 @@ STATUS_TYPE = Enum(
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def timing_composite() -> Any:
+    """A table's Timing, mapped to its Timing.COLUMNS (NULL median: no timing, a failed trial's row)."""
+    return composite(Timing.from_columns, *Timing.COLUMNS)
 
 
 class Base(DeclarativeBase):
@@ -152,6 +158,8 @@ class TrialTable(Base):
     power_w: Mapped[Optional[float]] = mapped_column(Float)
     sm_mhz: Mapped[Optional[float]] = mapped_column(Float)
     isolated_us: Mapped[Optional[float]] = mapped_column(Float)  # median of isolated calls (--objective isolated)
+    # Energy columns NULL: not metered (a trial of a search with another objective than energy), or no NVML.
+    timing: Mapped[Optional[Timing]] = timing_composite()
 
 
 class BaselineTable(Base):
@@ -172,6 +180,7 @@ class BaselineTable(Base):
     power_w: Mapped[Optional[float]] = mapped_column(Float)
     sm_mhz: Mapped[Optional[float]] = mapped_column(Float)
     isolated_us: Mapped[Optional[float]] = mapped_column(Float)
+    timing: Mapped[Timing] = timing_composite()
 
 
 class NcuMetricTable(Base):

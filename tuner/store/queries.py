@@ -213,8 +213,9 @@ def to_trial_fields(row: Any) -> dict[str, Any]:
     """Keyword arguments of TrialRow from one row of trial_select()."""
     trial, problem, variant, run, best_impl, best_us, best_joules, best_watts, best_mhz = row
     ratio = None
-    if best_us is not None and trial.median_us:
-        ratio = best_us / trial.median_us
+    timing = trial.timing
+    if best_us is not None and timing is not None and timing.median_us:
+        ratio = best_us / timing.median_us
     return dict(
         id=trial.id,
         run_id=trial.run_id,
@@ -228,9 +229,7 @@ def to_trial_fields(row: Any) -> dict[str, Any]:
         study=trial.study,
         trial_number=trial.trial_number,
         status=TrialStatus(trial.status),
-        median_us=trial.median_us,
-        p20_us=trial.p20_us,
-        p80_us=trial.p80_us,
+        timing=timing,
         tflops=trial.tflops,
         rel_error=trial.rel_error,
         compile_s=trial.compile_s,
@@ -245,8 +244,6 @@ def to_trial_fields(row: Any) -> dict[str, Any]:
         best_baseline_impl=best_impl,
         best_baseline_us=best_us,
         ratio_to_best_baseline=ratio,
-        energy=energy_of(trial.joules_per_call, trial.power_w, trial.sm_mhz),
-        isolated_us=trial.isolated_us,
         best_baseline_energy=energy_of(best_joules, best_watts, best_mhz),
         replayed_from=run.replayed_from,
     )
@@ -262,12 +259,8 @@ def to_baseline_row(row: BaselineTable) -> BaselineRow:
         run_id=row.run_id,
         problem_id=row.problem_id,
         impl=row.impl,
-        median_us=row.median_us,
-        p20_us=row.p20_us,
-        p80_us=row.p80_us,
+        timing=row.timing,
         tflops=row.tflops,
-        energy=energy_of(row.joules_per_call, row.power_w, row.sm_mhz),
-        isolated_us=row.isolated_us,
     )
 
 

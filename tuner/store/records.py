@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 from tuner.errors import TunerError
 from tuner.problem import DTYPES, Problem
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timed, Timing
 from tuner.status import TrialStatus
 from tuner.store.redact import redact_command_line
 
@@ -78,10 +79,8 @@ class TrialRecord:
     status: TrialStatus
     study: Optional[str] = None
     trial_number: Optional[int] = None
-    median_us: Optional[float] = None
-    p20_us: Optional[float] = None
-    p80_us: Optional[float] = None
-    tflops: Optional[float] = None  # computed from problem and median_us when left out
+    timing: Optional[Timing] = None  # what the GPU worker measured, kept whole (None: not timed)
+    tflops: Optional[float] = None  # computed from problem and the timing's median when left out
     rel_error: Optional[float] = None
     compile_s: Optional[float] = None
     registers: Optional[int] = None
@@ -91,8 +90,6 @@ class TrialRecord:
     error: Optional[str] = None
     compile_log: Optional[str] = None
     source_path: Optional[str] = None
-    energy: Optional[Energy] = None  # of the back-to-back timing
-    isolated_us: Optional[float] = None  # median of isolated calls (--objective isolated)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,12 +99,8 @@ class BaselineRecord:
     run_id: int
     problem: Problem
     impl: str
-    median_us: float
-    p20_us: Optional[float] = None
-    p80_us: Optional[float] = None
-    tflops: Optional[float] = None  # computed from problem and median_us when left out
-    energy: Optional[Energy] = None
-    isolated_us: Optional[float] = None
+    timing: Timing
+    tflops: Optional[float] = None  # computed from problem and the timing's median when left out
 
 
 @dataclass(frozen=True)
@@ -150,24 +143,23 @@ class TrialFilter:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BaselineRow:
+class BaselineRow(Timed):
     id: int
     run_id: int
     problem_id: int
     impl: str
-    median_us: float
-    p20_us: Optional[float]
-    p80_us: Optional[float]
+    timing: Timing
     tflops: Optional[float]
-    energy: Optional[Energy] = None
-    isolated_us: Optional[float] = None
 
     @property
     def tflops_per_watt(self) -> Optional[float]:
         return self.energy.tflops_per_watt(self.tflops) if self.energy else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            out.update(timing_fields(self.timing) if f.name == "timing" else {f.name: getattr(self, f.name)})
+        return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -182,8 +174,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def timing_fields(timing: Optional[Timing]) -> dict[str, Any]:
+    """A timing's figures as the JSON and CSV of rows have always shown them: flat, beside the row's other
+    fields, the energy a dict (the repetitions are not stored)."""
+    t = timing
+    return {"median_us": t.median_us if t else None, "p20_us": t.p20_us if t else None,
+            "p80_us": t.p80_us if t else None, "energy": asdict(t.energy) if t and t.energy else None,
+            "isolated_us": t.isolated_us if t else None}
+
+
 @dataclass(frozen=True, kw_only=True)
-class TrialRow:
+class TrialRow(Timed):
     """A stored trial with its problem, variant, GPU and ratio to the best baseline."""
 
     id: int
@@ -198,9 +199,7 @@ class TrialRow:
     study: Optional[str]
     trial_number: Optional[int]
     status: TrialStatus
-    median_us: Optional[float]
-    p20_us: Optional[float]
-    p80_us: Optional[float]
+    timing: Optional[Timing]  # None: not timed (a failed trial)
     tflops: Optional[float]
     rel_error: Optional[float]
     compile_s: Optional[float]
@@ -222,8 +221,6 @@ class TrialRow:
     confirmed_baseline: Optional[str] = None
     confirmed_joules_per_call: Optional[float] = None  # median over the interleaved rounds
     confirmed_objective: Optional[str] = None  # what confirmed_ratio compares (None: time)
-    energy: Optional[Energy] = None  # of the back-to-back timing (None: not measured)
-    isolated_us: Optional[float] = None  # median of isolated calls (--objective isolated)
     best_baseline_energy: Optional[Energy] = None
     replayed_from: Optional[str] = None  # its run's recording, when a replay answered it (None: measured)
 
@@ -255,7 +252,9 @@ class TrialRow:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, list):
+            if f.name == "timing":
+                out.update({key: _jsonable(v) for key, v in timing_fields(value).items()})
+            elif isinstance(value, list):
                 out[f.name] = [item.to_dict() if hasattr(item, "to_dict") else _jsonable(asdict(item)) for item in value]
             elif isinstance(value, RunInfo):
                 out[f.name] = asdict(value)

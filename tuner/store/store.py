@@ -40,7 +40,7 @@ from tuner.store.records import (
     canonical_json,
 )
 from tuner.store.redact import redacted
-from tuner.store.writes import figures, get_or_create, num, text, tflops, upsert_insert
+from tuner.store.writes import get_or_create, num, stored, text, tflops, upsert_insert
 
 _VARIANT_KEYS = ("template", "template_hash", "params_key")
 
@@ -167,10 +167,8 @@ class Store(ConfirmationStore):
                 study=text(rec.study),
                 trial_number=rec.trial_number,
                 status=status,
-                median_us=num(rec.median_us),
-                p20_us=num(rec.p20_us),
-                p80_us=num(rec.p80_us),
-                tflops=tflops(rec.problem, rec.tflops, num(rec.median_us)),
+                timing=(timing := stored(rec.timing)),
+                tflops=tflops(rec.problem, rec.tflops, timing.median_us if timing else None),
                 rel_error=num(rec.rel_error),
                 compile_s=num(rec.compile_s),
                 registers=rec.registers,
@@ -181,7 +179,6 @@ class Store(ConfirmationStore):
                 compile_log=text(rec.compile_log),
                 source_path=text(rec.source_path),
                 created_at=utcnow(),
-                **figures(rec.energy, rec.isolated_us),
             )
             self._require_run(session, rec.run_id)
             session.add(trial)
@@ -195,11 +192,8 @@ class Store(ConfirmationStore):
                 run_id=rec.run_id,
                 problem_id=get_or_create(session, ProblemTable, rec.problem.to_dict(), q.PROBLEM_KEYS),
                 impl=text(rec.impl),
-                median_us=float(rec.median_us),
-                p20_us=num(rec.p20_us),
-                p80_us=num(rec.p80_us),
-                tflops=tflops(rec.problem, rec.tflops, rec.median_us),
-                **figures(rec.energy, rec.isolated_us),
+                timing=stored(rec.timing),
+                tflops=tflops(rec.problem, rec.tflops, rec.timing.median_us),
             )
             session.add(baseline)
             session.flush()

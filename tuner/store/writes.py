@@ -9,8 +9,11 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from dataclasses import replace
+
 from tuner.problem import Problem
 from tuner.runtime.energy import Energy
+from tuner.runtime.timed import Timing
 
 
 def text(value: Optional[str]) -> Optional[str]:
@@ -31,6 +34,17 @@ def figures(energy: Optional[Energy], isolated_us: Optional[float] = None) -> di
     return {"joules_per_call": num(energy.joules_per_call) if energy else None,
             "power_w": num(energy.power_w) if energy else None,
             "sm_mhz": num(energy.sm_mhz) if energy else None, "isolated_us": num(isolated_us)}
+
+
+def stored(timing: Optional[Timing]) -> Optional[Timing]:
+    """The Timing as its columns keep it (num: NaN is NULL; a NaN median, no timing)."""
+    if timing is None or num(timing.median_us) is None:
+        return None
+    e = timing.energy
+    energy = None if e is None or num(e.joules_per_call) is None or num(e.power_w) is None else \
+        replace(e, joules_per_call=num(e.joules_per_call), power_w=num(e.power_w), sm_mhz=num(e.sm_mhz))
+    return replace(timing, median_us=num(timing.median_us), p20_us=num(timing.p20_us), p80_us=num(timing.p80_us),
+                   energy=energy, isolated_us=num(timing.isolated_us))
 
 
 def tflops(problem: Problem, tflops: Optional[float], median_us: Optional[float]) -> Optional[float]:

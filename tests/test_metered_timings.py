@@ -1,0 +1,125 @@
+"""Energy where it decides: the GPU worker's CudaRunner reads the energy meter (a 0.5 s block at least) for
+the confirm stage's candidates and baselines, and for a search's trials and baselines only under
+--objective energy. Run on a CPU: the inputs, the kernel and the timing are stand-ins that record what
+the runner asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from tuner.backends import gpu_child
+from tuner.backends.gpu_child import CudaRunner, RunnerOptions
+from tuner.problem import Problem
+from tuner.runtime.objective import ENERGY, ISOLATED, TIME
+from tuner.runtime.timed import Timing
+
+PROBLEM = Problem(1, 2, 128, 128, 64)
+METER = object()  # the runner's EnergyMeter, as the timing calls receive it
+TIMING = Timing(10.0, 9.5, 10.5, 200)
+
+
+@dataclass
+class Asked:
+    """What each timing was asked for, in order: (who, meter, isolated_too)."""
+
+    calls: list[tuple[str, Any, bool]] = field(default_factory=list)
+
+    def timing(self, who: str, kwargs: dict[str, Any]) -> Timing:
+        self.calls.append((who, kwargs.get("meter"), bool(kwargs.get("isolated_too"))))
+        return TIMING
+
+
+class FakeBaseline:
+    def __init__(self, name: str, asked: Asked) -> None:
+        self.name, self._asked = name, asked
+
+    def time(self, **kwargs: Any) -> Timing:
+        return self._asked.timing(self.name, kwargs)
+
+
+class FakeKernel:
+    registers = 96
+
+
+@dataclass
+class FakeBuilt:
+    entry: str = "kernel_a"
+
+    @property
+    def compiled(self) -> Any:
+        return type("Compiled", (), {"cubin": b"cubin"})()
+
+    def load(self, device: int, cubin: bytes = b"") -> FakeKernel:
+        return FakeKernel()
+
+
+class ExactReference:
+    def error(self, out: Any) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def runner_of(monkeypatch) -> Callable[[str], tuple[CudaRunner, Asked]]:
+    import torch
+
+    asked = Asked()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(gpu_child, "time_call", lambda fn, **kwargs: asked.timing("kernel", kwargs))
+    monkeypatch.setattr(gpu_child, "kernel_call", lambda kernel, data, out, checked: (lambda: None))
+    monkeypatch.setattr(gpu_child, "empty_output", lambda q: object())
+    monkeypatch.setattr(gpu_child, "available_baselines",
+                        lambda *args, **kwargs: [FakeBaseline("sdpa_flash", asked), FakeBaseline("sdpa_cudnn", asked)])
+
+    def make(objective: str) -> tuple[CudaRunner, Asked]:
+        runner = CudaRunner(RunnerOptions(objective=objective))
+        runner._meter = METER  # type: ignore[assignment]
+        data = {"q": None, "k": None, "v": None, "scale": 0.125, "seed": 1, "ref": ExactReference()}
+        monkeypatch.setattr(runner, "_problem_inputs", lambda problem: data)
+        return runner, asked
+
+    return make
+
+
+def noop(*_args: Any, **_kwargs: Any) -> None:
+    pass
+
+
+def measure(runner: CudaRunner) -> dict[str, Any]:
+    return runner.measure({"problem": PROBLEM, "built": FakeBuilt(), "range_prefix": "r/t1"}, noop)
+
+
+def confirm(runner: CudaRunner, rounds: int = 2) -> dict[str, list[Timing]]:
+    return runner.confirm({"problem": PROBLEM, "builts": [FakeBuilt()], "rounds": rounds, "baselines": None}, noop)
+
+
+def test_a_trial_of_the_default_objective_is_timed_without_the_meter_and_its_confirm_stage_with_it(runner_of):
+    runner, asked = runner_of(TIME)
+    reply = measure(runner)
+    assert reply["status"] == "ok" and reply["timing"] == TIMING  # the Timing whole, as the pipe carries it
+    runner.baselines(PROBLEM, "r", noop)
+    assert asked.calls == [("kernel", None, False), ("sdpa_flash", None, False), ("sdpa_cudnn", None, False)]
+    asked.calls.clear()
+    timed = confirm(runner)
+    assert set(timed) == {"kernel_a", "sdpa_flash", "sdpa_cudnn"} and all(len(t) == 2 for t in timed.values())
+    # every round of every candidate and baseline reads the meter
+    assert len(asked.calls) == 6 and all(meter is METER for _, meter, _ in asked.calls)
+
+
+def test_under_the_energy_objective_every_trial_and_baseline_reads_the_meter(runner_of):
+    runner, asked = runner_of(ENERGY)
+    measure(runner)
+    measure(runner)
+    runner.baselines(PROBLEM, "r", noop)
+    confirm(runner, rounds=1)
+    assert len(asked.calls) == 7 and all(meter is METER for _, meter, _ in asked.calls)
+
+
+def test_the_isolated_objective_times_isolated_calls_but_meters_only_the_confirm_stage(runner_of):
+    runner, asked = runner_of(ISOLATED)
+    measure(runner)
+    confirm(runner, rounds=1)
+    assert asked.calls[0] == ("kernel", None, True)
+    assert all(meter is METER and isolated for _, meter, isolated in asked.calls[1:])
