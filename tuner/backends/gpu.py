@@ -11,8 +11,8 @@ method; the child binds PyCUDA to torch's primary context
     ("baselines", {problem, range_prefix})  ("result", data)        success, or a wrong result
     ("measure", {problem, built,            ("error", message)      a bad request; the child lives on
       range_prefix})                        ("fault", message)      the context is gone: the child exits
-    ("confirm", {problem, builts, rounds,
-      baselines, first_round})
+    ("confirm", {problem, builts, rounds,   ("spent", {part: seconds})  before a result: its fixed costs
+      baselines, first_round})                                      (inputs, reference, verification, ...)
     ("stop", {})
 
 Each timing in a result is one tuner.runtime.timed.Timing, sent whole: a measure result's "timing", each
@@ -68,6 +68,8 @@ from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
 from tuner.status import TrialStatus
 
+RESTART = "restarting the GPU worker"  # a fixed cost of the parent side: a fresh child after a fault or a timeout
+
 # ---------------------------------------------------------------------------------------------
 # Parent side
 
@@ -102,8 +104,7 @@ class GpuBackend:
 
     def __init__(self, profile: GpuProfile, device: int = 0, watchdog_s: float = 10.0, seed: Optional[int] = None,
                  *, runner: Optional[Callable[[RunnerOptions], Runner]] = None, timing_budget_s: float = 60.0,
-                 start_timeout_s: float = 300.0, refresh_every: int = 20, range_prefix: str = "",
-                 objective: str = "time") -> None:
+                 start_timeout_s: float = 300.0, range_prefix: str = "", objective: str = "time") -> None:
         if runner is None:
             check_gpu_environment()
         if watchdog_s <= 0 or timing_budget_s < 0:
@@ -116,8 +117,10 @@ class GpuBackend:
         self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
-        self._options = runner_options(profile, device, seed, refresh_every, objective)  # objective: see gpu_child
+        self._options = runner_options(profile, device, seed, objective)  # objective: see gpu_child
         self._worker: Optional[_Worker] = None
+        self._spent: dict[tuple[Optional[str], str], float] = {}  # fixed_costs(), shared with each child in turn
+        self._started = False  # a child was ready once: a later start is a restart
         self._facts: Optional[DeviceFacts] = None
         self._pending: Optional[_GpuMeasurement] = None  # submitted, reply not collected yet
         self._closed = False
@@ -131,17 +134,28 @@ class GpuBackend:
     def _ensure_worker(self) -> _Worker:
         if self._closed:
             raise TunerError("the GPU backend is closed")
+        started, fresh = time.perf_counter(), False
         if self._worker is None or not self._worker.process.is_alive():
             if self._worker is not None:
                 self._worker.kill()
             self._worker = adopt_prestarted(self._options, self._factory) or _Worker(self._factory, self._options)
+            self._worker.spent, fresh = self._spent, True
         try:
             self._worker.wait_ready(self.start_timeout_s)
         except BaseException:
             worker, self._worker = self._worker, None
             worker.kill()  # already done where the start failed; an interrupt leaves it running
             raise
+        if fresh and self._started:  # after a fault or a timeout, before the next request: no request's time
+            self._spent[(None, RESTART)] = self._spent.get((None, RESTART), 0.0) + time.perf_counter() - started
+        self._started = True
         return self._worker
+
+    def fixed_costs(self) -> dict[tuple[Optional[str], str], float]:
+        """Seconds of the GPU worker's fixed costs so far by (request, part): the child's inputs, reference,
+        verification and baseline set-up within its "measure", "baselines" and "confirm" requests, and
+        (None, RESTART) for its restarts after faults and timeouts (between requests)."""
+        return dict(self._spent)
 
     def _request(self, op: str, args: dict[str, Any]) -> Any:
         return self._receive(self._send(op, args))

@@ -12,33 +12,27 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
 import signal
-import subprocess
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
+from tuner.profiles.cuda_query import driver_version
 from tuner.runtime.baseline_log import take_counts
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
+from tuner.runtime.fixed_costs import (BASELINE_SETUP, INPUTS, REFERENCE, VERIFICATION, Spent, await_baseline_imports,
+                                       fingerprint, start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, metered
 from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
-from tuner.runtime.verify import (
-    TOLERANCE,
-    empty_output,
-    fp8_inputs,
-    make_inputs,
-    paged_inputs,
-    ragged_seq_lens,
-    expected_output,
-)
+from tuner.runtime.verify import (TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs, paged_inputs,
+                                  ragged_seq_lens)  # fmt: skip
 
 Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
 
@@ -72,7 +66,6 @@ class RunnerOptions:
     device: int = 0
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
-    refresh_every: int = 20  # fresh inputs and reference for a problem after this many measurements
     # isolated: calls are also timed isolated; energy: every timing metered (objective.metered; else the confirm
     # stage's alone), refused at setup without NVML
     objective: str = TIME
@@ -96,9 +89,11 @@ class CudaRunner:
         self._rng = random.Random(options.seed)
         self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
         self._meter = EnergyMeter(options.device)
+        self.spent = Spent(_sync_gpu)  # the fixed costs of each request, sent after it (child_main)
 
     def setup(self) -> None:
         cuda_driver(self.options.device)
+        start_baseline_imports(self.options.device)  # FA4's import, seconds, while the first trials compile
         # NVML opens now, in the process that times: a missing one is logged before the first timing.
         if not self._meter.available and self.options.objective == ENERGY:
             raise TunerError(f"--objective energy needs NVML's energy counter on GPU {self.options.device}, "
@@ -125,37 +120,46 @@ class CudaRunner:
         return {
             "gpu_name": torch.cuda.get_device_name(device),
             "gpu_uuid": uuid_text,
-            "driver": _driver_version(),
+            "driver": driver_version(),
             "cuda_version": torch.version.cuda,
         }
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
-        """q, k, v and the fp32 reference, fresh after `refresh_every` uses (a new seed each time); an e4m3
-        problem's fp8 q, k, v come with their Descales (entry["descales"]), which the kernel, the reference
-        and the baselines take."""
+        """q, k, v and the fp32 reference, built once per problem (seconds at long sequences) and used while
+        intact (_intact); an e4m3 problem's fp8 q, k, v come with their Descales (entry["descales"]), which the
+        kernel, the reference and the baselines take."""
         entry = self._inputs.get(problem)
-        if entry is not None and entry["uses"] < self.options.refresh_every:
+        if entry is not None and self._intact(problem, entry):
             self._inputs.move_to_end(problem)
-            entry["uses"] += 1
             return entry
-        self._inputs.pop(problem, None)
         while len(self._inputs) >= 2:  # a big problem's inputs and reference take hundreds of MB
             self._inputs.popitem(last=False)
         seed = self._rng.randrange(1 << 62)
         descales = None
-        if problem.fp8:
-            q, k, v, descales = fp8_inputs(problem, "cuda", seed)
-        else:
-            q, k, v = make_inputs(problem, "cuda", seed)
-        scale = 1.0 / math.sqrt(problem.head_dim)
+        with self.spent.part(INPUTS):
+            if problem.fp8:
+                q, k, v, descales = fp8_inputs(problem, "cuda", seed)
+            else:
+                q, k, v = make_inputs(problem, "cuda", seed)
+            entry = {"q": q, "k": k, "v": v, "scale": 1.0 / math.sqrt(problem.head_dim), "seed": seed,
+                     **layout_inputs(problem, q, k, v, seed)}
         lengths = problem.key_lengths() if problem.ragged else None
-        ref = expected_output(problem, q, k, v, scale, key_lengths=lengths, descales=descales)  # sampled rows at 128K
-        entry = {"q": q, "k": k, "v": v, "ref": ref, "scale": scale, "seed": seed, "uses": 1,
-                 **layout_inputs(problem, q, k, v, seed)}
+        with self.spent.part(REFERENCE):  # on sampled rows at 128K
+            entry["ref"] = expected_output(problem, q, k, v, entry["scale"], key_lengths=lengths, descales=descales)
         if descales is not None:
             entry["descales"] = descales
+        entry["fingerprint"] = fingerprint(entry)
         self._inputs[problem] = entry
         return entry
+
+    def _intact(self, problem: Problem, data: dict[str, Any]) -> bool:
+        """Whether the problem's inputs and reference are as they were built. A kernel that writes past its
+        output writes into torch's allocator memory (no fault), maybe into them: then they are dropped, that
+        kernel is found wrong (checked after each verify launch) and the next variant gets fresh ones."""
+        if fingerprint({k: v for k, v in data.items() if k != "fingerprint"}) == data["fingerprint"]:
+            return True
+        self._inputs.pop(problem, None)
+        return False
 
     def measure(self, request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         import torch
@@ -175,18 +179,17 @@ class CudaRunner:
             out = empty_output(data["q"])
             torch.cuda.synchronize()
         progress("verify")
-        with annotate(range_name(prefix, name, "verify")):
+        with annotate(range_name(prefix, name, "verify")), self.spent.part(VERIFICATION):
             kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
-        err = data["ref"].error(out)
+            err = data["ref"].error(out)
+            intact = self._intact(problem, data)
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
-        if not math.isfinite(err) or err >= TOLERANCE[problem.dtype]:
-            why = "NaN/inf or unwritten elements in the output" if not math.isfinite(err) else \
-                f"relative error {err:.3e} >= tolerance {TOLERANCE[problem.dtype]:g}"
-            # A wrong kernel may also have written past its output, into the cached inputs or reference (torch's
-            # allocator memory: no fault): the next variant gets fresh ones, not an unearned 'incorrect'.
-            self._inputs.pop(problem, None)
+        why = _wrong(err, problem.dtype, intact)
+        if why is not None:
             return {**base, "status": "incorrect", "error": why}
+        with self.spent.part(BASELINE_SETUP):
+            await_baseline_imports()  # no import thread left to slow the timed launches (the GIL)
         progress("time", True)
         with annotate(range_name(prefix, name, "time")):
             # Inputs were validated by the verify launch: time the launch alone, without
@@ -207,11 +210,13 @@ class CudaRunner:
         calls: dict[str, Callable[[], Any]] = {}
         for built in request["builts"]:
             kernel, out = built.load(self.options.device), empty_output(q)
-            kernel_call(kernel, data, out, checked=True)()
-            torch.cuda.synchronize()
-            if data["ref"].error(out) < TOLERANCE[problem.dtype]:
+            with self.spent.part(VERIFICATION):
+                kernel_call(kernel, data, out, checked=True)()
+                torch.cuda.synchronize()
+                ok = data["ref"].error(out) < TOLERANCE[problem.dtype] and self._intact(problem, data)
+            if ok:
                 calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call, CONFIRM)
-        for baseline in available_baselines(problem, q, k, v, scale, descales=data.get("descales")):
+        for baseline in self._available_baselines(problem, data):
             if wanted is not None and baseline.name not in wanted:
                 continue
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
@@ -225,8 +230,7 @@ class CudaRunner:
         progress("prepare", True)
         data = self._problem_inputs(problem)
         take_counts()  # count this request's warnings only
-        found = available_baselines(problem, data["q"], data["k"], data["v"], data["scale"],
-                                    descales=data.get("descales"))
+        found = self._available_baselines(problem, data)
         results = []
         for baseline in found:
             progress(f"{baseline.name}/time", True)
@@ -236,33 +240,37 @@ class CudaRunner:
         logged = take_counts()  # written to the baselines' log: the search says where
         return [{**r, "warnings": logged.get(r["impl"], 0)} for r in results]
 
+    def _available_baselines(self, problem: Problem, data: dict[str, Any]) -> list[Any]:
+        """The baselines that run the problem (their imports awaited; their first calls compile FA4's kernel)."""
+        with self.spent.part(BASELINE_SETUP):
+            await_baseline_imports()
+            return available_baselines(problem, data["q"], data["k"], data["v"], data["scale"],
+                                       descales=data.get("descales"))
+
     def close(self) -> None:
         self._inputs.clear()
         self._meter.close()
 
 
-def _driver_version() -> Optional[str]:
-    """The NVIDIA driver version (e.g. 580.65.06) from nvidia-smi, else the CUDA driver API version."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
-            if out:
-                return out.splitlines()[0].strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        from tuner.profiles.cuda_query import driver_cuda_version
-
-        version = driver_cuda_version()  # e.g. 13000 for CUDA 13.0
-        return None if version is None else f"cuda {version // 1000}.{version % 1000 // 10}"
-    except Exception:  # noqa: BLE001 - a missing fact is not an error
-        return None
+def _wrong(err: float, dtype: str, intact: bool) -> Optional[str]:
+    """Why a kernel whose output is `err` from the reference is incorrect (None: it is not)."""
+    if not math.isfinite(err):
+        return "NaN/inf or unwritten elements in the output"
+    if err >= TOLERANCE[dtype]:
+        return f"relative error {err:.3e} >= tolerance {TOLERANCE[dtype]:g}"
+    return None if intact else "it wrote past its output, into the inputs or the reference"
 
 
 def default_runner(options: RunnerOptions) -> Runner:
     return CudaRunner(options)
+
+
+def _sync_gpu() -> None:
+    """Wait for the GPU's queued work (a part's seconds are its own), where CUDA is in use."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +282,7 @@ def warm_up(runner_factory: Callable[[RunnerOptions], Runner], device: int) -> N
     (4-7 s on an H100 host), which its setup() then finds done."""
     if runner_factory is default_runner:
         cuda_driver(device)
+        start_baseline_imports(device)
 
 
 def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], options: Optional[RunnerOptions],
@@ -333,6 +342,9 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
                 result = runner.confirm(args, progress)  # type: ignore[attr-defined]
             else:
                 raise RequestError(f"unknown request {op!r}")
+            spent = getattr(runner, "spent", None)  # the request's fixed costs, by part (a fake runner has none)
+            if spent is not None:
+                conn.send(("spent", spent.take()))
         except RequestError as exc:
             conn.send(("error", str(exc)))
             continue

@@ -48,6 +48,9 @@ class _Worker:
         self.device = options.device if options is not None else device
         self.configured = options is not None
         self.ready = False
+        self.op: Optional[str] = None  # the request sent last
+        # Seconds of the child's fixed costs by (request, part), from its ("spent", {part: seconds}) messages.
+        self.spent: dict[tuple[Optional[str], str], float] = {}
 
     def configure(self, options: RunnerOptions) -> None:
         """Send the options to a child started without them (once); a child that died meanwhile says why
@@ -89,6 +92,7 @@ class _Worker:
 
     def send(self, op: str, args: dict[str, Any]) -> None:
         """Send one request; a _Fault leaves this worker dead."""
+        self.op = op
         try:
             self.conn.send((op, args))
         except (OSError, ValueError) as exc:
@@ -114,6 +118,9 @@ class _Worker:
                 phase, long = message[1], message[2]
                 budget = watchdog_s + (long_budget_s if long else 0.0)
                 deadline = time.monotonic() + budget
+            elif kind == "spent":
+                for part, seconds in message[1].items():
+                    self.spent[(self.op, part)] = self.spent.get((self.op, part), 0.0) + seconds
             elif kind == "result":
                 return message[1]
             elif kind == "error":
@@ -144,10 +151,9 @@ class _Worker:
 
 
 def runner_options(profile: GpuProfile, device: int, seed: Optional[int] = None,
-                   refresh_every: int = 20, objective: str = "time") -> RunnerOptions:
+                   objective: str = "time") -> RunnerOptions:
     """What a GPU worker child of `device` is started with (and a prestarted child is matched by)."""
-    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, refresh_every=refresh_every,
-                         objective=objective)
+    return RunnerOptions(device=device, l2_bytes=profile.l2_bytes, seed=seed, objective=objective)
 
 
 # Children started ahead of their backend (prestart), by (device, runner factory), without their

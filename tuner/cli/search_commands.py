@@ -66,16 +66,19 @@ def parse_devices(text: str) -> tuple[int, ...]:
 
 
 def time_pieces(report: SearchReport) -> list[str]:
-    """Where the wall time went, by phase; with several workers (cards) the mean per worker, since
-    they run side by side. `other` is the rest: the sampler, the store, Python, process start.
-    In pieces (see say_wrapped), each with its separator; joined, they are time_line."""
+    """Where the wall time went, by phase: the search's own (preparing, summing up), then its workers'; with
+    several workers (cards) their mean, since they run side by side. The GPU worker's fixed costs (inputs,
+    reference, verification, baseline set-up, restarts) are named apart from the phases that waited for them.
+    `other` is the rest: the sampler, the store, Python. In pieces (see say_wrapped), each with its separator;
+    joined, they are time_line."""
     workers = max(report.workers, 1)
+    own = [(phase, s) for phase, s in report.search_seconds]
     phases = [(phase, s / workers) for phase, s in report.seconds]
-    phases.append(("other", max(report.wall_s - sum(s for _, s in phases), 0.0)))
-    parts = [f"{phase} {s:.1f} s ({s / report.wall_s:.0%}), " for phase, s in phases]
+    phases.append(("other", max(report.wall_s - sum(s for _, s in own + phases), 0.0)))
+    parts = [f"{phase} {s:.1f} s ({s / report.wall_s:.0%}), " for phase, s in own + phases]
     parts[-1] = parts[-1].removesuffix(", ")
     each = [f"{workers} workers, per worker (mean): "] if workers > 1 else []
-    return [f"time: {report.wall_s:.1f} s wall; ", *each, *parts]
+    return [f"time: {report.wall_s:.1f} s wall; ", *parts[:len(own)], *each, *parts[len(own):]]
 
 
 def time_line(report: SearchReport) -> str:
@@ -107,6 +110,12 @@ def print_search_report(report: SearchReport) -> None:
     for name, held in report.stopped_early:
         say(f"study {name}: stopped early after {held} trials (--early-stop: the best did not improve by more "
             f"than {EARLY_STOP_NOISE:.0%} in the last trials)", stderr=True)
+    if report.untuned:  # stopped cleanly: what the budget left out, by problem
+        labels = {s.study: s.problem.label for s in report.summaries}
+        names = [f"{labels.get(name, name)}, " for name in report.untuned]
+        names[-1] = names[-1].removesuffix(", ") + "; "
+        say_wrapped([f"the time budget was spent: {len(report.untuned)} of {len(report.studies)} problems not "
+                     "tuned: ", *names, "continue with --resume"])
     for name in report.exhausted:
         say(f"study {name}: the sampler proposed only points it already holds ({MAX_REPEAT_STREAK} in a row); "
             "the space looks exhausted for it, so the search stopped early", stderr=True)

@@ -11,13 +11,15 @@ opened and each call's result checked in tuner/runtime/shipped/cuda_driver.py
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from tuner.runtime.shipped import cuda_driver as _door
 from tuner.runtime.shipped.cuda_driver import DriverError, check as _check
 
-__all__ = ["DriverDevice", "DriverError", "driver_devices"]
+__all__ = ["DriverDevice", "DriverError", "driver_devices", "driver_version"]
 
 _SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute values
 
@@ -82,3 +84,21 @@ def driver_cuda_version() -> Optional[int]:
     version = ctypes.c_int(0)
     _check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
     return version.value
+
+
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver version (e.g. 580.65.06) from nvidia-smi, else the CUDA driver API version."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            if out:
+                return out.splitlines()[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        version = driver_cuda_version()  # e.g. 13000 for CUDA 13.0
+        return None if version is None else f"cuda {version // 1000}.{version % 1000 // 10}"
+    except Exception:  # noqa: BLE001 - a missing fact is not an error
+        return None

@@ -147,6 +147,12 @@ def use_fa4_cache() -> dict[str, str]:
     return chosen
 
 
+def import_baselines() -> None:
+    """Import the baselines' libraries ahead of their first use (FlashAttention-4's, with its compile cache on:
+    seconds of its compiler's start-up); where one does not import, its baseline is simply missing later."""
+    _fa4_function("flash_attn_func")
+
+
 def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,
                  window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Optional[Baseline]:
     """FlashAttention-4 on this problem, or None where it does not import or rejects the problem.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from tuner.backends.base import Backend
 from tuner.profiles import GpuProfile
@@ -19,6 +19,10 @@ MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after w
 
 Events = Callable[[tuple], None]
 WAITING_FOR_WORKERS = "waiting for other workers"  # a phase of the time breakdown: duplicates, last trials
+MEASURING = "measuring (GPU worker)"  # the phase of the time breakdown that waits for the backend's measures
+# The phase that waits for each request of the GPU worker (tuner.backends.gpu): its fixed costs come out of it.
+CONFIRM_STAGE = "confirm stage"
+REQUEST_PHASES = {"measure": MEASURING, "baselines": "baselines", "confirm": CONFIRM_STAGE}
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -43,11 +47,23 @@ class WorkerResult:
     interrupted: bool = False
     exhausted: list[str] = field(default_factory=list)  # studies whose sampler proposed only held points
     stopped_early: dict[str, int] = field(default_factory=dict)  # study -> budgeted trials it held at the stop
+    untuned: list[str] = field(default_factory=list)  # studies not started: the --time-budget was spent
     # Where the worker's wall time went (seconds): what `tuner search` prints as its time breakdown.
     seconds: dict[str, float] = field(default_factory=dict)
 
     def spent(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def spent_within(self, parts: Mapping[tuple[Optional[str], str], float]) -> None:
+        """Name the backend's fixed costs (seconds by (request, part): inputs, reference, verification, baseline
+        set-up) in the breakdown, taken out of the phase that waited for their request (REQUEST_PHASES); a
+        part of no request (a GPU worker's restart) is a phase of its own."""
+        for (request, part), seconds in parts.items():
+            within = REQUEST_PHASES.get(request or "")
+            if within is not None:
+                seconds = min(seconds, self.seconds.get(within, 0.0))
+                self.seconds[within] = self.seconds.get(within, 0.0) - seconds
+            self.spent(part, seconds)
 
 
 def point(params: dict[str, Any]) -> tuple:

@@ -31,33 +31,14 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.objective import figure, required_column
 from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
-from tuner.search.job import (
-    DUPLICATE_WAIT_S,
-    MAX_INFEASIBLE_STREAK,
-    MAX_REPEAT_STREAK,
-    MAX_UNMEASURABLE_STREAK,
-    WAITING_FOR_WORKERS,
-    Context,
-    WorkerJob,
-    lookahead_for,
-    point,
-)
+from tuner.search.job import (DUPLICATE_WAIT_S, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK, MAX_UNMEASURABLE_STREAK,
+                              MEASURING, WAITING_FOR_WORKERS, Context, WorkerJob, lookahead_for, point)  # fmt: skip
 from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
                                    trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
 from tuner.search.samplers import distributions
-from tuner.search.study import (
-    ATTR_INFEASIBLE,
-    ATTR_INTERRUPTED,
-    ATTR_REASON,
-    ATTR_REPEAT,
-    ATTR_SOURCE,
-    ATTR_STATUS,
-    ATTR_STORE_ID,
-    ATTR_VARIANT,
-    StudyInfo,
-    counts_toward_budget,
-)
+from tuner.search.study import (ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_REPEAT, ATTR_SOURCE, ATTR_STATUS,
+                                ATTR_STORE_ID, ATTR_VARIANT, StudyInfo, counts_toward_budget)  # fmt: skip
 from tuner.status import TrialStatus
 from tuner.store import TrialRow
 
@@ -81,18 +62,31 @@ class ProblemSearch:
         self.repeat_streak = 0  # proposals in a row of points this study already holds
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
                       if counts_toward_budget(t) or t.state == TrialState.RUNNING}
+        self._beat: Optional[Heartbeat] = None  # from start() to the end of run()
 
     # The loop ----------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def start(self) -> None:
+        """Ask the first points, whose compiles then run while the caller times the baselines; run() goes on."""
         reap(self.study, self.ctx.store)  # trials of dead processes neither block nor hold budget any more
         # The study's budget, shared by every process on it; a job given its own trial count
         # (`tuner worker --trials N`) may go that far past what is taken now.
         self.cap = self.info.budget
         if self.job.beyond_budget and self.job.trials is not None:
             self.cap = max(self.cap or 0, budget_taken(self.study) + self.job.trials)
-        with Heartbeat(self.study, self._in_hand):
+        self._beat = Heartbeat(self.study, self._in_hand).__enter__()  # the asked points are in hand from now
+        try:
+            self._ask_ahead(lookahead_for(self.ctx.compile_pool))
+        except KeyboardInterrupt:
+            self.ctx.interrupt()  # run() tells what was asked interrupted
+
+    def run(self) -> None:
+        if self._beat is None:
+            self.start()
+        try:
             self._loop(lookahead_for(self.ctx.compile_pool))
+        finally:
+            self._beat.__exit__()
 
     def _in_hand(self) -> list[int]:
         """Storage ids of the trials this worker asked and has not told yet."""
@@ -281,7 +275,7 @@ class ProblemSearch:
             return
         measurement = launched.handle.result()
         self._current.remove(launched.item)
-        self.ctx.result.spent("measuring (GPU worker)", launched.handle.seconds)
+        self.ctx.result.spent(MEASURING, launched.handle.seconds)
         self.ctx.result.measured += 1
         self._store_measurement(launched.item, launched.compiled, measurement)
 

@@ -39,6 +39,7 @@ from tuner.search.prepare import choose_template, prepare_study, problems_of, sh
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
+from tuner.search.time_share import split_line
 from tuner.search.worker_entry import StartedWorkers
 from tuner.search.worker_processes import run_processes, started_workers
 from tuner.search.workers import WorkerSpec, run_here
@@ -59,6 +60,8 @@ class SearchReport:
     exhausted: tuple[str, ...] = ()  # studies whose sampler kept proposing points they held
     stopped_early: tuple[tuple[str, int], ...] = ()  # (study, budgeted trials it held) ended by --early-stop
     seconds: tuple[tuple[str, float], ...] = ()  # the workers' time by phase, summed
+    search_seconds: tuple[tuple[str, float], ...] = ()  # this process's own phases around the workers
+    untuned: tuple[str, ...] = ()  # studies no worker started: the --time-budget was spent
     wall_s: float = 0.0
     workers: int = 1  # worker processes (cards) the search ran on
 
@@ -125,6 +128,7 @@ def _report(storage: Any, store: Store, studies: list[tuple[str, Problem]],
         seconds=tuple((phase, sum(r.seconds.get(phase, 0.0) for r in results))
                       for phase in dict.fromkeys(p for r in results for p in r.seconds)),
         workers=len(results),
+        untuned=tuple(name for name, _ in studies if results and all(name in r.untuned for r in results)),
     )
 
 
@@ -145,12 +149,13 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     with started_early(options.devices[0], early and len(options.devices) == 1), \
             started_workers(options.devices, options.backend == "gpu", not hooks.replaced) as processes, \
             opened_storage(db_url) as storage:
-        report = _search(options, profile, db_url, storage, console, hooks, processes, recorded)
+        report = _search(options, profile, db_url, storage, console, hooks, processes, recorded, started)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
 def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: Any, console: Console,
-            hooks: Hooks, processes: Optional[StartedWorkers], recorded: Optional[list[Problem]]) -> SearchReport:
+            hooks: Hooks, processes: Optional[StartedWorkers], recorded: Optional[list[Problem]],
+            started: float) -> SearchReport:
     options = dataclasses.replace(options, template=choose_template(options, profile, storage))
     manifest = load_manifest(options.template)
     say = _printer(console)
@@ -174,38 +179,56 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
             budgets.append(budget)
         done = [finished_trials(s) for s in studies]
         remaining = [None if b is None else max(b - d, 0) for b, d in zip(budgets, done)]
-        start = hooks.now()  # one clock reading: every worker's deadlines count from it
-        specs = [WorkerSpec(w, device, db_url, db_url, options.backend,
-                            worker_jobs(w, len(options.devices), studies, remaining, start, options.time_budget_s),
+        if len(problems) > 1 or not options.shapes:
+            say(plan_line(len(problems), remaining, None if options.shapes else profile.name))
+        if options.time_budget_s and len(problems) > 1:
+            say(split_line(options.time_budget_s, len(problems)))
+        start = hooks.now()  # one clock reading: the time budget ends the same moment for every worker
+        specs = [WorkerSpec(w, device, db_url, db_url, options.backend, worker_jobs(w, len(options.devices), studies,
+                                                                                    remaining),
                             options.replay_from, options.force, options.seed, local_workers=len(options.devices),
-                            confirm=options.confirm, confirm_rounds=options.confirm_rounds, objective=options.objective)
+                            confirm=options.confirm, confirm_rounds=options.confirm_rounds, objective=options.objective,
+                            budget_end=start + options.time_budget_s if options.time_budget_s else None)
                  for w, device in enumerate(options.devices)]
+        prepared = time.perf_counter()
         with SearchProgress(console) as progress:
             for i, problem in enumerate(problems):
                 progress.add_problem(i, problem, budgets[i], done[i], options.objective)
+            progress.track_problems(len(problems), options.time_budget_s)
             if len(specs) == 1:
                 results = [run_here(specs[0], progress.handle, say, hooks)]
             else:
                 if hooks.replaced:
                     raise TunerError("replaced hooks serve one device only (other devices run in child processes)")
                 results = run_processes(specs, progress, say, processes)
-        return _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
+        summing = time.perf_counter()
+        report = _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
+        own = (("preparing the search", prepared - started), ("summing up", time.perf_counter() - summing))
+        return dataclasses.replace(report, search_seconds=own)
 
 
-def worker_jobs(worker: int, workers: int, studies: list[Any], remaining: list[Optional[int]], start: float,
-                time_budget_s: Optional[float]) -> tuple[WorkerJob, ...]:
+def plan_line(problems: int, trials: list[Optional[int]], profile: Optional[str]) -> str:
+    """What the search is about to do, said first: how many problems (`profile`: the profile's defaults) and
+    how many trials each (None: as many as --time-budget allows)."""
+    what = f"tuning {problems} problem{'s' if problems != 1 else ''}"
+    if profile is not None:
+        what += f" (the {profile} profile's defaults)"
+    counts = sorted({t for t in trials if t is not None})
+    if not counts:
+        return f"{what}, as many trials as the time budget allows"
+    each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{what}, {each} trial{'s' if counts[-1] != 1 else ''} each"
+
+
+def worker_jobs(worker: int, workers: int, studies: list[Any], remaining: list[Optional[int]]) -> tuple[WorkerJob, ...]:
     """The studies of one worker, in its order. Worker w starts on study w and goes round from there,
     so that with several problems each card begins on its own study and confirms it (a study's budget
-    is shared: a worker leaves it once the trials taken reach it, and helps on the next). The time
-    budget gives each study in a worker's order an equal slice."""
+    is shared: a worker leaves it once the trials taken reach it, and helps on the next). A time budget
+    is shared as each study starts (WorkerSpec.budget_end, tuner.search.time_share)."""
     count = len(studies)
     order = [(worker + k) % count for k in range(count)]
-    slice_s = time_budget_s / count if time_budget_s else None
-    return tuple(
-        WorkerJob(i, studies[i].study_name, remaining[i] if workers == 1 else None,
-                  None if slice_s is None else start + (k + 1) * slice_s, confirm=i % workers == worker)
-        for k, i in enumerate(order)
-    )
+    return tuple(WorkerJob(i, studies[i].study_name, remaining[i] if workers == 1 else None,
+                           confirm=i % workers == worker) for i in order)
 
 
 # --- `tuner worker`: join a study from another host ---------------------------------------------

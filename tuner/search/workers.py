@@ -12,6 +12,7 @@ KeyboardInterrupt in a child).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -32,11 +33,12 @@ from tuner.runtime.objective import figure
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS, confirm_problem, help_confirm
 from tuner.search.confirm_ledger import StudyAttributes
 from tuner.search.hooks import Hooks
-from tuner.search.job import WAITING_FOR_WORKERS, Context, Events, WorkerJob, WorkerResult
+from tuner.search.job import CONFIRM_STAGE, WAITING_FOR_WORKERS, Context, Events, WorkerJob, WorkerResult
 from tuner.search.liveness import await_running
 from tuner.search.loop import ProblemSearch
 from tuner.search.samplers import make_sampler
 from tuner.search.study import load_study, opened_storage, study_info
+from tuner.search.time_share import trial_deadline
 from tuner.store import BaselineRecord, RunInfo, open_store
 from tuner.store.redact import redact_url
 
@@ -58,6 +60,7 @@ class WorkerSpec:
     confirm: int = DEFAULT_CONFIRM  # best variants re-timed after each study (0: no confirm stage)
     confirm_rounds: int = DEFAULT_ROUNDS
     objective: str = "time"  # what its studies minimize (each study says so too: checked)
+    budget_end: Optional[float] = None  # when the search's --time-budget ends (Hooks.now), shared by the jobs
 
 
 PLAN_WAIT_S = 10.0  # longest wait, once a study's trials are in, for its confirming worker's plan
@@ -141,7 +144,7 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
     started, joined_at = time.perf_counter(), time.time()
     backend = hooks.make_backend(spec.backend, spec.device, profile, replay_from=spec.replay_from, force=spec.force,
                                  seed=None if spec.seed is None else spec.seed + spec.worker, objective=spec.objective)
-    compile_pool = None
+    compile_pool, ctx = None, None
     try:
         if getattr(backend, "needs_compile", True):
             compile_pool = ThreadPoolExecutor(max_workers=compile_threads(spec.local_workers),
@@ -158,21 +161,45 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
             ctx.result.run_id = run_id
             ctx.result.spent("start-up (worker, GPU context)", time.perf_counter() - started)
             try:
-                for job in spec.jobs:
-                    if stop.is_set():
-                        break
-                    _run_job(ctx, storage, job, spec)
+                _run_jobs_in_turn(ctx, storage, spec)
                 if spec.confirm and spec.local_workers > 1:
                     _help_confirm(ctx, storage, spec, joined_at)
             finally:
                 store.finish_run(run_id)
+            ctx.result.spent_within(getattr(backend, "fixed_costs", dict)())  # inputs, references, ...
             if done is not None:
                 done(ctx.result)
             return ctx.result
     finally:
         if compile_pool is not None:
             compile_pool.shutdown(wait=False, cancel_futures=True)
+        closing = time.perf_counter()
         backend.close()
+        if ctx is not None:  # after `done`: only a worker in this process reports it
+            ctx.result.spent("stopping the GPU worker", time.perf_counter() - closing)
+
+
+def _run_jobs_in_turn(ctx: Context, storage: Any, spec: WorkerSpec) -> None:
+    """The worker's studies in its order. With a time budget (spec.budget_end), each one's trials stop at its
+    share of what is left (time_share.trial_deadline); once it is spent, the studies left are not started."""
+    confirms: list[float] = []  # this worker's confirm stages so far (s): what the next one is expected to take
+    for k, job in enumerate(spec.jobs):
+        if ctx.stop.is_set():
+            break
+        if spec.budget_end is not None:
+            now = ctx.hooks.now()
+            if now >= spec.budget_end:
+                ctx.result.untuned.extend(j.study for j in spec.jobs[k:])
+                break
+            expected = sum(confirms) / len(confirms) if confirms else 0.0
+            job = dataclasses.replace(job, deadline=trial_deadline(now, spec.budget_end, len(spec.jobs) - k,
+                                                                   expected))
+        before = ctx.result.seconds.get(CONFIRM_STAGE, 0.0)
+        _run_job(ctx, storage, job, spec)
+        if ctx.result.seconds.get(CONFIRM_STAGE, 0.0) > before:
+            confirms.append(ctx.result.seconds[CONFIRM_STAGE] - before)
+        if job.confirm and not ctx.stop.is_set():  # its one confirming worker says when the problem is done
+            ctx.events(("finished", job.index))
 
 
 def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> None:
@@ -186,6 +213,8 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     trials = load_study(storage, job.study).get_trials(deepcopy=False)
     existing = sum(1 for t in trials if t.state != TrialState.WAITING)  # enqueued warm-start points don't count
     study = load_study(storage, job.study, make_sampler(info.sampler, worker_seed(seed, spec.worker, existing), manifest))
+    search = ProblemSearch(ctx, study, info, job)
+    search.start()  # the first trials compile while the baselines (FlashAttention-4's compile: seconds) are timed
     started = time.perf_counter()
     try:
         measured = ctx.backend.baselines(info.problem)
@@ -197,9 +226,8 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
             ctx.events(("note", job.index, baseline_warnings_note(measured)))
     except KeyboardInterrupt:
         ctx.interrupt()
-        return
     ctx.result.spent("baselines", time.perf_counter() - started)
-    ProblemSearch(ctx, study, info, job).run()
+    search.run()  # stopped: tells the trials asked ahead interrupted
     if spec.confirm and job.confirm and not ctx.stop.is_set():  # one confirm stage per study
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
         started = time.perf_counter()
@@ -211,7 +239,7 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
             note(f"confirm stage skipped: {exc}")
         except KeyboardInterrupt:
             ctx.interrupt()
-        ctx.result.spent("confirm stage", time.perf_counter() - started)
+        ctx.result.spent(CONFIRM_STAGE, time.perf_counter() - started)
 
 
 def baseline_warnings_note(measured: list[BaselineMeasurement]) -> str:
@@ -245,7 +273,7 @@ def _help_confirm(ctx: Context, storage: Any, spec: WorkerSpec, since: float) ->
             ctx.events(("note", job.index, f"could not help the confirm stage: {exc}"))
         except KeyboardInterrupt:
             ctx.interrupt()
-        ctx.result.spent("confirm stage", time.perf_counter() - started)
+        ctx.result.spent(CONFIRM_STAGE, time.perf_counter() - started)
 
 
 def run_here(spec: WorkerSpec, events: Events, say: Callable[[str], None], hooks: Hooks = Hooks()) -> WorkerResult:
