@@ -93,6 +93,12 @@ class Manifest:
     include_dirs: tuple[Path, ...] = ()
     # Attributes written on the entry point after __launch_bounds__ (e.g. __cluster_dims__(...)).
     entry_attributes: str = ""
+    # Which pass of attention the template computes: "forward" (the default) or "backward" (dQ, dK, dV from the
+    # forward's output and log-sum-exp); its entry points take ATTN_FWD_PARAMS or ATTN_BWD_PARAMS.
+    kernel_pass: str = "forward"
+    # Entry points beside the main one (named after the variant), each <name>_<aux> with the body
+    # ATTN_BWD_BODY_<AUX> (e.g. a backward's preprocessing and dQ conversion kernels).
+    aux_entries: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -169,6 +175,7 @@ def load_manifest_file(path: Path) -> Manifest:
         if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask", "packed"):
             raise TunerError(f"{where}: config_args names unknown parameter {arg!r}")
     name_format = _require(data, "name_format", str, where)
+    kernel_pass, aux_entries = _pass_fields(data, where)
     for pname in params:
         if "{" + pname + "}" not in name_format:
             raise TunerError(f"{where}: name_format must contain {{{pname}}}")
@@ -214,7 +221,23 @@ def load_manifest_file(path: Path) -> Manifest:
         files=files,
         include_dirs=include_dirs,
         entry_attributes=str(data.get("entry_attributes", "")),
+        kernel_pass=kernel_pass,
+        aux_entries=aux_entries,
     )
+
+
+PASSES = ("forward", "backward")
+
+
+def _pass_fields(data: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """A manifest's `pass` ("forward" when absent) and `aux_entries` (identifiers), validated."""
+    kernel_pass = data.get("pass", "forward")
+    if kernel_pass not in PASSES:
+        raise TunerError(f"{where}: pass must be one of {', '.join(PASSES)}, not {kernel_pass!r}")
+    aux = data.get("aux_entries", [])
+    if not isinstance(aux, list) or not all(isinstance(e, str) and _IDENT.match(e) for e in aux):
+        raise TunerError(f"{where}: aux_entries must be a list of identifiers")
+    return kernel_pass, tuple(aux)
 
 
 def template_folders() -> tuple[Path, ...]:

@@ -1,0 +1,178 @@
+"""Issue 40, item 2 on a GPU: the sm_80 mma.sync backward (attn_bwd_mma) checked and timed.
+
+1. Checks: on each case below, our forward (attn_fwd_mma) gives o and lse, then backward variants (a covering
+   sample of the template's tunables per case, or --variants) give dq, dk, dv (NaN-poisoned first), compared with
+   fp32 autograd of the reference (tuner.runtime.backward_verify): one line per (case, variant), ok/FAIL with each
+   gradient's relative L2 error, then a summary.
+2. Timing: our backward (the three kernels, tuner.runtime.backward_launch) against torch SDPA's backward (flash and
+   cuDNN backends, torch.nn.attention.sdpa_kernel; dq, dk, dv through autograd of a forward run once), in
+   interleaved rounds, back to back, L2 flushed (tuner.runtime.timing.time_cuda), at B8 H16 S2048 D128 bf16 and
+   B16 H16 S2048 D64 bf16 (or --shape); a table of µs and per-round ratios (> 1: ours faster).
+
+Needs torch, pycuda (the tuner's JIT path binds it to torch's context), nvcc, and the repository on PYTHONPATH:
+    PYTHONPATH=$PWD python benchmarks/bwd_mma_check.py [--rounds 5] [--no-check] [--no-time] [--quick]
+Exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from typing import Any, Callable
+
+from tuner.kernels.feasibility import covering_sample, feasible_space
+from tuner.kernels.variant import Variant, variant_from_params
+from tuner.problem import Problem, problem_from_shape
+from tuner.profiles import resolve_profile
+from tuner.runtime.backward_launch import BackwardKernel
+from tuner.runtime.backward_verify import check_backward, forward_outputs
+from tuner.runtime.build import build_many
+from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
+
+TEMPLATE = "attn_bwd_mma"
+CASES = [
+    Problem(2, 4, 128, 128, 64),
+    Problem(1, 2, 1, 1, 64),
+    Problem(1, 2, 1, 1, 128, dtype="bf16", causal=True),
+    Problem(1, 2, 17, 17, 128, dtype="bf16"),
+    Problem(1, 2, 17, 17, 64, causal=True),
+    Problem(1, 2, 130, 130, 64, dtype="bf16", causal=True),
+    Problem(1, 2, 130, 130, 128),
+    Problem(1, 2, 1000, 1000, 128, causal=True),
+    Problem(1, 2, 1000, 1000, 64, dtype="bf16"),
+    Problem(1, 2, 100, 300, 64, causal=True),
+    Problem(1, 2, 300, 100, 128, dtype="bf16", causal=True),
+    Problem(1, 2, 17, 130, 128),
+    Problem(2, 8, 257, 257, 64, heads_kv=2),
+    Problem(2, 8, 130, 1000, 128, dtype="bf16", causal=True, heads_kv=2),
+    Problem(1, 8, 1000, 17, 64, dtype="bf16", heads_kv=2),
+    Problem(2, 8, 1000, 1000, 128, dtype="bf16", heads_kv=2),
+    Problem(2, 4, 200, 190, 128, layout="bshd"),
+    Problem(1, 2, 129, 129, 32, dtype="bf16", causal=True),
+    Problem(1, 2, 600, 600, 64, dtype="bf16", causal=True, window_left=20),
+    Problem(1, 2, 250, 650, 128, window_left=70, window_right=10),
+    Problem(1, 2, 450, 280, 64, causal=True, window_left=100),
+    Problem(1, 4, 333, 333, 64, dtype="bf16", softcap=5.0, heads_kv=2),
+    Problem(1, 2, 190, 190, 128, causal=True, softcap=50.0),
+]
+# Our candidates at the timing shapes (tunables part of the name; those infeasible for a shape are skipped).
+CANDIDATES = ["m64n128_w8_xor_s2", "m64n128_w8_pad_s2", "m32n128_w8_pad_s2", "m64n64_w4_xor_s2", "m32n64_w4_pad_s2",
+              "m128n128_w8_xor_s2", "m64n128_w8_xor_s1"]
+SHAPES = ["8,16,2048,128", "16,16,2048,64"]
+
+
+def run_checks(profile: Any, quick: bool) -> bool:
+    failed, total = [], 0
+    for i, problem in enumerate(CASES):
+        variants = covering_sample(TEMPLATE, problem, profile, seed=i)[: 2 if quick else None]
+        try:
+            checks = check_backward(problem, variants, profile, seed=i)
+        except Exception as exc:  # a launch fault or compile error is a failed case, reported, not a crash
+            print(f"FAIL {problem.label:44s} {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            failed.append(problem.label)
+            total += 1
+            continue
+        for c in checks:
+            print(c.line(f"{problem.label} {problem.layout}"), flush=True)
+            total += 1
+            if not c.ok:
+                failed.append(f"{problem.label} {c.variant}")
+    print(f"\nchecks: {total - len(failed)}/{total} ok" + ("" if not failed else "; failed:\n  " + "\n  ".join(failed)))
+    return not failed
+
+
+def _variants(problem: Problem, names: list[str], profile: Any) -> list[Variant]:
+    feasible = {v.name: v for v in feasible_space(TEMPLATE, problem, profile)}
+    out = []
+    for short in names:
+        params = dict(zip(("BLOCK_M", "BLOCK_N", "NUM_WARPS", "SWIZZLE", "STAGES"), _parse_short(short)))
+        name = variant_from_params(TEMPLATE, problem, params).name
+        if name in feasible:
+            out.append(feasible[name])
+        else:
+            print(f"  ({short} is not feasible for {problem.label} on {profile.name}: skipped)")
+    return out
+
+
+def _parse_short(short: str) -> tuple:
+    """m64n128_w8_xor_s2 -> (64, 128, 8, 'xor', 2)."""
+    mn, w, swizzle, s = short.split("_")
+    m, n = mn[1:].split("n")
+    return int(m), int(n), int(w[1:]), swizzle, int(s[1:])
+
+
+def _sdpa_backward(q: Any, k: Any, v: Any, do: Any, causal: bool, backend: Any) -> Callable[[], Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    qr, kr, vr = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+    print(f"  SDPA {backend.name}: backward node {type(out.grad_fn).__name__}")
+    return lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
+
+
+def time_shape(shape: str, names: list[str], rounds: int, profile: Any, hkv: int | None, causal: bool) -> None:
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    problem = problem_from_shape(shape, dtype="bf16", causal=causal, **({"heads_kv": hkv} if hkv else {}))
+    print(f"\n== {problem.label} on {profile.name}")
+    scale = 1.0 / math.sqrt(problem.head_dim)
+    gen = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(problem.batch, h, s, problem.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h, s in ((problem.heads, problem.seq_q), (problem.heads_kv, problem.seq_k),
+                            (problem.heads_kv, problem.seq_k)))
+    do = torch.randn_like(q)
+    o, lse = forward_outputs(problem, q, k, v, scale, profile.nvcc_arch, profile)
+    calls: dict[str, Callable[[], Any]] = {}
+    variants = _variants(problem, names, profile)
+    for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
+        if not built.ok:
+            print(f"  {variant.name}: compile failed")
+            continue
+        kernel = BackwardKernel(built)
+        print(f"  {variant.name}: {kernel.registers} registers, {built.compiled.spill_bytes} B spilled")
+        calls[variant.name] = (lambda kern: lambda: kern(q, k, v, o, lse, do, scale))(kernel)
+    for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            calls[label] = _sdpa_backward(q, k, v, do, problem.causal, backend)
+            calls[label]()
+        except RuntimeError as exc:
+            print(f"  {label}: unavailable ({str(exc).splitlines()[0][:120]})")
+            calls.pop(label, None)
+    timed = interleaved_rounds({n: (lambda f: lambda: time_cuda(f))(f) for n, f in calls.items()}, rounds)
+    base = {b: timed[b] for b in ("sdpa_cudnn", "sdpa_flash") if b in timed}
+    print(f"  {'kernel':56s} {'median us':>10s} " + " ".join(f"{'vs ' + b:>16s}" for b in base))
+    for name, us in sorted(timed.items(), key=lambda kv: statistics.median(kv[1])):
+        ratios = " ".join(f"{per_round_ratio(b_us, us):16.3f}" for b_us in base.values())
+        print(f"  {name:56s} {statistics.median(us):10.1f} {ratios}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", default="auto")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="two variants per check case")
+    ap.add_argument("--shape", action="append", help="B,H,S,D (repeatable; default: the issue's two)")
+    ap.add_argument("--hkv", type=int, help="K/V heads of the timed shapes (GQA)")
+    ap.add_argument("--causal", action="store_true", help="time causal problems")
+    ap.add_argument("--variants", nargs="*", default=CANDIDATES, help="tunables parts of our names to time")
+    args = ap.parse_args()
+    profile = resolve_profile(args.gpu)
+    ok = True
+    if not args.no_check:
+        ok = run_checks(profile, args.quick)
+    if not args.no_time:
+        for shape in args.shape or SHAPES:
+            time_shape(shape, args.variants, args.rounds, profile, args.hkv, args.causal)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
