@@ -25,8 +25,9 @@ __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_b
   for (int kk = 0; kk < C::D / C::KSTEP; ++kk) {
     // column block, bytes into its row
     const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E * C::ES;
-    const uint64_t da = desc_advance(qd, cb * C::BM * C::SWB + off);
-    const uint64_t db = desc_advance(kd, cb * C::BN * C::SWB + off);
+    // D256: 16 steps of two descriptors each would spill uniform registers (R2UR in the loop)
+    const uint64_t da = desc_advance<(C::D <= 128 && !C::FP8)>(qd, cb * C::BM * C::SWB + off);
+    const uint64_t db = desc_advance<(C::D <= 128 && !C::FP8)>(kd, cb * C::BN * C::SWB + off);
     if constexpr (C::FP8)
       Wgmma<C::BN>::ss8(s, da, db, kk > 0 ? 1 : 0);
     else
@@ -44,7 +45,7 @@ __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint3
 #pragma unroll
     for (int kk = 0; kk < C::BN / C::KSTEP; ++kk) {
       const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E;
-      Wgmma<C::D>::rs8(o, p[kk], desc_advance(vd, cb * C::D * C::SWB + off), 1);
+      Wgmma<C::D>::rs8(o, p[kk], desc_advance<false>(vd, cb * C::D * C::SWB + off), 1);
     }
   } else {
     const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);

@@ -98,9 +98,13 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
 
 // The same descriptor `bytes` further on: only the start address field (low
 // word, 16-byte units) moves, and shared memory ends below 256 KB, so the
-// field never carries. One uniform add per wgmma instead of rebuilding the
-// descriptor from the address (mask, shift, or: the issue slots matter).
+// field never carries into the next one. A 64-bit add lets ptxas keep each
+// descriptor pair whole in uniform registers (one UIADD3.64 per wgmma); the
+// low word alone (`Wide` false) rebuilds the pair's high word with a UMOV per
+// wgmma, but holds half the uniform registers where a loop issues many.
+template <bool Wide = true>
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  if constexpr (Wide) return desc + (bytes >> 4);
   const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
