@@ -1,5 +1,5 @@
 import sys, collections
-sys.path.insert(0, '/work/sass'); from srcpage import load, op
+import os; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); from srcpage import load, op
 mixes = []
 for p, cnt in zip(sys.argv[1::2], sys.argv[2::2]):
     c = collections.Counter()
