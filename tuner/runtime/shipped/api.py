@@ -15,13 +15,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import fp8_cache as _fp8_cache, fp8_call as _fp8, kernels as _kernels, masked as _masked, paged as _paged
+from . import autograd as _autograd, fp8_cache as _fp8_cache, fp8_call as _fp8, kernels as _kernels, masked as _masked
+from . import paged as _paged
 from .choice import (DTYPES, FALLBACKS, cell as _cell, check_structure, choose_kernel, refuse_grads,
                      refuse_unscaled_fp8, table)
-from .dispatch import NO_MASK, Explanation, Key, cell_summary, mask_text
+from .dispatch import NO_MASK, Explanation, Key, mask_text
 from .launcher import AttentionInputError, GpuUnavailableError, check_attention_tensors
 # _sdpa: SDPA with the kernels' semantics (the GPU tests compare with it)
 from .masked import fallback_call as _fallback, sdpa as _sdpa  # noqa: F401
+from .explain_lines import choice_lines as _choice_lines
 from .seq_lens import check_seq_lens, sdpa_with_lens
 
 # The torch.library namespace: the package's import name (an export's folder, e.g. my_attention; nested names
@@ -81,6 +83,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         mask = NO_MASK
     if torch.compiler.is_compiling():
+        dense = seq_lens is None and block_table is None and all(
+            t is None for t in (q_descale, k_descale, v_descale, k_scale, v_scale))
+        if _autograd.compiled_with_grad(q, k, v, mask, dense):  # a training step: the differentiable op
+            return _autograd.compiled_call(q, k, v, causal, scale)
         return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale,
                    k_scale, v_scale)
     if (q_descale is None and k_descale is None and v_descale is None and k_scale is None and v_scale is None
@@ -120,9 +126,12 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
              fallback: Optional[str], mask: tuple) -> torch.Tensor:
     qs, ks = q.shape, k.shape
     if len(qs) == 4 and len(ks) == 4 and ks[1] and ks[2] and qs[2]:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            if fallback in FALLBACKS and mask == NO_MASK and _autograd.serves(q, k, v, causal):
+                return _autograd.attention_with_grad(q, k, v, causal, scale)  # tuned forward, backward on its lse
+            return _slow(q, k, v, causal, scale, fallback, mask)  # SDPA for the whole call (or an error)
         hit = _cache.get(_cell(q.dtype, qs, ks, causal, mask))
-        if (hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]
-                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        if hit is not None and (fallback is None or fallback == "sdpa") and q.get_device() == hit[0]:
             if hit[1] is None:  # a cell routed to SDPA: its kernel measured slower there
                 check_structure(q, k, v)  # a cell holds other shapes too: what the slow path refuses, refused
                 return _fallback(q, k, v, causal, scale, mask)
@@ -298,6 +307,10 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
     error = "; ".join(errors) or None
     if error:
         lines.append(f"  error: {error} (fallback='sdpa' would run {_masked.fallback_name(mask)}{inputs} instead)")
+    if _autograd.needs_grad(q, k, v):  # a training call: which backward runs on the forward's O and lse
+        form = "paged" if paged else "seq_lens" if seq_lens is not None else "fp8" if fp8 else \
+            "fp8_cache" if cache else "dense"
+        lines.append(_autograd.backward_line(q, k, causal, mask, form, choice, error, _device_cc(q)))
     return Explanation(choice.entry["kernel"] if choice else None, choice.entry["trial_id"] if choice else None,
                        bool(choice and choice.exact), choice.reason if choice else (error or ""), code, error,
                        "\n".join(lines))
@@ -361,35 +374,6 @@ def _shape_errors(q: Any, k: Any, v: Any, cache: bool = False) -> list[str]:
         errors.append(f"dtype {q.dtype} is not supported: the kernels take float16 or bfloat16, or float8_e4m3fn "
                       f"with descales ({table().describe()})")
     return errors
-
-
-def _choice_lines(choice: Any, mask: tuple, inputs: str = "", takes: str = "") -> list[str]:
-    """explain()'s lines on the chosen entry: the kernel, where it was tuned, why, and a measured or routed cell
-    (`inputs`: what a fallback runs on, `takes`: what the kernel takes, for an FP8 call)."""
-    e = choice.entry
-    ratio = e.get("ratio_to_best_baseline")
-    vs_base = f", {ratio:.2f}x the best baseline ({e.get('best_baseline_impl')})" if ratio else ""
-    lines = [f"  kernel: {e['kernel']}",
-             f"  tuned on {e['problem_label']} (trial {e['trial_id']}): {e['median_us']:.1f} us{vs_base}",
-             f"  why: {choice.reason}"]
-    replayed = (e.get("run") or {}).get("replayed_from")
-    if replayed:  # the manifest says so; so does explain(), the one place a user reads the timing
-        lines.insert(2, f"  REPLAYED: that timing was answered from a recording ({replayed}) by `tuner search "
-                        "--backend replay`, not measured on a GPU")
-    if takes and choice.route != "sdpa":
-        lines.append(f"  {takes}")
-    if choice.cell is not None:
-        checked = _kernels.manifest()["checked"]
-        lines.append(f"  checked on {checked.get('gpu_name', '?')} by `tuner export --check`: "
-                     f"{cell_summary(choice.cell)}")
-        if choice.route == "sdpa" and mask != NO_MASK:
-            lines.append(f"  routed: calls of this cell run {_masked.fallback_name(mask)}{inputs}")
-    elif e.get("route") == "sdpa":
-        sdpa = e.get("ratio_to_sdpa", ratio)
-        ran = ("SDPA" if mask == NO_MASK else _masked.fallback_name(mask)) + inputs
-        lines.append(f"  routed to {ran}: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
-                     "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
-    return lines
 
 
 attention.explain = explain  # type: ignore[attr-defined]

@@ -34,7 +34,10 @@ Masks: the name is registered with its own mask function, a thin layer over tran
   causal layer of a model without a sliding window or chunked attention (or with the `sliding_window` keyword), the
   4-D bool mask transformers builds from packed position_ids (the same sequences). With dropout, output_attentions
   or a position_bias the packed rows go to transformers' SDPA path under the block-diagonal mask of the lengths.
-- Any other mask (padding, packed sequences without those kwargs, bidirectional or chunked windows), dropout, gradients, a causal
+- Training (inputs requiring grad) without a mask, window or softcap goes to attention(), which runs the tuned
+  forward and a backward on its O and lse where the cell has a tuned kernel (attention()'s docstring).
+- Any other mask (padding, packed sequences without those kwargs, bidirectional or chunked windows), dropout, other
+  training calls, a causal
   call with more queries than keys, or a shape the kernels cannot take go to transformers' own SDPA path with
   the mask transformers built (or the equivalent boolean mask of a window marker), so results are SDPA's
   wherever the kernel does not apply. Attention sinks (s_aux, sinks) are refused: neither path has them.
@@ -45,6 +48,8 @@ from typing import Any, Optional
 import torch
 
 from .api import NO_WINDOW, attention
+from .autograd import compiled_with_grad, needs_grad, serves
+from .dispatch import NO_MASK
 from .masked import keys_kept, softcap_attention
 from .seq_lens import lens_mask
 from .varlen import attention_varlen, packed_mask
@@ -174,7 +179,7 @@ def transformers_attention(module: torch.nn.Module, query: torch.Tensor, key: to
             left = int(sliding) - 1  # no mask: the keyword is the window, as transformers' FlashAttention path reads it
     if key.shape[2] <= left + 1:
         left = -1  # no key lies beyond the window: the same computation without it
-    grads = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    grads = needs_grad(query, key, value) and not _trains(query, key, value, causal, left, softcap)
     if (attention_mask is not None or dropout or grads or kwargs.get("position_bias") is not None
             or kwargs.get("output_attentions") or (causal and not marker and query.shape[2] != key.shape[2])):
         if marker or left >= 0:  # the mask transformers would have built: bottom-right, causal, the window
@@ -185,6 +190,18 @@ def transformers_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     out = attention(query, key, value, causal=causal, scale=scaling, fallback="sdpa", window_size=window,
                     softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _trains(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, left: int,
+            softcap: float) -> bool:
+    """Whether attention() serves a training call (inputs requiring grad) by the tuned forward and a backward on its
+    O and lse (autograd.py): no window, no softcap, a cell with a tuned kernel; under torch.compile, the
+    differentiable op's form."""
+    if left >= 0 or softcap:
+        return False
+    if torch.compiler.is_compiling():
+        return compiled_with_grad(query, key, value, NO_MASK, True)
+    return serves(query, key, value, causal)
 
 
 def _sdpa_path(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

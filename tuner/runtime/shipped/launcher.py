@@ -240,6 +240,15 @@ class AttentionKernel:
                          seq_lens.data_ptr() if seq_lens is not None else 0, descales=_pointers(descales))
         return fit[0]
 
+    def fits(self, q: Any, k: Any, v: Any) -> bool:
+        """Whether launch_if_fit would launch q, k, v (their layout passed the checks; data 16-byte aligned)."""
+        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+            return False
+        layout = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                  q.get_device(), k.get_device(), v.get_device())
+        fit = self._fits.get(layout)
+        return (fit if fit is not None else self._remember_fit(layout, q, k, v))[0]
+
     def _remember_fit(self, layout: tuple, q: Any, k: Any, v: Any) -> tuple[bool, Any]:
         """(does the layout pass check_attention_tensors, its address-free TMA maps or None)."""
         import torch
