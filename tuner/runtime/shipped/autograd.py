@@ -69,14 +69,18 @@ def serves(q: Any, k: Any, v: Any, causal: bool, mask: tuple = NO_MASK) -> bool:
 
 def _forward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> tuple:
     """(out, lse) of the tuned kernel; inputs in a layout it cannot read (misaligned, odd strides) are copied to
-    contiguous ones first (their gradients are those of the originals)."""
+    contiguous ones first (their gradients are those of the originals); out is laid out as empty_like(q) always
+    (what torch's own SDPA gives, what the fake implementation promises, what cuDNN's cached graphs assume)."""
+    qc, kc, vc = q, k, v
     if not kernel.fits(q, k, v):
-        q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-        check_attention_tensors(q, k, v, q)
-    out = torch.empty_like(q)
+        qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
+        check_attention_tensors(qc, kc, vc, qc)
+        if not kernel.fits(qc, kc, vc):
+            raise AttentionInputError(f"{kernel.entry} cannot read these inputs, even copied contiguous")
+    out = torch.empty_like(qc)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    kernel.launch_unchecked(q, k, v, out, lse, scale)
-    return out, lse
+    kernel.launch_unchecked(qc, kc, vc, out, lse, scale)
+    return _like(out, q), lse
 
 
 def _backward_of(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -163,6 +167,11 @@ def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return _forward(kernel, q, k, v, scale)
 
 
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t in the strides of empty_like(ref), what the fake implementations promise torch.compile."""
+    return t if t.stride() == ref.stride() else torch.empty_like(ref).copy_(t)
+
+
 @torch.library.register_fake(f"{PACKAGE}::attention_train")
 def _train_op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +182,8 @@ def _train_op_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 def _train_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, causal: bool,
                        scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_of(grad_out, q, k, v, out, lse, causal, scale)
+    dq, dk, dv = _backward_of(grad_out, q, k, v, out, lse, causal, scale)
+    return _like(dq, q), _like(dk, k), _like(dv, v)
 
 
 @torch.library.register_fake(f"{PACKAGE}::attention_train_backward")
