@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tuner.runtime.shipped import backward as bw
-from tuner.runtime.shipped.dispatch import NO_MASK
 
 H200 = (9, 0)
 A100 = (8, 0)

@@ -83,8 +83,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         mask = NO_MASK
     if torch.compiler.is_compiling():
-        dense = seq_lens is None and block_table is None and all(
-            t is None for t in (q_descale, k_descale, v_descale, k_scale, v_scale))
+        dense = (seq_lens is None and block_table is None and q_descale is None and k_descale is None
+                 and v_descale is None and k_scale is None and v_scale is None)
         if _autograd.compiled_with_grad(q, k, v, mask, dense):  # a training step: the differentiable op
             return _autograd.compiled_call(q, k, v, causal, scale)
         return _op(q, k, v, causal, scale, fallback, seq_lens, block_table, *mask, q_descale, k_descale, v_descale,

@@ -29,7 +29,10 @@ _kernels: dict[tuple, Any] = {}
 
 
 def needs_grad(q: Any, k: Any, v: Any) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    """Whether autograd records the call (read while tracing too: no generator, dynamo-friendly)."""
+    return torch.is_grad_enabled() and ((isinstance(q, torch.Tensor) and q.requires_grad)
+                                        or (isinstance(k, torch.Tensor) and k.requires_grad)
+                                        or (isinstance(v, torch.Tensor) and v.requires_grad))
 
 
 def forward_kernel(q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -119,7 +122,7 @@ def attention_with_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 def compiled_with_grad(q: Any, k: Any, v: Any, mask: tuple, dense: bool) -> bool:
     """Under torch.compile (read while tracing: shapes, dtypes and flags only): whether a call goes through the
     differentiable op PACKAGE::attention_train. `dense`: no seq_lens, pages, descales or scales."""
-    return (dense and mask == NO_MASK and needs_grad(q, k, v) and q.dim() == 4 and k.dim() == 4
+    return (dense and mask == NO_MASK and needs_grad(q, k, v) and q.is_cuda and q.dim() == 4 and k.dim() == 4
             and v.dim() == 4 and q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
             and q.shape[3] % 8 == 0 and q.shape[3] <= _backward.FLASH_MAX_HEAD_DIM)
 
