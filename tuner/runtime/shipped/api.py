@@ -263,7 +263,8 @@ def explain(q: Any, k: Any, v: Any, *, causal: bool = False, window_size: Any = 
             softcap: Optional[float] = 0.0, seq_lens: Any = None, block_table: Any = None, q_descale: Any = None,
             k_descale: Any = None, v_descale: Any = None, k_scale: Any = None, v_scale: Any = None) -> Explanation:
     """Which kernel attention(q, k, v, causal=..., window_size=..., softcap=..., seq_lens=..., block_table=...,
-    q_descale=..., ..., k_scale=..., v_scale=...) would run, and why (print() it). Needs no GPU."""
+    q_descale=..., ..., k_scale=..., v_scale=...) would run, and why (print() it); where q, k or v requires grad, also
+    which backward (backward.choose_backward). Needs no GPU."""
     paged = block_table is not None
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8 and q.dim() > 0
     cache = _fp8_cache.is_fp8_cache(q, k, v) or k_scale is not None or v_scale is not None

@@ -26,6 +26,7 @@ from .launcher import AttentionInputError, GpuUnavailableError
 PACKAGE: str = __name__.rsplit(".", 2)[0].replace(".", "_")
 # (device, dtype, D, causal, H, Hkv, Sq, Sk, B) -> the loaded kernel, or a string: why the tuned forward cannot serve
 _kernels: dict[tuple, Any] = {}
+CACHE_LIMIT = 4096
 
 
 def needs_grad(q: Any, k: Any, v: Any) -> bool:
@@ -43,6 +44,8 @@ def forward_kernel(q: Any, k: Any, v: Any, causal: bool) -> Any:
     key = (q.device, q.dtype, q.shape[3], bool(causal), q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[0])
     hit = _kernels.get(key)
     if hit is None:
+        if len(_kernels) >= CACHE_LIMIT:  # many distinct shapes (a training loop's ragged lengths): start over
+            _kernels.clear()
         hit = _kernels[key] = _load(q, k, v, causal)
     return hit
 
