@@ -38,21 +38,22 @@ __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_b
 // O += P V: BN/KSTEP wgmma steps along the keys. A 16-bit V is [BN][D] in the ring, i.e. MN-major for
 // this product (the transpose flag of the instruction); an FP8 V is V^T, [D][BN] in CBV column blocks of
 // keys: K-major, as FP8 wgmma needs.
+// `accumulate` false (an item's first tile): O = P V, so O needs no zeroing first.
 template <class C>
-__device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base) {
+__device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base, bool accumulate) {
   if constexpr (C::FP8) {
     const uint64_t vd = make_desc<C::SWB>(v_base, 16, 8 * C::SWB);
 #pragma unroll
     for (int kk = 0; kk < C::BN / C::KSTEP; ++kk) {
       const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E;
-      Wgmma<C::D>::rs8(o, p[kk], desc_advance<false>(vd, cb * C::D * C::SWB + off), 1);
+      Wgmma<C::D>::rs8(o, p[kk], desc_advance<false>(vd, cb * C::D * C::SWB + off), kk > 0 || accumulate);
     }
   } else {
     const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk) {
       const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
-      Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, 1);
+      Wgmma<C::D>::template rs<C::BF16>(o, p[kk], dv, kk > 0 || accumulate);
     }
   }
 }
@@ -208,9 +209,10 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     const float scale_log2 = C::Cap::softmax_scale(qk_scale) * LOG2E;
     const float cap_pre = C::Cap::pre_scale(qk_scale);
 
+    // Written first by tile 0's P V (issue_pv's accumulate), never zeroed: an item without tiles stores zeros
+    // (the epilogue's `empty`). Zeroing it where no tile is made ptxas serialise the persistent variants' wgmma
+    // (C7515), and zeroing it always cost ~100 instructions per item.
     float o[C::D / 2];
-#pragma unroll
-    for (int e = 0; e < C::D / 2; ++e) o[e] = 0.f;
     float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
     float s[C::BN / 2];
     uint32_t p[C::BN / C::KSTEP][4];
@@ -248,7 +250,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     // Issue O += P_j V_j (P packed from S_j).
     auto issue_o = [&](int j) {
       wgmma_fence();  // o may just have been written by the rescale
-      issue_pv<C>(o, p, sm.sV + slot(j) * C::KV_BYTES);
+      issue_pv<C>(o, p, sm.sV + slot(j) * C::KV_BYTES, j > 0);
       wgmma_commit();
     };
     // Wait for every wgmma in flight, O included; V_j's slot is free again.
@@ -315,7 +317,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     ring += n_tiles;
     ++round;
 
-    epilogue<C>(o, row_max, row_sum, qk_scale, sm, a, it, cw, tid, warp, lane, row0);
+    epilogue<C>(o, n_tiles == 0, row_max, row_sum, qk_scale, sm, a, it, cw, tid, warp, lane, row0);
   }
 }
 

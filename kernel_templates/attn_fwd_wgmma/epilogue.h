@@ -19,7 +19,7 @@ namespace fc {
 //
 // qk_scale is the scores' scale (FP8: descales included); an FP8 V's descale multiplies O here.
 template <class C>
-__device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[2], const float (&row_sum)[2],
+__device__ __forceinline__ void epilogue(const float* o, bool empty, const float (&row_max)[2], const float (&row_sum)[2],
                                          float qk_scale, const SmemLayout<C>& sm, const AttnArgs& a, const Work& it,
                                          int cw, int tid, int warp, int lane, int row0) {
   using T = typename C::TO;
@@ -35,23 +35,46 @@ __device__ __forceinline__ void epilogue(const float* o, const float (&row_max)[
   };
   const int sq = item_sq<C>(a, it), q_row = q_row_of<C>(it);
   named_sync(4 + cw, 128);  // every warp of this warpgroup is past its last wgmma
+  float l[2], inv[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float l = row_sum[i];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? v_scale / l : 0.f;
-    const int r = warp * 16 + lane / 4 + 8 * i;
+    l[i] = row_sum[i];
+    l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+    // The approximate reciprocal and log (MUFU): 1-2 ulp, far below the output's 16-bit rounding, where the
+    // IEEE division and logf cost ~40 instructions a row and a branch to a slow path.
+    inv[i] = l[i] > 0.f ? __fdividef(v_scale, l[i]) : 0.f;
+  }
+  // stmatrix: lane l addresses row l % 8 of tile l / 8; tiles 0, 1 are rows +0 / +8 of column block nb,
+  // tiles 2, 3 the same rows of block nb + 1. One instruction stores what four 4-byte stores did. nb is even,
+  // so chunk (nb % CPR) + t swizzled is (nb % CPR) ^ (t ^ row % CPR): CPR / 2 lane addresses, the column
+  // block an immediate offset (as chunk_offset, unfolded).
+  const uint32_t t = (lane / 8) / 2, st_row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+  const uint32_t row_base = sm.sQ + (cw * 64 + st_row) * C::SWB, y = t ^ (st_row % CPR);
+  uint32_t st_addr[CPR / 2];
 #pragma unroll
-    for (int nb = 0; nb < C::D / 8; ++nb)
-      *reinterpret_cast<uint32_t*>(stage + chunk_offset(r, nb * 8) + (lane % 4) * 4) =
-          pack2<T>(o[nb * 4 + 2 * i] * inv, o[nb * 4 + 2 * i + 1] * inv);
+  for (int k = 0; k < CPR / 2; ++k) st_addr[k] = row_base + ((2 * k) ^ y) * 16;
+  auto st = [&](int nb) { return st_addr[(nb % CPR) / 2] + (nb / CPR) * C::BM * C::SWB; };
+  if (empty) {  // no key tile: O is zero (and o was never written)
+#pragma unroll
+    for (int nb = 0; nb < C::D / 8; nb += 2) stmatrix_x4(st(nb), 0, 0, 0, 0);
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < C::D / 8; nb += 2)
+      stmatrix_x4(st(nb), pack2<T>(o[nb * 4] * inv[0], o[nb * 4 + 1] * inv[0]),
+                  pack2<T>(o[nb * 4 + 2] * inv[1], o[nb * 4 + 3] * inv[1]),
+                  pack2<T>(o[nb * 4 + 4] * inv[0], o[nb * 4 + 5] * inv[0]),
+                  pack2<T>(o[nb * 4 + 6] * inv[1], o[nb * 4 + 7] * inv[1]));
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
     const int row = row0 + 8 * i;
     if (a.lse != nullptr && lane % 4 == 0 && row < sq) {
       // [B, H, Sq]; packed, [H, total] (FlashAttention's varlen lse), total = cu_q[batch].
       const long long at = C::PACKED ? (long long)it.h * a.cu_q[a.batch] + q_row + row
                                      : ((long long)it.b * a.heads + it.h) * a.sq + row;
-      a.lse[at] = l > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + logf(l) - C::P_SHIFT * LN2 : NEG_INF;
+      a.lse[at] = l[i] > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + __logf(l[i]) - C::P_SHIFT * LN2
+                             : NEG_INF;
     }
   }
   named_sync(4 + cw, 128);
