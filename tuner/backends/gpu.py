@@ -24,12 +24,15 @@ or ("refused", message) for options it cannot serve (--objective energy without 
 Every message holds plain picklable data (Problem and BuiltKernel are frozen
 dataclasses; a BuiltKernel travels without its source, the child reads the
 cubin from the compile cache).
-Before each phase (prepare, verify, time) the child reports it, and the
-parent waits at most `watchdog_s` for the next message, plus the timing
-budget for phases that time (`long`). When that expires the child is killed
-(SIGKILL) and the request becomes a `timeout`; after a fault it becomes a
-`launch_error`. Either way the next request starts a fresh child, so the
-search goes on.
+Before each phase (prepare, verify, check, time) the child reports it with its kind
+(tuner.backends.phases), and the parent waits for the next message at most: `watchdog_s` for a kernel's
+own launch (verify: the checked launch and its synchronize, nothing else); that plus the timing budget for
+phases that time; and for set-up work (prepare: the problem's inputs and fp32 reference, the cubin's load;
+check: the error against the reference and the inputs' checksum; the baselines' imports and first calls)
+a limit of its own that grows with the problem (`setup_timeout_s` plus the reference's work,
+runtime.fixed_costs.setup_seconds): a 4.5 s reference at S16384 is set-up, not a hung kernel. When a limit
+expires the child is killed (SIGKILL) and the request becomes a `timeout`; after a fault it becomes a
+`launch_error`. Either way the next request starts a fresh child, so the search goes on.
 
 The child (tuner.backends.gpu_child) does its work behind a small Runner
 interface (`CudaRunner` is the real one), so the protocol, the watchdog and
@@ -66,6 +69,7 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel
+from tuner.runtime.fixed_costs import setup_seconds
 from tuner.status import TrialStatus
 
 RESTART = "restarting the GPU worker"  # a fixed cost of the parent side: a fresh child after a fault or a timeout
@@ -104,7 +108,8 @@ class GpuBackend:
 
     def __init__(self, profile: GpuProfile, device: int = 0, watchdog_s: float = 10.0, seed: Optional[int] = None,
                  *, runner: Optional[Callable[[RunnerOptions], Runner]] = None, timing_budget_s: float = 60.0,
-                 start_timeout_s: float = 300.0, range_prefix: str = "", objective: str = "time") -> None:
+                 start_timeout_s: float = 300.0, range_prefix: str = "", objective: str = "time",
+                 setup_timeout_s: Optional[float] = None) -> None:
         if runner is None:
             check_gpu_environment()
         if watchdog_s <= 0 or timing_budget_s < 0:
@@ -114,6 +119,8 @@ class GpuBackend:
         self.watchdog_s = float(watchdog_s)
         self.timing_budget_s = float(timing_budget_s)
         self.start_timeout_s = float(start_timeout_s)
+        # A set-up phase's limit before its problem's share (None: the start's; setup_limit_s)
+        self.setup_timeout_s = float(start_timeout_s if setup_timeout_s is None else setup_timeout_s)
         self.range_prefix = range_prefix  # NVTX prefix of baselines, and of measures given none
         self.restarts = 0  # children replaced after a fault or a timeout
         self._factory = runner or default_runner
@@ -157,6 +164,11 @@ class GpuBackend:
         (None, RESTART) for its restarts after faults and timeouts (between requests)."""
         return dict(self._spent)
 
+    def setup_limit_s(self, problem: Optional[Problem]) -> float:
+        """How long one set-up phase of a request on `problem` may take (inputs, reference, error, baselines'
+        set-up): setup_timeout_s, plus the reference's work on the problem (fixed_costs.setup_seconds)."""
+        return self.setup_timeout_s if problem is None else setup_seconds(problem, self.setup_timeout_s)
+
     def _request(self, op: str, args: dict[str, Any]) -> Any:
         return self._receive(self._send(op, args))
 
@@ -165,7 +177,7 @@ class GpuBackend:
         self._settle()
         worker = self._ensure_worker()
         try:
-            worker.send(op, args)
+            worker.send(op, args, self.setup_limit_s(args.get("problem")))
         except _Fault:
             self._lost()
             raise

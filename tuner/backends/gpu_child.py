@@ -17,6 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from tuner.backends.kernel_calls import kernel_call, layout_inputs  # noqa: F401 - kernel_call: this module's API too
+from tuner.backends.phases import KERNEL, SETUP, TIMED, phase_kind
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
 from tuner.profiles.cuda_query import driver_version
@@ -29,12 +31,10 @@ from tuner.runtime.fixed_costs import (BASELINE_SETUP, INPUTS, REFERENCE, VERIFI
                                        fingerprint, start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, metered
-from tuner.runtime.packed import packed_call, packed_inputs
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
-from tuner.runtime.verify import (TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs, paged_inputs,
-                                  ragged_seq_lens)  # fmt: skip
+from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs
 
-Progress = Callable[..., None]  # progress(phase: str, long: bool = False)
+Progress = Callable[..., None]  # progress(phase, kind): what bounds it (tuner.backends.phases); True: TIMED
 
 
 class RequestError(Exception):
@@ -125,11 +125,12 @@ class CudaRunner:
         }
 
     def _problem_inputs(self, problem: Problem) -> dict[str, Any]:
-        """q, k, v and the fp32 reference, built once per problem (seconds at long sequences) and used while
-        intact (_intact); an e4m3 problem's fp8 q, k, v come with their Descales (entry["descales"]), which the
-        kernel, the reference and the baselines take."""
+        """q, k, v and the fp32 reference, built once per problem (seconds at long sequences); an e4m3 problem's
+        come with their Descales (entry["descales"]). Reused unchecked: a verify launch, a kernel's first on them,
+        is followed by a checksum (_intact) that drops them if it wrote into them; timed launches repeat one found
+        clean, and the baselines only read them."""
         entry = self._inputs.get(problem)
-        if entry is not None and self._intact(problem, entry):
+        if entry is not None:
             self._inputs.move_to_end(problem)
             return entry
         while len(self._inputs) >= 2:  # a big problem's inputs and reference take hundreds of MB
@@ -172,16 +173,18 @@ class CudaRunner:
             cubin = built.compiled.cubin
         except OSError as exc:
             raise RequestError(f"cannot read the cubin of {name}: {exc}") from None
-        progress("prepare", True)
+        progress("prepare", SETUP)  # the inputs and reference (built once per problem), the cubin's load
         with annotate(range_name(prefix, name, "prepare")):
             data = self._problem_inputs(problem)
             kernel = built.load(self.options.device, cubin)
             out = empty_output(data["q"])
             torch.cuda.synchronize()
-        progress("verify")
+        progress("verify", KERNEL)  # the watchdog bounds the kernel's own launch, nothing else
         with annotate(range_name(prefix, name, "verify")), self.spent.part(VERIFICATION):
             kernel_call(kernel, data, out, checked=True)()
             torch.cuda.synchronize()
+        progress("check", SETUP)  # the error against the reference and the inputs' checksum: sized by the problem
+        with self.spent.part(VERIFICATION):
             err = data["ref"].error(out)
             intact = self._intact(problem, data)
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
@@ -189,8 +192,8 @@ class CudaRunner:
         if why is not None:
             return {**base, "status": "incorrect", "error": why}
         with self.spent.part(BASELINE_SETUP):
-            await_baseline_imports()  # no import thread left to slow the timed launches (the GIL)
-        progress("time", True)
+            await_baseline_imports()  # no import thread left to slow the timed launches (the GIL); still "check"
+        progress("time", TIMED)
         with annotate(range_name(prefix, name, "time")):
             # Inputs were validated by the verify launch: time the launch alone, without
             # ~10 us of Python checks per call that small kernels would otherwise pay.
@@ -204,18 +207,21 @@ class CudaRunner:
 
         problem: Problem = request["problem"]
         wanted = request.get("baselines")
-        progress("prepare", True)
+        progress("prepare", SETUP)
         data = self._problem_inputs(problem)
-        q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
         calls: dict[str, Callable[[], Any]] = {}
         for built in request["builts"]:
-            kernel, out = built.load(self.options.device), empty_output(q)
+            kernel, out = built.load(self.options.device), empty_output(data["q"])
+            progress(f"{built.entry}/verify", KERNEL)
             with self.spent.part(VERIFICATION):
                 kernel_call(kernel, data, out, checked=True)()
                 torch.cuda.synchronize()
+            progress(f"{built.entry}/check", SETUP)
+            with self.spent.part(VERIFICATION):
                 ok = data["ref"].error(out) < TOLERANCE[problem.dtype] and self._intact(problem, data)
             if ok:
                 calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call, CONFIRM)
+        progress("baselines", SETUP)  # their imports awaited, their first calls (FA4's compile or cache load)
         for baseline in self._available_baselines(problem, data):
             if wanted is not None and baseline.name not in wanted:
                 continue
@@ -223,17 +229,17 @@ class CudaRunner:
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(**self._timing_options(CONFIRM))
-        return interleaved_timings(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", True),
+        return interleaved_timings(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", TIMED),
                                    first_round=int(request.get("first_round", 0)))
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
-        progress("prepare", True)
+        progress("prepare", SETUP)  # the inputs and reference; the baselines' imports awaited, their first calls
         data = self._problem_inputs(problem)
         take_counts()  # count this request's warnings only
         found = self._available_baselines(problem, data)
         results = []
         for baseline in found:
-            progress(f"{baseline.name}/time", True)
+            progress(f"{baseline.name}/time", TIMED)
             with annotate(range_name(range_prefix, baseline.name, "time")):
                 timing = baseline.time(**self._timing_options(BASELINE))
             results.append({"impl": baseline.name, "timing": timing})
@@ -320,8 +326,8 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
     except OSError:  # the parent went away while we started (e.g. aborted): nothing to report to
         os._exit(0)
 
-    def progress(phase: str, long: bool = False) -> None:
-        conn.send(("phase", phase, bool(long)))
+    def progress(phase: str, kind: Any = KERNEL) -> None:
+        conn.send(("phase", phase, phase_kind(kind)))
 
     while True:
         try:
@@ -332,7 +338,7 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
             break
         try:
             if op == "facts":
-                progress("facts", True)  # nvidia-smi may take longer than the watchdog (it waits up to 20 s)
+                progress("facts", SETUP)  # nvidia-smi may take longer than the watchdog (it waits up to 20 s)
                 result: Any = runner.facts()
             elif op == "baselines":
                 result = runner.baselines(args["problem"], args.get("range_prefix") or "", progress)
@@ -359,37 +365,3 @@ def child_main(conn: Any, runner_factory: Callable[[RunnerOptions], Runner], opt
         runner.close()
     finally:
         conn.close()
-
-
-def layout_inputs(problem: Problem, q: Any, k: Any, v: Any, seed: int) -> dict[str, Any]:
-    """What kernel_call takes besides q, k, v for the problem's K/V layout and lengths: a paged layout's shuffled
-    pages, table and lengths (the reference and SDPA read k and v dense), a ragged batch's lengths (each row's
-    keys, read by the kernel on the GPU), packed sequences' packed copies (the reference and SDPA read them
-    padded)."""
-    found = paged_inputs(problem, k, v, seed) if problem.page_size else {}
-    if problem.packed:  # the kernel's packed copies; the lengths travel in them
-        return {"packed": packed_inputs(problem, q, k, v)}
-    if problem.ragged:
-        found["seq_lens"] = ragged_seq_lens(problem, k.device)
-    return found
-
-
-def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
-    """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
-    ragged batch, FP8 inputs' descales); `checked` validates the inputs first (the verify launch),
-    else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all."""
-    if "packed" in data:
-        return packed_call(kernel, data, out, checked)
-    q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
-    descales = data.get("descales")  # FP8 inputs' Descales (a (q, k, v) tuple of [B, Hkv] float32; q None: a cache)
-    if "block_table" in data:
-        kc, vc, table, lens = data["k_cache"], data["v_cache"], data["block_table"], data["seq_lens"]
-        return lambda: kernel.paged(q, kc, vc, out, table, lens, scale, check=checked, descales=descales)
-    lens = data.get("seq_lens")  # a ragged batch's lengths (None: every row uses all Sk keys)
-    if descales is not None:
-        if checked:
-            return lambda: kernel(q, k, v, out, None, scale, seq_lens=lens, descales=descales)
-        return lambda: kernel.launch_unchecked(q, k, v, out, None, scale, lens, descales)
-    if checked:
-        return lambda: kernel(q, k, v, out, None, scale, seq_lens=lens)
-    return lambda: kernel.launch_unchecked(q, k, v, out, None, scale, lens)

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from tuner.backends.gpu_child import Runner, RunnerOptions, child_main, default_runner
+from tuner.backends.phases import KERNEL, SETUP, TIMED, phase_kind
 from tuner.errors import NoGpuError, TunerError
 from tuner.profiles import GpuProfile, visible_gpu_count
 
@@ -49,6 +50,7 @@ class _Worker:
         self.configured = options is not None
         self.ready = False
         self.op: Optional[str] = None  # the request sent last
+        self.setup_s: Optional[float] = None  # the limit on the set-up phases of the request sent last
         # Seconds of the child's fixed costs by (request, part), from its ("spent", {part: seconds}) messages.
         self.spent: dict[tuple[Optional[str], str], float] = {}
 
@@ -90,9 +92,10 @@ class _Worker:
     def pid(self) -> Optional[int]:
         return self.process.pid
 
-    def send(self, op: str, args: dict[str, Any]) -> None:
-        """Send one request; a _Fault leaves this worker dead."""
-        self.op = op
+    def send(self, op: str, args: dict[str, Any], setup_s: Optional[float] = None) -> None:
+        """Send one request (`setup_s`: the limit on its set-up phases, see receive); a _Fault leaves this
+        worker dead."""
+        self.op, self.setup_s = op, setup_s
         try:
             self.conn.send((op, args))
         except (OSError, ValueError) as exc:
@@ -100,7 +103,12 @@ class _Worker:
             raise _Fault(f"the GPU worker is gone ({exc})") from None
 
     def receive(self, watchdog_s: float, long_budget_s: float) -> Any:
-        """The reply to the request sent last: the watchdog restarts with each phase the child reports."""
+        """The reply to the request sent last. The limit restarts with each phase the child reports, by the
+        phase's kind (tuner.backends.phases): a kernel's launch `watchdog_s`, timed repetitions `watchdog_s` +
+        `long_budget_s`, set-up work (inputs, reference, error, baselines' set-up) the request's `setup_s`
+        (without one: the two together, as a timed phase)."""
+        setup_s = self.setup_s if self.setup_s is not None else watchdog_s + long_budget_s
+        limits = {KERNEL: watchdog_s, TIMED: watchdog_s + long_budget_s, SETUP: setup_s}
         phase, budget = "start", watchdog_s
         deadline = time.monotonic() + budget
         while True:
@@ -115,8 +123,7 @@ class _Worker:
                 raise _Fault(f"the GPU worker died (exit code {self.process.exitcode}) in phase {phase}") from None
             kind = message[0]
             if kind == "phase":
-                phase, long = message[1], message[2]
-                budget = watchdog_s + (long_budget_s if long else 0.0)
+                phase, budget = message[1], limits[phase_kind(message[2])]
                 deadline = time.monotonic() + budget
             elif kind == "spent":
                 for part, seconds in message[1].items():

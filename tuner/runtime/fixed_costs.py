@@ -7,6 +7,9 @@
   after each request so that the search's time breakdown names them.
 - fingerprint: a checksum of a problem's inputs and reference, so that a wrong kernel's result costs a
   rebuild only when it wrote into them.
+- setup_seconds: how long the worker may take over a problem's set-up (its inputs, the fp32 reference, the
+  error and checksum after a verify launch, the baselines' set-up): a limit that grows with the reference's
+  work, apart from the watchdog, which bounds a kernel's own launch.
 """
 
 from __future__ import annotations
@@ -17,12 +20,19 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
+from tuner.problem import Problem
 from tuner.runtime.baselines import import_baselines
+from tuner.runtime.verify import FULL_REFERENCE_SCORES, sampled_rows
 
 INPUTS = "inputs"  # q, k, v and their layout's copies (pages, packed sequences)
 REFERENCE = "reference"  # the fp32 reference output
 VERIFICATION = "verification"  # a variant's checked launch and its error against the reference
 BASELINE_SETUP = "baseline set-up"  # the baselines' imports (waited for), first calls and compiles
+
+# The fp32 reference's rate (multiply-adds of its two matmuls, 4 x scores x D flop, per second) that the set-up
+# limit allows for: an H200 built a 4.5 s reference at B1 H28 S16384 D128 (~8e11 flop/s); this is 10x slower,
+# for smaller cards and the passes besides the matmuls (softmax, masks, the inputs, the error in fp64).
+REFERENCE_FLOPS_PER_S = 1e11
 
 _imports: dict[str, threading.Thread] = {}  # one per process: "baselines" once started
 
@@ -74,10 +84,43 @@ class Spent:
 
 def fingerprint(value: Any) -> tuple[int, ...]:
     """The byte sums of every tensor in `value` (dicts, lists, tuples and dataclasses are walked): a kernel that
-    wrote past its output into any of them changes it (unless it wrote the very bytes that were there)."""
+    wrote past its output into any of them changes it (unless it wrote the very bytes that were there).
+
+    Each tensor is summed where it lies, through a byte view of its own strides (no copy of a transposed
+    input), and the sums of one device come back in one transfer: one host wait per device, not one per
+    tensor (a problem at S16384 holds hundreds of MB in several tensors)."""
     import torch
 
-    return tuple(int(t.detach().reshape(-1).view(torch.uint8).sum(dtype=torch.int64)) for t in _tensors(value))
+    sums = [_byte_sum(t) for t in _tensors(value)]
+    by_device: dict[Any, list[int]] = {}
+    for i, s in enumerate(sums):
+        by_device.setdefault(s.device, []).append(i)
+    out = [0] * len(sums)
+    for indices in by_device.values():
+        for i, total in zip(indices, torch.stack([sums[i] for i in indices]).tolist()):
+            out[i] = int(total)
+    return tuple(out)
+
+
+def _byte_sum(t: Any) -> Any:
+    """The sum of a tensor's bytes as an int64 tensor on its device (not waited for)."""
+    import torch
+
+    t = t.detach()
+    if t.dim() == 0 or t.stride(-1) != 1:  # a byte view needs a contiguous last dimension
+        t = t.reshape(-1).contiguous()
+    return t.view(torch.uint8).sum(dtype=torch.int64)
+
+
+def setup_seconds(problem: Problem, base_s: float) -> float:
+    """The limit on one set-up phase of `problem` in the GPU worker: `base_s` (the worker's start-up limit, what
+    any set-up may take) plus the fp32 reference's flops (every query row, or the sampled ones past
+    FULL_REFERENCE_SCORES scores a head) at REFERENCE_FLOPS_PER_S."""
+    rows = problem.seq_q
+    if problem.seq_q * problem.seq_k > FULL_REFERENCE_SCORES:
+        rows = len(sampled_rows(problem.seq_q) or ()) or problem.seq_q
+    flops = 4.0 * problem.batch * problem.heads * rows * problem.seq_k * problem.head_dim
+    return base_s + flops / REFERENCE_FLOPS_PER_S
 
 
 def _tensors(value: Any) -> Iterator[Any]:
