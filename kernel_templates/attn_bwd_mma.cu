@@ -141,7 +141,7 @@ __device__ __forceinline__ void attn_bwd(const BwdArgs& a) {
   const int key_base = warp * C::KEYS_PER_WARP;
 
   // The query tiles whose rows see some of the keys, in each query head of the group.
-  const int2 rows = query_range<C>(n0, min(n0 + C::BN, a.sk), diag, a.sq);
+  const int2 rows = query_range<typename C::Keys, C::CAUSAL>(n0, min(n0 + C::BN, a.sk), diag, a.sq);
   const int m_begin = rows.x / C::BM;
   const int n_m = rows.y > rows.x ? (rows.y + C::BM - 1) / C::BM - m_begin : 0;
   const int n_iters = n_m * a.h_per_kv;

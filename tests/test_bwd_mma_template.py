@@ -136,3 +136,65 @@ def test_dq_is_accumulated_with_reductions_not_returning_atomics(fresh_cache: No
     code = sass(res.cubin, tmp_path)
     main = code.split(f"Function : {CLEAN[1]}\n")[1].split("Function :")[0]
     assert "RED.E.ADD.F32" in main and "ATOM" not in main
+
+
+RANGE_CHECK = r"""
+#include <cstdio>
+#include "attn_bwd_mma/tile.h"
+
+// Every query row that sees a key of a block lies in the block's query_range (else its dK/dV and dQ terms would
+// be lost); printed: rows missed, and rows in the range that see none of the block's keys (work wasted).
+template <int L, int R, bool CAUSAL>
+void check(int sq, int sk, int bn) {
+  using K = fc::KeyWindow<fc::Mask<L, R, 0u>, CAUSAL>;
+  long long missed = 0, wasted = 0;
+  for (int n0 = 0; n0 < sk; n0 += bn) {
+    const int n1 = n0 + bn < sk ? n0 + bn : sk;
+    const int2 rows = fc::query_range<K, CAUSAL>(n0, n1, sk - sq, sq);
+    for (int i = 0; i < sq; ++i) {
+      bool sees = false;
+      for (int j = n0; j < n1; ++j) sees |= !K::hidden(j, i + sk - sq, sk);
+      const bool in = rows.x <= i && i < rows.y;
+      missed += sees && !in;
+      wasted += in && !sees;
+    }
+  }
+  std::printf("%d %d %d %d %d %d %lld %lld\n", L, R, CAUSAL ? 1 : 0, sq, sk, bn, missed, wasted);
+}
+
+int main() {
+  const int shapes[][2] = {{1, 1}, {7, 7}, {64, 64}, {100, 300}, {300, 100}, {257, 257}, {513, 700}, {90, 1}};
+  for (const auto& s : shapes)
+    for (int bn : {32, 64, 128}) {
+      check<-1, -1, false>(s[0], s[1], bn);
+      check<-1, -1, true>(s[0], s[1], bn);
+      check<0, -1, true>(s[0], s[1], bn);
+      check<37, -1, true>(s[0], s[1], bn);
+      check<5, 3, false>(s[0], s[1], bn);
+      check<0, 0, false>(s[0], s[1], bn);
+      check<-1, 4, false>(s[0], s[1], bn);
+      check<20, -1, false>(s[0], s[1], bn);
+      check<130, 0, false>(s[0], s[1], bn);
+    }
+}
+"""
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_the_query_range_of_a_key_block_holds_every_row_that_sees_it(tmp_path: Path) -> None:
+    import subprocess
+
+    from tuner.kernels.manifest import template_folders
+
+    src = tmp_path / "range_check.cu"
+    src.write_text(RANGE_CHECK)
+    exe = tmp_path / "range_check"
+    subprocess.run(["nvcc", "-std=c++17", "-o", str(exe), str(src), "-I", str(template_folders()[0])], check=True,
+                   capture_output=True)
+    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    rows = [list(map(int, line.split())) for line in lines if line]
+    assert len(rows) == 8 * 3 * 9
+    assert all(r[6] == 0 for r in rows), [r for r in rows if r[6]][:5]
+    # Bounded on both sides where the mask is: no row range wider than the rows the block's keys can reach.
+    assert all(r[7] <= 2 * r[5] for r in rows if r[0] >= 0 and (r[2] or r[1] >= 0)), [r for r in rows if r[7] > 2 * r[5]][:5]

@@ -14,17 +14,20 @@ namespace fc {
 
 // The query rows [first, end) whose visible keys meet keys [n0, n1) (positions aligned bottom-right: query i at
 // key position i + diag), from the row bounds of common/mask.h's KeyWindow: a causal row sees no key right of it,
-// a right window RIGHT past it, a left window LEFT before it.
-template <class C>
-__device__ __forceinline__ int2 query_range(int n0, int n1, int diag, int sq) {
-  using K = typename C::Keys;
+// a right window RIGHT past it, a left window LEFT before it. Host code too: tests/test_bwd_mma_template.py checks
+// it on the CPU against every (row, key) of many shapes.
+template <class Keys, bool CAUSAL>
+__host__ __device__ __forceinline__ int2 query_range(int n0, int n1, int diag, int sq) {
   int first = 0, end = sq;
-  if constexpr (C::CAUSAL) first = n0 - diag;
-  else if constexpr (K::RIGHT >= 0) first = n0 - K::RIGHT - diag;
-  if constexpr (K::LEFT >= 0) end = n1 + K::LEFT - diag;
-  first = max(first, 0);
-  end = min(end, sq);
-  return make_int2(first, max(end, first));
+  if constexpr (CAUSAL) first = n0 - diag;
+  else if constexpr (Keys::RIGHT >= 0) first = n0 - Keys::RIGHT - diag;
+  if constexpr (Keys::LEFT >= 0) end = n1 + Keys::LEFT - diag;
+  first = first > 0 ? first : 0;
+  end = end < sq ? end : sq;
+  int2 range;
+  range.x = first;
+  range.y = end > first ? end : first;
+  return range;
 }
 
 // Scores of S^T the query does not see set to -inf: key0 is the warp's first key, q_pos0 the key-aligned position

@@ -33,9 +33,11 @@ class Feasibility:
 
 def expression_names(variant: Variant) -> dict[str, object]:
     """The names a manifest expression may use for this variant (elem_bytes: of a k or v element, 2 for
-    fp16/bf16, 1 for e4m3 and an FP8 KV cache; kv_fp8: 1 for an FP8 KV cache with 16-bit queries)."""
+    fp16/bf16, 1 for e4m3 and an FP8 KV cache; kv_fp8: 1 for an FP8 KV cache with 16-bit queries; softcap: 1
+    where a logit softcap is compiled in)."""
     return {**variant.params, "head_dim": variant.head_dim, "elem_bytes": DTYPE_BYTES[variant.dtype],
-            "kv_fp8": int(spec(variant.dtype).fp8_kv), "causal": variant.causal, "packed": variant.packed}
+            "kv_fp8": int(spec(variant.dtype).fp8_kv), "causal": variant.causal, "packed": variant.packed,
+            "softcap": int(variant.softcap > 0)}
 
 
 def resources(variant: Variant, manifest: Manifest | None = None) -> dict[str, int]:
