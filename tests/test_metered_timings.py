@@ -1,6 +1,6 @@
 """Energy where it decides: the GPU worker's CudaRunner reads the energy meter (a 0.5 s block at least) for
-the confirm stage's candidates and baselines, and for a search's trials and baselines only under
---objective energy. Run on a CPU: the inputs, the kernel and the timing are stand-ins that record what
+the confirm stage's candidates and baselines in the race's last round, and for a search's trials, baselines
+and every confirm round only under --objective energy. Run on a CPU: the inputs, the kernel and the timing are stand-ins that record what
 the runner asked for."""
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def measure(runner: CudaRunner) -> dict[str, Any]:
     return runner.measure({"problem": PROBLEM, "built": FakeBuilt(), "range_prefix": "r/t1"}, noop)
 
 
-def confirm(runner: CudaRunner, rounds: int = 2) -> dict[str, list[Timing]]:
-    return runner.confirm({"problem": PROBLEM, "builts": [FakeBuilt()], "rounds": rounds, "baselines": None}, noop)
+def confirm(runner: CudaRunner, rounds: int = 2, **race: Any) -> dict[str, list[Timing]]:
+    return runner.confirm({"problem": PROBLEM, "builts": [FakeBuilt()], "rounds": rounds, "baselines": None, **race},
+                          noop)
 
 
 def test_a_trial_of_the_default_objective_is_timed_without_the_meter_and_its_confirm_stage_with_it(runner_of):
@@ -106,8 +107,20 @@ def test_a_trial_of_the_default_objective_is_timed_without_the_meter_and_its_con
     asked.calls.clear()
     timed = confirm(runner)
     assert set(timed) == {"kernel_a", "sdpa_flash", "sdpa_cudnn"} and all(len(t) == 2 for t in timed.values())
-    # every round of every candidate and baseline reads the meter
-    assert len(asked.calls) == 6 and all(meter is METER for _, meter, _ in asked.calls)
+    # the race's last round reads the meter for every candidate and baseline, the rounds before it do not
+    assert len(asked.calls) == 6
+    assert [meter is METER for _, meter, _ in asked.calls] == [False] * 3 + [True] * 3
+
+
+def test_a_confirm_race_timed_a_round_at_a_time_meters_only_its_last_round(runner_of):
+    runner, asked = runner_of(TIME)
+    for number in range(7):  # as the confirm stage asks: one round a request, its number and the race's length
+        confirm(runner, rounds=1, first_round=number, race_rounds=7)
+    metered = [meter is METER for _, meter, _ in asked.calls]
+    assert len(metered) == 21 and metered == [False] * 18 + [True] * 3
+    asked.calls.clear()
+    confirm(runner, rounds=1, first_round=7, race_rounds=7)  # an extra round (a card that left): not metered
+    assert all(meter is None for _, meter, _ in asked.calls)
 
 
 def test_under_the_energy_objective_every_trial_and_baseline_reads_the_meter(runner_of):
@@ -115,13 +128,14 @@ def test_under_the_energy_objective_every_trial_and_baseline_reads_the_meter(run
     measure(runner)
     measure(runner)
     runner.baselines(PROBLEM, "r", noop)
-    confirm(runner, rounds=1)
+    confirm(runner, rounds=1, first_round=0, race_rounds=7)
     assert len(asked.calls) == 7 and all(meter is METER for _, meter, _ in asked.calls)
 
 
 def test_the_isolated_objective_times_isolated_calls_but_meters_only_the_confirm_stage(runner_of):
     runner, asked = runner_of(ISOLATED)
     measure(runner)
-    confirm(runner, rounds=1)
+    confirm(runner, rounds=2)
     assert asked.calls[0] == ("kernel", None, True)
-    assert all(meter is METER and isolated for _, meter, isolated in asked.calls[1:])
+    assert all(isolated for _, _, isolated in asked.calls[1:])
+    assert [meter is METER for _, meter, _ in asked.calls[1:]] == [False] * 3 + [True] * 3

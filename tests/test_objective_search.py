@@ -70,6 +70,22 @@ def test_an_energy_search_minimizes_j_per_call_and_confirms_by_it(recordings, sq
     assert run.objective == "energy"
 
 
+def test_a_time_search_reads_energy_in_its_confirm_stage_last_round_only(recordings, sqlite_url):
+    """Metered blocks run 0.5 s: a time search's confirm stage meters its last round (the J per call of
+    the winner and the baselines still racing), not all of them; the stored winner carries that figure."""
+    run_search(options(recordings["energy"], sqlite_url, confirm_rounds=4))
+    with open_store(sqlite_url) as store:
+        confirmed = store.confirmed(PROBLEM)
+        assert confirmed is not None and confirmed.objective == "time"
+        raced = store.confirm_energy(confirmed.confirmation_id)
+        timed = store.confirm_timings(confirmed.confirmation_id)
+    winner = raced[confirmed.variant_name]
+    assert len(timed[confirmed.variant_name]) == 4 and len(winner) == 4
+    assert list(winner[:3]) == [None] * 3
+    assert winner[3] is not None and confirmed.joules_per_call == pytest.approx(winner[3].joules_per_call)
+    assert confirmed.baseline_impl is not None and raced[confirmed.baseline_impl][3] is not None
+
+
 def test_an_isolated_search_minimizes_the_isolated_times(recordings, sqlite_url):
     report = run_search(options(recordings["energy"], sqlite_url, objective="isolated", trials=20, confirm=0))
     study = optuna.load_study(study_name=report.studies[0], storage=storage_for(sqlite_url))

@@ -267,12 +267,13 @@ class GpuBackend:
         return Measurement(status, reply.get("timing"), reply.get("rel_error"), reply.get("error"))
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
-                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
+                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0,
+                race_rounds: Optional[int] = None) -> ConfirmTimings:
         ready = [dataclasses.replace(b, source="") for b in builts if b is not None and b.ok]
         try:
             reply = self._request("confirm", {"problem": problem, "builts": ready, "rounds": rounds,
                                               "baselines": None if baselines is None else list(baselines),
-                                              "first_round": first_round})
+                                              "first_round": first_round, "race_rounds": race_rounds})
         except (_Timeout, _Fault) as exc:
             raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
         return ConfirmTimings.of(reply)

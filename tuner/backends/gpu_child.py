@@ -99,14 +99,18 @@ class CudaRunner:
             raise TunerError(f"--objective energy needs NVML's energy counter on GPU {self.options.device}, "
                              f"which this machine does not give ({self._meter.why_not})")
 
-    def _timing_options(self, stage: str) -> dict[str, Any]:
-        """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM): the energy meter
-        where it decides (objective.metered); for --objective isolated, isolated calls too."""
-        return {"meter": self._meter if metered(self.options.objective, stage) else None,
+    def _timing_options(self, stage: str, round_number: Optional[int] = None,
+                        rounds: Optional[int] = None) -> dict[str, Any]:
+        """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM; a confirm round's
+        number of its race's `rounds`): the energy meter where it decides (objective.metered); for --objective
+        isolated, isolated calls too."""
+        meter = metered(self.options.objective, stage, round_number, rounds)
+        return {"meter": self._meter if meter else None,
                 "isolated_too": self.options.objective == ISOLATED, "l2_bytes": self.options.l2_bytes}
 
-    def _time(self, fn: Callable[[], Any], stage: str) -> Timing:
-        return time_call(fn, **self._timing_options(stage))
+    def _time(self, fn: Callable[[], Any], stage: str, round_number: Optional[int] = None,
+              rounds: Optional[int] = None) -> Timing:
+        return time_call(fn, **self._timing_options(stage, round_number, rounds))
 
     def facts(self) -> dict[str, Optional[str]]:
         import torch
@@ -202,11 +206,23 @@ class CudaRunner:
 
     def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[Timing]]:
         """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
-        rounds (the start rotates from round `first_round` on)."""
+        rounds (the start rotates from round `first_round` on). The race has `race_rounds` rounds (absent:
+        these are its last); its last round reads the energy meter (objective.metered)."""
         import torch
 
         problem: Problem = request["problem"]
         wanted = request.get("baselines")
+        first, count = int(request.get("first_round", 0)), int(request["rounds"])
+        race = request.get("race_rounds")
+        race_rounds = first + count if race is None else int(race)
+        current = [first]  # the number of the round being timed (on_round sets it)
+
+        def start_round(r: int) -> None:
+            current[0] = first + r
+            progress(f"confirm/round{first + r}", TIMED)
+
+        def options() -> dict[str, Any]:
+            return self._timing_options(CONFIRM, current[0], race_rounds)
         progress("prepare", SETUP)
         data = self._problem_inputs(problem)
         calls: dict[str, Callable[[], Any]] = {}
@@ -220,7 +236,8 @@ class CudaRunner:
             with self.spent.part(VERIFICATION):
                 ok = data["ref"].error(out) < TOLERANCE[problem.dtype] and self._intact(problem, data)
             if ok:
-                calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): self._time(call, CONFIRM)
+                calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): time_call(call,
+                                                                                                       **options())
         progress("baselines", SETUP)  # their imports awaited, their first calls (FA4's compile or cache load)
         for baseline in self._available_baselines(problem, data):
             if wanted is not None and baseline.name not in wanted:
@@ -228,9 +245,8 @@ class CudaRunner:
             # A round times each implementation as a trial is timed (25 ms warm-up, 100 ms of repetitions):
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
-            calls[baseline.name] = lambda baseline=baseline: baseline.time(**self._timing_options(CONFIRM))
-        return interleaved_timings(calls, int(request["rounds"]), lambda r: progress(f"confirm/round{r}", TIMED),
-                                   first_round=int(request.get("first_round", 0)))
+            calls[baseline.name] = lambda baseline=baseline: baseline.time(**options())
+        return interleaved_timings(calls, count, start_round, first_round=first)
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", SETUP)  # the inputs and reference; the baselines' imports awaited, their first calls

@@ -14,6 +14,7 @@ which is neither a measurement nor a failure of the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import statistics
@@ -28,7 +29,7 @@ from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.energy import median_energy
-from tuner.runtime.objective import COLUMN, TIME, figure
+from tuner.runtime.objective import CONFIRM, COLUMN, TIME, figure, metered
 from tuner.runtime.timed import Timing
 from tuner.runtime.timing import interleaved_timings
 from tuner.status import TrialStatus
@@ -107,6 +108,7 @@ class ReplayBackend:
                  delay_s: Optional[float] = None, seed: Optional[int] = None, objective: str = TIME) -> None:
         self._problem_of: dict[int, Problem] = {}
         self._rng = random.Random(seed)
+        self._objective = objective  # which confirm rounds carry energy (objective.metered), as on the GPU
         with open_store(url, create=False) as source:
             # Measured runs only: a replay's own answers in that store would count its recording twice (or another
             # recording's numbers under this one's name).
@@ -186,7 +188,8 @@ class ReplayBackend:
         return self._rng.choice(samples)
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
-                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0) -> ConfirmTimings:
+                rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0,
+                race_rounds: Optional[int] = None) -> ConfirmTimings:
         """The GPU worker's interleaved rounds, each timing one draw from the recorded timings of the
         variant or baseline (with one recorded timing, always that); each draw takes the delay."""
         samples: dict[str, list[Timing]] = {}
@@ -199,13 +202,22 @@ class ReplayBackend:
             if baselines is None or impl in baselines:
                 samples[impl] = [m.timing for m in measured]
 
+        race = first_round + rounds if race_rounds is None else race_rounds
+        current = [first_round]
+
         def draw(impl: str) -> Timing:
             if self._delay:
                 time.sleep(self._delay)
-            return self._rng.choice(samples[impl])
+            timing = self._rng.choice(samples[impl])
+            if metered(self._objective, CONFIRM, current[0], race):
+                return timing
+            return dataclasses.replace(timing, energy=None)  # as the GPU worker: no meter in this round
+
+        def start_round(r: int) -> None:
+            current[0] = first_round + r
 
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        return ConfirmTimings.of(interleaved_timings(calls, rounds, first_round=first_round))
+        return ConfirmTimings.of(interleaved_timings(calls, rounds, start_round, first_round=first_round))
 
     def close(self) -> None:
         pass

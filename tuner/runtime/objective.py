@@ -42,11 +42,18 @@ def required_column(objective: str) -> Optional[str]:
     return None if objective == TIME else COLUMN[objective]
 
 
-def metered(objective: str, stage: str) -> bool:
+def metered(objective: str, stage: str, round_number: Optional[int] = None, rounds: Optional[int] = None) -> bool:
     """Whether a timing of `stage` reads the energy meter. NVML's counter steps every ~100 ms, so a metered
-    block runs at least 0.5 s (energy.MIN_WINDOW_S) where ~0.1 s of back-to-back calls give the median: only
-    the confirm stage's rounds (candidates and baselines alike), and everything an energy search ranks."""
-    return stage == CONFIRM or objective == ENERGY
+    block runs at least 0.5 s (energy.MIN_WINDOW_S) where ~0.1 s of back-to-back calls give the median: under
+    --objective energy everything it ranks; otherwise only the confirm stage's last round (`round_number` of
+    `rounds`, 0-based; both None: a confirm request that names no round is metered), which gives the J per
+    call of the candidates and baselines still in the race, one block each, where metering all 7 rounds cost
+    ~28 s a problem on an H200."""
+    if objective == ENERGY:
+        return True
+    if stage != CONFIRM:
+        return False
+    return round_number is None or rounds is None or round_number == rounds - 1
 
 
 def figure(objective: str, timed: Any) -> Optional[float]:

@@ -12,8 +12,10 @@ several cards the rounds are shared by those that end the study together
 stored with the winner.
 
 The figure compared is the search's objective (tuner.runtime.objective): µs back
-to back, J per call (per-round ratios of joules), or µs of isolated calls; every
-round records µs and energy whatever the objective.
+to back, J per call (per-round ratios of joules), or µs of isolated calls. Every
+round records µs; energy is read in every round under --objective energy, else in
+the last planned round only (one 0.5 s metered block per implementation still
+racing: the winner's and its baseline's J per call).
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[V
             timed = leading if ctx.objective == TIME else ledger.leading_rounds(ROUND_FIGURE[TIME])
             baselines = None if not timed else [b for b in timed[0] if b not in names and b not in dropped]
             timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
-                                          baselines=baselines, first_round=number)
+                                          baselines=baselines, first_round=number, race_rounds=ledger.plan.rounds)
         except BaseException:
             ledger.release()
             raise
