@@ -17,10 +17,10 @@
 
 namespace fc {
 
-// S = Q K^T for one warpgroup: 64 x BN, D/KSTEP wgmma steps along the head dim.
+// S = Q K^T for one warpgroup: 64 x BN, D/KSTEP wgmma steps along the head dim. `qd`, `kd`: the descriptors of
+// the warpgroup's Q rows and of the K tile's stage (StageDescs).
 template <class C>
-__device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_base) {
-  const uint64_t qd = make_desc<C::SWB>(q_base, 16, 8 * C::SWB), kd = make_desc<C::SWB>(k_base, 16, 8 * C::SWB);
+__device__ __forceinline__ void issue_qk(float* s, uint64_t qd, uint64_t kd) {
 #pragma unroll
   for (int kk = 0; kk < C::D / C::KSTEP; ++kk) {
     // column block, bytes into its row
@@ -35,21 +35,19 @@ __device__ __forceinline__ void issue_qk(float* s, uint32_t q_base, uint32_t k_b
   }
 }
 
-// O += P V: BN/KSTEP wgmma steps along the keys. A 16-bit V is [BN][D] in the ring, i.e. MN-major for
-// this product (the transpose flag of the instruction); an FP8 V is V^T, [D][BN] in CBV column blocks of
-// keys: K-major, as FP8 wgmma needs.
+// O += P V: BN/KSTEP wgmma steps along the keys; `vd`: the descriptor of the V tile's stage (StageDescs). A
+// 16-bit V is [BN][D] in the ring, i.e. MN-major for this product (the transpose flag of the instruction); an
+// FP8 V is V^T, [D][BN] in CBV column blocks of keys: K-major, as FP8 wgmma needs.
 // `accumulate` false (an item's first tile): O = P V, so O needs no zeroing first.
 template <class C>
-__device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint32_t v_base, bool accumulate) {
+__device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint64_t vd, bool accumulate) {
   if constexpr (C::FP8) {
-    const uint64_t vd = make_desc<C::SWB>(v_base, 16, 8 * C::SWB);
 #pragma unroll
     for (int kk = 0; kk < C::BN / C::KSTEP; ++kk) {
       const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E;
       Wgmma<C::D>::rs8(o, p[kk], desc_advance<false>(vd, cb * C::D * C::SWB + off), kk > 0 || accumulate);
     }
   } else {
-    const uint64_t vd = make_desc<C::SWB>(v_base, C::BN * C::SWB, 8 * C::SWB);
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk) {
       const uint64_t dv = desc_advance(vd, kk * 16 * C::SWB);
@@ -57,6 +55,63 @@ __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint3
     }
   }
 }
+
+// Each ring stage's K and V descriptors, made once per CTA; a tile picks its stage's (a select, as FA4 does).
+// Made in the loop from the slot they cost ~12 uniform instructions a tile more: the slot's shift and mask,
+// the descriptor's address mask and shift, and (the compiler knowing the low bits clear) ORs for the first
+// wgmma steps whose pairs then each need a UMOV of the high word. `opaque` hides those bits, so every step's
+// pair is one 64-bit add.
+__device__ __forceinline__ uint64_t opaque(uint64_t x) {
+  uint64_t y;
+  asm("mov.b64 %0, %1;" : "=l"(y) : "l"(x));
+  return y;
+}
+
+template <class C>
+struct StageDescs {
+  // D256's 16 Q K^T steps leave too few uniform registers to hold the stages' pairs too (R2UR 4 -> 17 in its
+  // loop): it makes its descriptors in the loop, from the slot and from the Q rows' address, as before.
+  static constexpr bool HELD = C::D <= 128;
+  uint64_t k[C::STAGES], v[C::STAGES], q;
+  uint32_t sK, sV, q_base;
+
+  __device__ __forceinline__ static uint64_t k_desc(uint32_t addr) { return make_desc<C::SWB>(addr, 16, 8 * C::SWB); }
+  __device__ __forceinline__ static uint64_t v_desc(uint32_t addr) {
+    return C::FP8 ? make_desc<C::SWB>(addr, 16, 8 * C::SWB) : make_desc<C::SWB>(addr, C::BN * C::SWB, 8 * C::SWB);
+  }
+
+  // `q_rows`: the address of the warpgroup's Q rows.
+  __device__ __forceinline__ StageDescs(const SmemLayout<C>& sm, uint32_t q_rows)
+      : sK(sm.sK), sV(sm.sV), q_base(q_rows) {
+    if constexpr (HELD) {
+      q = k_desc(q_rows);
+#pragma unroll
+      for (int st = 0; st < C::STAGES; ++st) {
+        k[st] = opaque(k_desc(sm.sK + st * C::KV_BYTES));
+        v[st] = opaque(v_desc(sm.sV + st * C::KV_BYTES));
+      }
+    }
+  }
+  // A chain of selects (an array indexed at run time would live in local memory).
+  __device__ __forceinline__ static uint64_t pick(const uint64_t (&d)[C::STAGES], uint32_t slot) {
+    uint64_t found = d[0];
+#pragma unroll
+    for (int st = 1; st < C::STAGES; ++st) found = slot == static_cast<uint32_t>(st) ? d[st] : found;
+    return found;
+  }
+  __device__ __forceinline__ uint64_t query() const {
+    if constexpr (HELD) return q;
+    return k_desc(q_base);
+  }
+  __device__ __forceinline__ uint64_t key(uint32_t slot) const {
+    if constexpr (HELD) return pick(k, slot);
+    return k_desc(sK + slot * C::KV_BYTES);
+  }
+  __device__ __forceinline__ uint64_t value(uint32_t slot) const {
+    if constexpr (HELD) return pick(v, slot);
+    return v_desc(sV + slot * C::KV_BYTES);
+  }
+};
 
 // Accumulator element e of a 64 x N wgmma tile held by a thread: column
 // block e / 4 (8 columns), row half (e / 2) % 2 (+8 rows), column pair e % 2.
@@ -186,7 +241,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const uint32_t q_base = sm.sQ + cw * 64 * C::SWB;
+  const StageDescs<C> descs(sm, sm.sQ + cw * 64 * C::SWB);
   const Turns<C> turns{cw};
   // The work item holding this CTA's last ping-pong turn (-1: none has any key).
   int last_busy = -1;
@@ -225,6 +280,17 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     // (Unsigned: ring + j is never negative where used, and a signed % or / costs a sign fix-up.)
     auto slot = [&](int j) { return static_cast<uint32_t>(ring + j) % C::STAGES; };
     auto phase = [&](int j) { return (static_cast<uint32_t>(ring + j) / C::STAGES) & 1; };
+    // Tile j - 1's slot and phase, from tile j's: in a 2-stage ring the other slot, the phase flipped where tile
+    // j is a round's first; one instruction each where a second slot and phase cost five, and the descriptor
+    // selects of both tiles then share one predicate.
+    auto slot_before = [&](int j) -> uint32_t {
+      if constexpr (C::STAGES == 2) return slot(j) ^ 1u;
+      return slot(j - 1);
+    };
+    auto phase_before = [&](int j) -> uint32_t {
+      if constexpr (C::STAGES == 2) return phase(j) ^ slot(j) ^ 1u;
+      return phase(j - 1);
+    };
     auto release_k = [&](int j) {
       if (lane == 0) mbar_arrive(sm.k_empty(slot(j)));
     };
@@ -236,7 +302,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       mbar_wait(sm.k_full(slot(j)), phase(j));
       turns.acquire();
       wgmma_fence();
-      issue_qk<C>(s, q_base, sm.sK + slot(j) * C::KV_BYTES);
+      issue_qk<C>(s, descs.query(), descs.key(slot(j)));
       wgmma_commit();
     };
     // S_j has been waited for: mask it where needed, softmax it in place.
@@ -248,9 +314,10 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
     };
     // Issue O += P_j V_j (P packed from S_j).
-    auto issue_o = [&](int j) {
+    // `at`: V_j's slot.
+    auto issue_o = [&](int j, uint32_t at) {
       wgmma_fence();  // o may just have been written by the rescale
-      issue_pv<C>(o, p, sm.sV + slot(j) * C::KV_BYTES, j > 0);
+      issue_pv<C>(o, p, descs.value(at), j > 0);
       wgmma_commit();
     };
     // Wait for every wgmma in flight, O included; V_j's slot is free again.
@@ -285,8 +352,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         issue_s(j);
         if constexpr (C::OVERLAP) {
           rescale_o<C>(o, corr);
-          mbar_wait(sm.v_full(slot(j - 1)), phase(j - 1));
-          issue_o(j - 1);
+          mbar_wait(sm.v_full(slot_before(j)), phase_before(j));
+          issue_o(j - 1, slot_before(j));
         }
         turns.release(false);
         wgmma_wait<C::OVERLAP ? 1 : 0>();
@@ -299,7 +366,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
           pack_p<C>(p, s);
           mbar_wait(sm.v_full(slot(j)), phase(j));
           turns.acquire();
-          issue_o(j);
+          issue_o(j, slot(j));
           turns.release(last_work && j == n_tiles - 1);
           finish_o(j);
         }
@@ -309,7 +376,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         mbar_wait(sm.v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
         turns.acquire();
         rescale_o<C>(o, corr);
-        issue_o(n_tiles - 1);
+        issue_o(n_tiles - 1, slot(n_tiles - 1));
         turns.release(last_work);
         finish_o(n_tiles - 1);
       }
