@@ -64,18 +64,19 @@ def time_cuda(fn: Callable[[], Any], *, l2_bytes: int = 64 << 20, warmup_ms: flo
     est_ms = max(start.elapsed_time(end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / est_ms))):
         fn()
-    reps = max(min_reps, min(max_reps, int(rep_ms / est_ms)))
+    # A repetition is the L2 flush and the call: the count is sized by both, so that the repetitions take
+    # about rep_ms whatever the kernel (sized by the call alone, a 40 µs decode kernel's 1000 repetitions
+    # took ~0.2 s, its flushes and launches the most of it, a trial 0.25 s on an H200).
+    start.record()
+    for _ in range(3):
+        flush()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    rep_est_ms = max(start.elapsed_time(end) / 3, est_ms)
+    reps = max(min_reps, min(max_reps, int(rep_ms / rep_est_ms)))
     metered = meter is not None and not isolated and meter.available
     if metered:  # NVML's energy counter steps about every 100 ms: the window must hold several steps
-        # A repetition in the window is the L2 flush and the call: sized by both (a tiny kernel's flush
-        # takes longer than the kernel, and sizing by the call alone made its window seconds long).
-        start.record()
-        for _ in range(3):
-            flush()
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        rep_est_ms = max(start.elapsed_time(end) / 3, est_ms)
         reps = max(reps, min(METERED_MAX_REPS, math.ceil(meter.min_window_s * 1000.0 / rep_est_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
