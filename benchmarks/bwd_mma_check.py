@@ -3,7 +3,9 @@
 1. Checks: on each case below, our forward (attn_fwd_mma) gives o and lse, then backward variants (a covering
    sample of the template's tunables per case, or --variants) give dq, dk, dv (NaN-poisoned first), compared with
    fp32 autograd of the reference (tuner.runtime.backward_verify): one line per (case, variant), ok/FAIL with each
-   gradient's relative L2 error, then a summary.
+   gradient's relative L2 error, then a summary. The error's denominator is floored at the gradient's rounding scale
+   (backward_verify.grad_noise_floors: the dtype's epsilon times the norm of its terms' magnitudes), so a gradient
+   that is exactly zero (dQ and dK at Sk = 1) compares its answer with that scale, not with fp32 rounding noise.
 2. Timing: our backward (the three kernels, tuner.runtime.backward_launch) against torch SDPA's backward (flash and
    cuDNN backends, torch.nn.attention.sdpa_kernel; dq, dk, dv through autograd of a forward run once), in
    interleaved rounds, back to back, L2 flushed (tuner.runtime.timing.time_cuda), at B8 H16 S2048 D128 bf16 and
