@@ -283,14 +283,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     // Tile j - 1's slot and phase, from tile j's: in a 2-stage ring the other slot, the phase flipped where tile
     // j is a round's first; one instruction each where a second slot and phase cost five, and the descriptor
     // selects of both tiles then share one predicate.
-    auto slot_before = [&](int j) -> uint32_t {
-      if constexpr (C::STAGES == 2) return slot(j) ^ 1u;
-      return slot(j - 1);
-    };
-    auto phase_before = [&](int j) -> uint32_t {
-      if constexpr (C::STAGES == 2) return phase(j) ^ slot(j) ^ 1u;
-      return phase(j - 1);
-    };
+    auto slot_before = [&](int j) -> uint32_t { return C::STAGES == 2 ? slot(j) ^ 1u : slot(j - 1); };
+    auto phase_before = [&](int j) -> uint32_t { return C::STAGES == 2 ? phase(j) ^ slot(j) ^ 1u : phase(j - 1); };
     auto release_k = [&](int j) {
       if (lane == 0) mbar_arrive(sm.k_empty(slot(j)));
     };
