@@ -7,17 +7,18 @@ method; the child binds PyCUDA to torch's primary context
 (tuner.runtime.driver.cuda_driver) and answers requests sent over a Pipe:
 
     parent -> child                         child -> parent
-    ("facts", {})                           ("phase", name, long)*  then
+    ("facts", {})                           ("phase", name, kind)*  then
     ("baselines", {problem, range_prefix})  ("result", data)        success, or a wrong result
     ("measure", {problem, built,            ("error", message)      a bad request; the child lives on
       range_prefix})                        ("fault", message)      the context is gone: the child exits
     ("confirm", {problem, builts, rounds,   ("spent", {part: seconds})  before a result: its fixed costs
-      baselines, first_round})                                      (inputs, reference, verification, ...)
+      baselines, first_round,                                       (inputs, reference, verification, ...)
+      race_rounds})
     ("stop", {})
 
 Each timing in a result is one tuner.runtime.timed.Timing, sent whole: a measure result's "timing", each
 baseline's "timing", each implementation's Timing per round of a confirm result. Its energy is read where
-it decides (runtime.objective.metered: the confirm stage's rounds; every timing under --objective energy),
+it decides (runtime.objective.metered: the confirm stage's last round; every timing under --objective energy),
 else None; for --objective isolated it carries `isolated_us`. At start-up the child answers ("ready", None),
 or ("refused", message) for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
 

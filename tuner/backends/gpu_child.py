@@ -30,7 +30,7 @@ from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.fixed_costs import (BASELINE_SETUP, INPUTS, REFERENCE, VERIFICATION, Spent, await_baseline_imports,
                                        fingerprint, start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, metered
+from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs
 
@@ -67,7 +67,7 @@ class RunnerOptions:
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
     # isolated: calls are also timed isolated; energy: every timing metered (objective.metered; else the confirm
-    # stage's alone), refused at setup without NVML
+    # stage's last round alone), refused at setup without NVML
     objective: str = TIME
 
 
@@ -99,18 +99,16 @@ class CudaRunner:
             raise TunerError(f"--objective energy needs NVML's energy counter on GPU {self.options.device}, "
                              f"which this machine does not give ({self._meter.why_not})")
 
-    def _timing_options(self, stage: str, round_number: Optional[int] = None,
-                        rounds: Optional[int] = None) -> dict[str, Any]:
-        """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM; a confirm round's
-        number of its race's `rounds`): the energy meter where it decides (objective.metered); for --objective
+    def _timing_options(self, stage: str, rounds: Optional[ConfirmRounds] = None) -> dict[str, Any]:
+        """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM; a confirm timing in
+        the round `rounds` is at): the energy meter where it decides (objective.metered); for --objective
         isolated, isolated calls too."""
-        meter = metered(self.options.objective, stage, round_number, rounds)
+        meter = rounds.metered if rounds is not None else metered(self.options.objective, stage)
         return {"meter": self._meter if meter else None,
                 "isolated_too": self.options.objective == ISOLATED, "l2_bytes": self.options.l2_bytes}
 
-    def _time(self, fn: Callable[[], Any], stage: str, round_number: Optional[int] = None,
-              rounds: Optional[int] = None) -> Timing:
-        return time_call(fn, **self._timing_options(stage, round_number, rounds))
+    def _time(self, fn: Callable[[], Any], stage: str) -> Timing:
+        return time_call(fn, **self._timing_options(stage))
 
     def facts(self) -> dict[str, Optional[str]]:
         import torch
@@ -212,17 +210,17 @@ class CudaRunner:
 
         problem: Problem = request["problem"]
         wanted = request.get("baselines")
-        first, count = int(request.get("first_round", 0)), int(request["rounds"])
         race = request.get("race_rounds")
-        race_rounds = first + count if race is None else int(race)
-        current = [first]  # the number of the round being timed (on_round sets it)
+        rounds = ConfirmRounds(self.options.objective, int(request.get("first_round", 0)), int(request["rounds"]),
+                               None if race is None else int(race))
 
         def start_round(r: int) -> None:
-            current[0] = first + r
-            progress(f"confirm/round{first + r}", TIMED)
+            rounds.start(r)
+            progress(f"confirm/round{rounds.current}", TIMED)
 
         def options() -> dict[str, Any]:
-            return self._timing_options(CONFIRM, current[0], race_rounds)
+            return self._timing_options(CONFIRM, rounds)
+
         progress("prepare", SETUP)
         data = self._problem_inputs(problem)
         calls: dict[str, Callable[[], Any]] = {}
@@ -246,7 +244,7 @@ class CudaRunner:
             # 25 ms rounds gave ~8% lower µs on an H100 than 60-100 ms timings (boost clock before the
             # power limit bites), which would set the confirmed figures apart from every other figure.
             calls[baseline.name] = lambda baseline=baseline: baseline.time(**options())
-        return interleaved_timings(calls, count, start_round, first_round=first)
+        return interleaved_timings(calls, rounds.count, start_round, first_round=rounds.first)
 
     def baselines(self, problem: Problem, range_prefix: str, progress: Progress) -> list[dict[str, Any]]:
         progress("prepare", SETUP)  # the inputs and reference; the baselines' imports awaited, their first calls

@@ -29,7 +29,7 @@ from tuner.problem import Problem
 from tuner.profiles import GpuProfile, list_profiles, load_profile
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.energy import median_energy
-from tuner.runtime.objective import CONFIRM, COLUMN, TIME, figure, metered
+from tuner.runtime.objective import COLUMN, TIME, ConfirmRounds, figure
 from tuner.runtime.timed import Timing
 from tuner.runtime.timing import interleaved_timings
 from tuner.status import TrialStatus
@@ -202,22 +202,18 @@ class ReplayBackend:
             if baselines is None or impl in baselines:
                 samples[impl] = [m.timing for m in measured]
 
-        race = first_round + rounds if race_rounds is None else race_rounds
-        current = [first_round]
+        race = ConfirmRounds(self._objective, first_round, rounds, race_rounds)
 
         def draw(impl: str) -> Timing:
             if self._delay:
                 time.sleep(self._delay)
             timing = self._rng.choice(samples[impl])
-            if metered(self._objective, CONFIRM, current[0], race):
+            if race.metered:
                 return timing
             return dataclasses.replace(timing, energy=None)  # as the GPU worker: no meter in this round
 
-        def start_round(r: int) -> None:
-            current[0] = first_round + r
-
         calls = {impl: (lambda impl=impl: draw(impl)) for impl in samples}
-        return ConfirmTimings.of(interleaved_timings(calls, rounds, start_round, first_round=first_round))
+        return ConfirmTimings.of(interleaved_timings(calls, rounds, race.start, first_round=first_round))
 
     def close(self) -> None:
         pass

@@ -14,6 +14,7 @@ decides (`metered`): a metered timing runs 0.5 s at least, 5x an unmetered one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tuner.errors import TunerError
@@ -54,6 +55,30 @@ def metered(objective: str, stage: str, round_number: Optional[int] = None, roun
     if stage != CONFIRM:
         return False
     return round_number is None or rounds is None or round_number == rounds - 1
+
+
+@dataclass
+class ConfirmRounds:
+    """The rounds one confirm request times, numbered from `first` (`count` of them), of a race of `race` rounds
+    (None: these are its last): `start(r)` as round r of the request begins (interleaved_timings' on_round),
+    then `metered` says whether its timings read the meter (the GPU worker's, and the replay's as it)."""
+
+    objective: str
+    first: int
+    count: int
+    race: Optional[int] = None
+    current: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.current = self.first
+
+    def start(self, r: int) -> None:
+        self.current = self.first + r
+
+    @property
+    def metered(self) -> bool:
+        race = self.first + self.count if self.race is None else self.race
+        return metered(self.objective, CONFIRM, self.current, race)
 
 
 def figure(objective: str, timed: Any) -> Optional[float]:
