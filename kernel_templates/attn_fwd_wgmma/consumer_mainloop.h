@@ -59,14 +59,8 @@ __device__ __forceinline__ void issue_pv(float* o, const uint32_t (*p)[4], uint6
 // Each ring stage's K and V descriptors, made once per CTA; a tile picks its stage's (a select, as FA4 does).
 // Made in the loop from the slot they cost ~12 uniform instructions a tile more: the slot's shift and mask,
 // the descriptor's address mask and shift, and (the compiler knowing the low bits clear) ORs for the first
-// wgmma steps whose pairs then each need a UMOV of the high word. `opaque` hides those bits, so every step's
-// pair is one 64-bit add.
-__device__ __forceinline__ uint64_t opaque(uint64_t x) {
-  uint64_t y;
-  asm("mov.b64 %0, %1;" : "=l"(y) : "l"(x));
-  return y;
-}
-
+// wgmma steps whose pairs then each need a UMOV of the high word. `opaque` (ptx_sm90.h) hides those bits, so
+// every step's pair is one 64-bit add.
 template <class C>
 struct StageDescs {
   // D256's 16 Q K^T steps leave too few uniform registers to hold the stages' pairs too (R2UR 4 -> 17 in its
@@ -75,19 +69,22 @@ struct StageDescs {
   uint64_t k[C::STAGES], v[C::STAGES], q;
   uint32_t sK, sV, q_base;
 
-  __device__ __forceinline__ static uint64_t k_desc(uint32_t addr) { return make_desc<C::SWB>(addr, 16, 8 * C::SWB); }
+  // Q and K tiles: K-major (16-bit and FP8 alike); V: MN-major for 16-bit, K-major as FP8 V^T.
+  __device__ __forceinline__ static uint64_t kmajor_desc(uint32_t addr) {
+    return make_desc<C::SWB>(addr, 16, 8 * C::SWB);
+  }
   __device__ __forceinline__ static uint64_t v_desc(uint32_t addr) {
-    return C::FP8 ? make_desc<C::SWB>(addr, 16, 8 * C::SWB) : make_desc<C::SWB>(addr, C::BN * C::SWB, 8 * C::SWB);
+    return C::FP8 ? kmajor_desc(addr) : make_desc<C::SWB>(addr, C::BN * C::SWB, 8 * C::SWB);
   }
 
   // `q_rows`: the address of the warpgroup's Q rows.
   __device__ __forceinline__ StageDescs(const SmemLayout<C>& sm, uint32_t q_rows)
       : sK(sm.sK), sV(sm.sV), q_base(q_rows) {
     if constexpr (HELD) {
-      q = k_desc(q_rows);
+      q = kmajor_desc(q_rows);
 #pragma unroll
       for (int st = 0; st < C::STAGES; ++st) {
-        k[st] = opaque(k_desc(sm.sK + st * C::KV_BYTES));
+        k[st] = opaque(kmajor_desc(sm.sK + st * C::KV_BYTES));
         v[st] = opaque(v_desc(sm.sV + st * C::KV_BYTES));
       }
     }
@@ -101,11 +98,11 @@ struct StageDescs {
   }
   __device__ __forceinline__ uint64_t query() const {
     if constexpr (HELD) return q;
-    return k_desc(q_base);
+    return kmajor_desc(q_base);
   }
   __device__ __forceinline__ uint64_t key(uint32_t slot) const {
     if constexpr (HELD) return pick(k, slot);
-    return k_desc(sK + slot * C::KV_BYTES);
+    return kmajor_desc(sK + slot * C::KV_BYTES);
   }
   __device__ __forceinline__ uint64_t value(uint32_t slot) const {
     if constexpr (HELD) return pick(v, slot);

@@ -117,4 +117,12 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// `x` through a move the compiler cannot see into: what it knows of x's bits (a descriptor's clear low bits,
+// which turn later adds into ORs and split the pair) does not carry past it.
+__device__ __forceinline__ uint64_t opaque(uint64_t x) {
+  uint64_t y;
+  asm("mov.b64 %0, %1;" : "=l"(y) : "l"(x));
+  return y;
+}
+
 }  // namespace fc
