@@ -124,29 +124,55 @@ __device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane,
 
 // Online softmax on one tile, in place: s becomes P = exp2(s * scale_log2 -
 // m) with m the new running row max (scaled); corr is the factor the earlier
-// O and row sums must be multiplied by.
-template <class C>
+// O and row sums must be multiplied by. `between` runs after the row max and before the exp2s: the FP8 loop
+// waits there for P_{j-1} V_{j-1}, so that P_j's conversions can be scheduled among the exp2s (FA4's order).
+// The O rescale placed there too (FA4 does) was slower on 16-bit tiles: ptxas left its 64 multiplies in a
+// block after the exp2s instead of under Q K_j^T (H200, session 22: 0.95-0.97x the rotated loop). The FP8
+// wait there: e4m3 1.19x FA4's fp16 against 1.16x with the wait after the softmax and P packed in a block.
+template <class C, class Between>
 __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], float (&row_sum)[2], float (&corr)[2],
-                                             float scale_log2) {
+                                             float scale_log2, Between&& between) {
   constexpr float P_SHIFT = static_cast<float>(C::P_SHIFT);
+  // A row's max and sum are taken in NP interleaved partials, then combined: one running value made each FMNMX
+  // and FADD wait for the one before it (ncu, H200: FADD and F2FP the top fixed-latency waits besides MUFU, where
+  // FA4's have almost none). Exact for the max; the sum's order changes within fp32 rounding.
+  constexpr int PAIRS = C::BN / 8;  // a row's column pairs in this thread's fragment
+  constexpr int NP = PAIRS < 4 ? PAIRS : 4;
+  float p_off[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+    float mp[NP];
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) {
+      const int e = 2 * i + 4 * k;
+      const float pair = fmaxf(s[e], s[e + 1]);
+      mp[k % NP] = k < NP ? pair : fmaxf(mp[k % NP], pair);
+    }
     float m = row_max[i];
 #pragma unroll
-    for (int e = 2 * i; e < C::BN / 2; e += 4) m = fmaxf(m, fmaxf(s[e], s[e + 1]));
+    for (int k = 0; k < NP; ++k) m = fmaxf(m, mp[k]);
     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
     const float m_scaled = (m == NEG_INF) ? 0.f : m * scale_log2;
     corr[i] = fast_exp2(row_max[i] * scale_log2 - m_scaled);
     row_max[i] = m;
-    const float p_off = m_scaled - P_SHIFT;  // P's exponent: 2^P_SHIFT larger (FP8), else the same
-    float sum = 0.f;
+    p_off[i] = m_scaled - P_SHIFT;  // P's exponent: 2^P_SHIFT larger (FP8), else the same
+  }
+  between();
 #pragma unroll
-    for (int e = 2 * i; e < C::BN / 2; e += 4) {
-      s[e] = fast_exp2(fmaf(s[e], scale_log2, -p_off));
-      s[e + 1] = fast_exp2(fmaf(s[e + 1], scale_log2, -p_off));
-      sum += s[e] + s[e + 1];
+  for (int i = 0; i < 2; ++i) {
+    float sp[NP];
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) {
+      const int e = 2 * i + 4 * k;
+      s[e] = fast_exp2(fmaf(s[e], scale_log2, -p_off[i]));
+      s[e + 1] = fast_exp2(fmaf(s[e + 1], scale_log2, -p_off[i]));
+      const float pair = s[e] + s[e + 1];
+      sp[k % NP] = k < NP ? pair : sp[k % NP] + pair;
     }
+    float sum = sp[0];
+#pragma unroll
+    for (int k = 1; k < NP; ++k) sum += sp[k];
     row_sum[i] = row_sum[i] * corr[i] + sum;  // this thread's columns only; the quad is summed at the end
   }
 }
@@ -297,13 +323,15 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       wgmma_commit();
     };
     // S_j has been waited for: mask it where needed, softmax it in place.
-    auto softmax_s = [&](int j) {
+    // `between`: run after the row max, before the exp2s (softmax_tile).
+    auto softmax_s = [&](int j, auto&& between) {
       fence_regs<C::BN / 2>(s);
       release_k(j);
       C::Cap::template apply<C::BN / 2>(s, cap_pre);
       if (needs_mask(j)) mask_tile<C>(s, kv_first + j * C::BN, row0, lane, sq, sk);
-      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2);
+      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2, between);
     };
+    auto nothing = [] {};
     // Issue O += P_j V_j (P packed from S_j).
     // `at`: V_j's slot.
     auto issue_o = [&](int j, uint32_t at) {
@@ -335,7 +363,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         issue_s(0);
         turns.release(false);
         wgmma_wait<0>();
-        softmax_s(0);
+        softmax_s(0, nothing);
         if constexpr (!ROTATED<C>) pack_p<C>(p, s);
       }
       for (int j = C::OVERLAP ? 1 : 0; j < n_tiles; ++j) {
@@ -348,11 +376,14 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         }
         turns.release(false);
         wgmma_wait<C::OVERLAP ? 1 : 0>();
-        softmax_s(j);
         if constexpr (C::OVERLAP && !ROTATED<C>) {
-          finish_o(j - 1);
+          // P_{j-1} V_{j-1} waited for before the exp2s (H200: 1.03x the wait after them; softmax_tile)
+          softmax_s(j, [&] { finish_o(j - 1); });
           pack_p<C>(p, s);
-        } else if constexpr (!C::OVERLAP) {
+        } else {
+          softmax_s(j, nothing);
+        }
+        if constexpr (!C::OVERLAP) {
           rescale_o<C>(o, corr);
           pack_p<C>(p, s);
           mbar_wait(sm.v_full(slot(j)), phase(j));
