@@ -26,9 +26,11 @@ class Asked:
     """What each timing was asked for, in order: (who, meter, isolated_too)."""
 
     calls: list[tuple[str, Any, bool]] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)  # (warmup_ms, rep_ms) of each
 
     def timing(self, who: str, kwargs: dict[str, Any]) -> Timing:
         self.calls.append((who, kwargs.get("meter"), bool(kwargs.get("isolated_too"))))
+        self.windows.append((kwargs["warmup_ms"], kwargs["rep_ms"]))
         return TIMING
 
 
@@ -139,3 +141,17 @@ def test_the_isolated_objective_times_isolated_calls_but_meters_only_the_confirm
     assert asked.calls[0] == ("kernel", None, True)
     assert all(isolated for _, _, isolated in asked.calls[1:])
     assert [meter is METER for _, meter, _ in asked.calls[1:]] == [False] * 3 + [True] * 3
+
+
+def test_a_search_times_its_trials_and_baselines_over_half_the_confirm_stages_window(runner_of):
+    """A search's figures only rank variants for the confirm stage (issue 38: the window was most of a trial's
+    0.14 s); its trials and the baselines they are set beside share one window, so their ratios compare like
+    with like; the confirm rounds, whose ratios are reported, keep time_cuda's full window."""
+    runner, asked = runner_of(TIME)
+    measure(runner)
+    runner.baselines(PROBLEM, "r", noop)
+    confirm(runner, rounds=1)
+    trial, first_baseline, second_baseline, *confirmed = asked.windows
+    assert trial == first_baseline == second_baseline
+    assert len(confirmed) == 3 and all(w == confirmed[0] for w in confirmed)  # the kernel and both baselines
+    assert trial[0] < confirmed[0][0] and trial[1] * 2 <= confirmed[0][1]

@@ -30,7 +30,8 @@ from tuner.runtime.energy import EnergyMeter
 from tuner.runtime.fixed_costs import (BASELINE_SETUP, INPUTS, REFERENCE, VERIFICATION, Spent, await_baseline_imports,
                                        fingerprint, start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
-from tuner.runtime.objective import BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered
+from tuner.runtime.objective import (BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered,
+                                    timing_window)
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
 from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs
 
@@ -101,10 +102,10 @@ class CudaRunner:
 
     def _timing_options(self, stage: str, rounds: Optional[ConfirmRounds] = None) -> dict[str, Any]:
         """time_call's options for a timing of `stage` (objective.TRIAL, BASELINE, CONFIRM; a confirm timing in
-        the round `rounds` is at): the energy meter where it decides (objective.metered); for --objective
-        isolated, isolated calls too."""
+        the round `rounds` is at): the energy meter where it decides (objective.metered), the stage's window
+        (objective.timing_window); for --objective isolated, isolated calls too."""
         meter = rounds.metered if rounds is not None else metered(self.options.objective, stage)
-        return {"meter": self._meter if meter else None,
+        return {"meter": self._meter if meter else None, **timing_window(stage),
                 "isolated_too": self.options.objective == ISOLATED, "l2_bytes": self.options.l2_bytes}
 
     def _time(self, fn: Callable[[], Any], stage: str) -> Timing:

@@ -27,6 +27,19 @@ COLUMN = {TIME: "median_us", ENERGY: "joules_per_call", ISOLATED: "isolated_us"}
 UNIT = {TIME: "µs", ENERGY: "J/call", ISOLATED: "µs isolated"}
 # What the GPU worker times: a search's trials, the baselines a study starts with, the confirm stage's rounds.
 TRIAL, BASELINE, CONFIRM = "trial", "baseline", "confirm"
+# time_cuda's window of each stage, (warm-up ms, repetitions ms), back to back. A search's figures (its trials
+# and the baselines they are set beside) only rank variants for the confirm stage, which re-times its candidates
+# and the baselines in interleaved rounds: half the window serves them (drift between calls, up to 5%, dwarfs the
+# spread of a median over 50 ms of repetitions) and cuts most of a trial's cost (issue 38). A burst's length moves
+# its reading by a few percent, so the two windows' figures never compare with each other: confirm ratios are
+# within the confirm stage's rounds, a trial's "x baseline" within the search's window.
+WINDOW_MS = {TRIAL: (10.0, 50.0), BASELINE: (10.0, 50.0), CONFIRM: (25.0, 100.0)}
+
+
+def timing_window(stage: str) -> dict[str, float]:
+    """time_cuda's warmup_ms and rep_ms for a timing of `stage` (TRIAL, BASELINE, CONFIRM)."""
+    warmup_ms, rep_ms = WINDOW_MS[stage]
+    return {"warmup_ms": warmup_ms, "rep_ms": rep_ms}
 
 
 def check_objective(name: Optional[str]) -> str:
