@@ -41,16 +41,17 @@ def _specialisation(n: int) -> str:
     out = _outputs(acc)
     lines = [f"template <>\nstruct Wgmma<{n}> {{"]
     # A and B from shared memory (descriptors); B K-major (Q K^T) or MN-major (P V from smem).
-    lines.append("  template <bool BF16, int TRANS_B>")
+    # TRANS_A (MN-major A) for the backward's dQ = dS K, which reads dS^T as stored (attn_bwd_wgmma).
+    lines.append("  template <bool BF16, int TRANS_B, int TRANS_A = 0>")
     lines.append("  __device__ static __forceinline__ void ss(float* d, uint64_t da, uint64_t db, int scale_d) {")
     for is_bf16, ab in TYPES:
         lines.append(f"    if constexpr (BF16 == {is_bf16})")
         lines.append(
             f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"\n'
             f'                   "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{_regs(0, acc)}}}, "\n'
-            f'                   "%{acc}, %{acc + 1}, p, 1, 1, 0, %{acc + 3};\\n}}\\n"\n'
+            f'                   "%{acc}, %{acc + 1}, p, 1, 1, %{acc + 4}, %{acc + 3};\\n}}\\n"\n'
             f"          : {out}\n"
-            f'          : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B));')
+            f'          : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B), "n"(TRANS_A));')
     lines.append("  }")
     # A from registers (P), B from shared memory MN-major (V).
     lines.append("  template <bool BF16>")
