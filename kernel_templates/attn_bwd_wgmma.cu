@@ -1,0 +1,168 @@
+// FlashAttention-3-style attention backward pass for Hopper (sm_90a): wgmma, cp.async loads into 128-byte swizzled
+// shared tiles. First version: correctness first (no warp specialisation, no TMA, one wgmma group in flight).
+//
+// Three kernels, the sm_80 template's parameter list and row kernels (attn_bwd_mma/args.h, rows.h), launched in
+// order by tuner/runtime/backward_launch.py:
+//   <name>_dot_do_o   delta = rowsum(dO * O) (fp32), lse in log2 units, dQ's fp32 accumulator zeroed;
+//   <name>            the main kernel, below: one CTA per (BLOCK_N keys, K/V head, batch);
+//   <name>_dq_convert dQ = scale * accumulator, in the inputs' type.
+//
+// The main kernel keeps its K and V tiles in shared memory and loops over the query tiles (BLOCK_M rows: Q, dO,
+// lse and delta through a STAGES-deep cp.async ring) of every query head of its K/V head's GQA group whose rows see
+// some of its keys. Each consumer warpgroup owns 64 keys (the M of every wgmma but dQ's) and per tile computes
+// S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q and its keys' share of dQ = dS K, added to the fp32 accumulator
+// with atomics (attn_bwd_wgmma/tile.h). dK (times the scale) and dV go out once at the end, from registers.
+//
+// GQA as the sm_80 template: a CTA per K/V head loops over its group, dK and dV summed in registers (no fp32
+// dK/dV buffers or atomics, deterministic). Causal masking is bottom-right aligned (query i at key position
+// i + Sk - Sq), as the forward. No sliding windows or softcap in this version (the manifest says so).
+
+#include "attn_bwd_mma/args.h"
+#include "attn_bwd_mma/rows.h"
+#include "attn_bwd_mma/tile.h"
+#include "attn_bwd_wgmma/config.h"
+#include "attn_bwd_wgmma/smem.h"
+#include "attn_bwd_wgmma/tile.h"
+#include "common/mask.h"
+#include "common/ptx_sm80.h"
+#include "common/ptx_sm90.h"
+#include "common/utils.h"
+
+namespace fc {
+
+// Where loop step `it` is: query head h (of the K/V head's group) and first query row m0.
+struct WgQueryTile {
+  int h, m0;
+};
+__device__ __forceinline__ WgQueryTile wg_query_tile(int it, int hk, int h_per_kv, int m_begin, int n_m, int bm) {
+  return WgQueryTile{hk * h_per_kv + it / n_m, (m_begin + it % n_m) * bm};
+}
+
+// Q, dO (rows past Sq zero-filled), lse_log2 and delta (rows padded to ROW_PAD: no bound) of a query tile into
+// ring slot `st` when `valid`; one cp.async group, even when empty, so the wait counts stay fixed.
+template <class C>
+__device__ __forceinline__ void load_query_tile(const WgSmem<C>& sm, const BwdArgs& a, int b, WgQueryTile qt, int st,
+                                                int sq_pad, bool valid) {
+  using T = typename C::T;
+  if (valid) {
+    load_rows<C, C::BM>(sm.q(st), static_cast<const T*>(a.q) + b * a.q_sb + qt.h * a.q_sh, a.q_ss, qt.m0, a.sq);
+    load_rows<C, C::BM>(sm.dout(st), static_cast<const T*>(a.dout) + b * a.do_sb + qt.h * a.do_sh, a.do_ss, qt.m0,
+                        a.sq);
+    const long long at = ((long long)b * a.heads + qt.h) * sq_pad + qt.m0;
+    const int i = threadIdx.x;  // BM / 2 <= 64 < THREADS 16-byte chunks
+    if (i < C::BM / 4) cp_async_16(sm.lse(st) + 4 * i, a.lse_log2 + at + 4 * i, true);
+    else if (i < C::BM / 2) cp_async_16(sm.delta(st) + 4 * (i - C::BM / 4), a.delta + at + 4 * (i - C::BM / 4), true);
+  }
+  cp_async_commit();
+}
+
+// A warpgroup's dK (times `mul`) or dV rows, rounded to T, straight from the accumulators to global rows < Sk.
+template <class C>
+__device__ __forceinline__ void acc_to_global(typename C::T* dst, long long stride, const float* acc, float mul,
+                                              int key0, int sk) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key0 + 8 * h >= sk) continue;
+    typename C::T* row = dst + (long long)(key0 + 8 * h) * stride + 2 * t;
+#pragma unroll
+    for (int nb = 0; nb < C::D / 8; ++nb)
+      *reinterpret_cast<uint32_t*>(row + nb * 8) =
+          pack2<typename C::T>(acc[nb * 4 + 2 * h] * mul, acc[nb * 4 + 2 * h + 1] * mul);
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
+  using T = typename C::T;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const WgSmem<C> sm{smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023)};
+  const int wg = threadIdx.x / 128, warp_wg = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int n0 = blockIdx.x * C::BN, diag = a.sk - a.sq;
+  const int sq_pad = (a.sq + C::ROW_PAD - 1) / C::ROW_PAD * C::ROW_PAD;
+  const int key0 = n0 + wg * 64 + warp_wg * 16 + lane / 4;  // the thread's first key (and key0 + 8)
+
+  // The query tiles whose rows see some of the keys, in each query head of the group.
+  const int2 rows = query_range<typename C::Keys, C::CAUSAL>(n0, min(n0 + C::BN, a.sk), diag, a.sq);
+  const int m_begin = rows.x / C::BM;
+  const int n_m = rows.y > rows.x ? (rows.y + C::BM - 1) / C::BM - m_begin : 0;
+  const int n_iters = n_m * a.h_per_kv;
+
+  load_rows<C, C::BN>(sm.k(), static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh, a.k_ss, n0, a.sk);
+  load_rows<C, C::BN>(sm.v(), static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh, a.v_ss, n0, a.sk);
+  if constexpr (C::STAGES == 2)
+    load_query_tile<C>(sm, a, b, wg_query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM), 0, sq_pad,
+                       n_iters > 0);
+  else
+    cp_async_commit();
+
+  // The warpgroup's K and V rows: K-major for S^T and dP^T; K MN-major for dQ; its dS^T tile MN-major.
+  const uint32_t k_rows = smem_u32(sm.k()) + wg * 64 * 128, v_rows = smem_u32(sm.v()) + wg * 64 * 128;
+  const uint64_t kd = kmajor(k_rows), vd = kmajor(v_rows), kd_mn = mnmajor(k_rows, C::BN);
+  const uint64_t dsd = mnmajor(smem_u32(sm.ds(wg)), 64);
+  float dk[C::D / 2], dv[C::D / 2];
+#pragma unroll
+  for (int i = 0; i < C::D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const float scale_log2 = a.scale * LOG2E;
+
+  // Barriers per tile: one at its start (every warpgroup is past the previous tile: its ring slot, the one the
+  // prefetch below refills, and the dS^T tiles are free), one after its loads landed (and were fenced for wgmma's
+  // async proxy); a named one per warpgroup between its dS^T stores and dQ's wgmmas.
+  for (int it = 0; it < n_iters; ++it) {
+    const WgQueryTile qt = wg_query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
+    __syncthreads();
+    int st = 0;
+    if constexpr (C::STAGES == 2) {
+      st = it % 2;
+      load_query_tile<C>(sm, a, b, wg_query_tile(it + 1, hk, a.h_per_kv, m_begin, n_m, C::BM), (it + 1) % 2, sq_pad,
+                         it + 1 < n_iters);
+      cp_async_wait<1>();
+    } else {
+      load_query_tile<C>(sm, a, b, qt, 0, sq_pad, true);
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+
+    const uint32_t q_s = smem_u32(sm.q(st)), do_s = smem_u32(sm.dout(st));
+    float s[C::BM / 2], dp[C::BM / 2];
+    wgmma_fence();
+    issue_sdp<C>(s, dp, kd, vd, kmajor(q_s), kmajor(do_s));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<C::BM / 2>(s);
+    fence_regs<C::BM / 2>(dp);
+
+    const int q_pos0 = qt.m0 + diag;
+    const bool partial = C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, a.sk);
+    p_and_ds<C>(s, dp, sm.lse(st), sm.delta(st), partial, key0, q_pos0, a.sk, scale_log2);
+    store_ds<C>(sm.ds(wg), dp, warp_wg, lane);
+
+    fence_regs<C::D / 2>(dk);
+    fence_regs<C::D / 2>(dv);
+    wgmma_fence();
+    issue_dkdv<C>(dk, dv, s, dp, mnmajor(q_s, C::BM), mnmajor(do_s, C::BM));
+    wgmma_commit();
+    fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
+    named_sync(1 + wg, 128);
+    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D, qt.m0, a.sq, warp_wg, lane);
+    fence_regs<C::D / 2>(dk);
+    fence_regs<C::D / 2>(dv);
+  }
+  cp_async_wait<0>();
+
+  acc_to_global<C>(static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh, a.dk_ss, dk, a.scale, key0, a.sk);
+  acc_to_global<C>(static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh, a.dv_ss, dv, 1.f, key0, a.sk);
+}
+
+}  // namespace fc
+
+// The tuner appends, for one variant (tuner/kernels/render.py), the three entry points:
+//   using TunerCfg = fc::BwdWgmmaConfig<...>;
+//   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS) <name>(ATTN_BWD_PARAMS)
+//   { ATTN_BWD_BODY(TunerCfg) }
+//   extern "C" __global__ void __launch_bounds__(TunerCfg::AUX_THREADS) <name>_dot_do_o(ATTN_BWD_PARAMS) ...
+#define ATTN_BWD_BODY(CFG) fc::attn_bwd_wgmma<CFG>(ATTN_BWD_ARGS);
+#define ATTN_BWD_BODY_DOT_DO_O(CFG) fc::bwd_dot_do_o<CFG>(ATTN_BWD_ARGS);
+#define ATTN_BWD_BODY_DQ_CONVERT(CFG) fc::bwd_dq_convert<CFG>(ATTN_BWD_ARGS);

@@ -1,0 +1,57 @@
+// Compile-time configuration of the Hopper (sm_90a) wgmma backward template (one instantiation per variant;
+// tuner/kernels/render.py writes its arguments). A CTA owns BLOCK_N keys of one K/V head, 64 per consumer
+// warpgroup (the M of wgmma), and loops over the query tiles (BLOCK_M rows) of every query head of its GQA group.
+#pragma once
+
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "../common/mask.h"
+#include "../common/utils.h"
+
+namespace fc {
+
+template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool CAUSAL_>
+struct BwdWgmmaConfig {
+  using T = T_;
+  static constexpr bool BF16 = std::is_same<T_, __nv_bfloat16>::value;
+  static constexpr int D = HEAD_DIM_;
+  static constexpr int BM = BLOCK_M_;  // query rows per step of the loop: the N of S^T and dP^T, the K of dV, dK
+  static constexpr int BN = BLOCK_N_;  // keys per CTA
+  static constexpr int STAGES = STAGES_;  // cp.async buffers of the Q / dO / lse / delta tiles
+  static constexpr bool CAUSAL = CAUSAL_;
+  using Keys = KeyWindow<NoMask, CAUSAL_>;
+  static constexpr int MIN_BLOCKS = 1;
+
+  static constexpr int NWG = BN / 64;  // consumer warpgroups, 64 keys each
+  static constexpr int THREADS = NWG * 128;
+
+  // Shared tiles, 16-bit, in the 128-byte swizzle wgmma reads (column blocks of 64 elements, each R rows x 128
+  // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8)); every tile a multiple of 1024 bytes, so each swizzle
+  // atom starts 1024-aligned.
+  static constexpr int SWB = 128;
+  static constexpr int Q_BYTES = BM * D * 2;  // Q or dO tile
+  static constexpr int KV_BYTES = BN * D * 2;
+  static constexpr int DS_BYTES = 64 * BM * 2;  // one warpgroup's dS^T: 64 keys x BM queries
+  static constexpr int OFF_V = KV_BYTES;
+  static constexpr int OFF_Q = 2 * KV_BYTES;
+  static constexpr int OFF_DO = OFF_Q + STAGES * Q_BYTES;
+  static constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
+  static constexpr int OFF_LSE = OFF_DS + NWG * DS_BYTES;
+  static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
+  // 1024 bytes of slack: the dynamic shared window is aligned up to 1024 in the kernel.
+  static constexpr int SMEM_BYTES = 1024 + OFF_DELTA + STAGES * BM * 4;  // = the manifest's smem_bytes
+
+  static_assert(BN % 64 == 0 && BN <= 192, "64 keys per consumer warpgroup, at most 3");
+  static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");
+  static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
+  static_assert(STAGES == 1 || STAGES == 2, "1 or 2 cp.async stages");
+
+  // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
+  static constexpr int AUX_THREADS = 128;
+  static constexpr int AUX_ROWS = AUX_THREADS / (D / 8);
+  static constexpr int ROW_PAD = 128;
+};
+
+}  // namespace fc

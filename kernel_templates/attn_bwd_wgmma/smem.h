@@ -1,0 +1,49 @@
+// Shared memory of the wgmma backward: the swizzled 16-bit tiles (config.h's layout) and their cp.async loads.
+// cp.async writes through the generic proxy and wgmma reads through the async proxy, hence fence_proxy_async()
+// between a tile's landing and the barrier before the wgmmas that read it.
+#pragma once
+
+#include <stdint.h>
+
+#include "../common/ptx_sm80.h"
+#include "../common/utils.h"
+
+namespace fc {
+
+// Byte offset of 16-byte chunk `chunk` (8 elements) of row r in a swizzled tile of `rows` rows.
+__device__ __forceinline__ uint32_t sw128_offset(int r, int chunk, int rows) {
+  return (uint32_t)((chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) << 4));
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Rows row0 .. row0 + ROWS of a [rows, D] global matrix (row stride `stride`, elements) into a swizzled tile;
+// rows at or past `n` zero-filled (the source address then stays in bounds: row 0).
+template <class C, int ROWS>
+__device__ __forceinline__ void load_rows(uint8_t* tile, const typename C::T* src, long long stride, int row0, int n) {
+  constexpr int CHUNKS = C::D / 8;
+  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += C::THREADS) {
+    const int r = i / CHUNKS, c = i % CHUNKS;
+    const bool valid = row0 + r < n;
+    cp_async_16(tile + sw128_offset(r, c, ROWS), src + (valid ? (long long)(row0 + r) * stride : 0) + c * 8, valid);
+  }
+}
+
+// The CTA's shared regions (base aligned to 1024 bytes).
+template <class C>
+struct WgSmem {
+  uint8_t* base;
+  __device__ __forceinline__ uint8_t* k() const { return base; }
+  __device__ __forceinline__ uint8_t* v() const { return base + C::OFF_V; }
+  __device__ __forceinline__ uint8_t* q(int st) const { return base + C::OFF_Q + st * C::Q_BYTES; }
+  __device__ __forceinline__ uint8_t* dout(int st) const { return base + C::OFF_DO + st * C::Q_BYTES; }
+  __device__ __forceinline__ uint8_t* ds(int wg) const { return base + C::OFF_DS + wg * C::DS_BYTES; }
+  __device__ __forceinline__ float* lse(int st) const { return reinterpret_cast<float*>(base + C::OFF_LSE) + st * C::BM; }
+  __device__ __forceinline__ float* delta(int st) const {
+    return reinterpret_cast<float*>(base + C::OFF_DELTA) + st * C::BM;
+  }
+};
+
+}  // namespace fc

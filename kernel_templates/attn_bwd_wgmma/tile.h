@@ -1,0 +1,135 @@
+// One query tile against one consumer warpgroup's 64 keys, in the transposed frame (keys are wgmma's M):
+//   S^T = K Q^T, dP^T = V dO^T        (SS: both K-major from the swizzled tiles)
+//   P^T = exp2(S^T scale_log2 - lse_log2), dS^T = P^T (dP^T - delta)   (registers)
+//   dV += P^T dO, dK += dS^T Q        (RS: P^T and dS^T from registers, dO and Q read MN-major)
+//   dQ += dS K                        (SS: dS^T stored to shared memory, read MN-major as A; K read MN-major as B;
+//                                      64 x 64 blocks, added to dq_accum with fp32 atomics)
+// Accumulator element e of a 64 x N wgmma tile held by a thread: 8-column block e / 4, row half (e / 2) % 2
+// (+8 rows), column pair e % 2; rows warp * 16 + lane / 4 (warp within the warpgroup), columns 2 (lane % 4).
+#pragma once
+
+#include <stdint.h>
+
+#include "../attn_fwd_wgmma/wgmma_generated.h"
+#include "../common/ptx_sm90.h"
+#include "../common/utils.h"
+#include "smem.h"
+
+namespace fc {
+
+// K-major descriptor (rows of the operand's M or N, the head dim along K) and MN-major one (rows along K), both
+// of a swizzled tile of `rows` rows (its column blocks `rows` x 128 bytes apart).
+__device__ __forceinline__ uint64_t kmajor(uint32_t addr) { return make_desc<128>(addr, 16, 1024); }
+__device__ __forceinline__ uint64_t mnmajor(uint32_t addr, int rows) { return make_desc<128>(addr, rows * 128, 1024); }
+
+// S^T and dP^T of the tile: D / 16 steps each along the head dim. `kd`, `vd`: K-major descriptors of the
+// warpgroup's K and V rows (in tiles of BN rows); `qd`, `dod`: of the stage's Q and dO tiles (BM rows).
+template <class C>
+__device__ __forceinline__ void issue_sdp(float* s, float* dp, uint64_t kd, uint64_t vd, uint64_t qd, uint64_t dod) {
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) {
+    const uint32_t cb = kk / 4, off = (kk % 4) * 32;  // column block, bytes into its 128-byte row
+    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance(kd, cb * C::BN * 128 + off),
+                                          desc_advance(qd, cb * C::BM * 128 + off), kk > 0);
+  }
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) {
+    const uint32_t cb = kk / 4, off = (kk % 4) * 32;
+    Wgmma<C::BM>::template ss<C::BF16, 0>(dp, desc_advance(vd, cb * C::BN * 128 + off),
+                                          desc_advance(dod, cb * C::BM * 128 + off), kk > 0);
+  }
+}
+
+// S^T -> P^T and dP^T -> dS^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the
+// key-aligned position of query column 0; slse, sdelta: the tile's BM lse_log2 (+inf past Sq or for a row that
+// sees no key: P = 0) and delta values. dS is the gradient of the raw scores (the softmax scale is applied to dK
+// at the end and to dQ by the conversion kernel).
+template <class C>
+__device__ __forceinline__ void p_and_ds(float* s, float* dp, const float* slse, const float* sdelta, bool partial,
+                                         int key0, int q_pos0, int sk, float scale_log2) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int nb = 0; nb < C::BM / 8; ++nb) {
+    const float2 l = *reinterpret_cast<const float2*>(slse + nb * 8 + 2 * t);
+    const float2 d = *reinterpret_cast<const float2*>(sdelta + nb * 8 + 2 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = nb * 4 + i;
+      float p = fast_exp2(fmaf(s[e], scale_log2, -(i % 2 ? l.y : l.x)));
+      if (partial && C::Keys::hidden(key0 + (i / 2) * 8, q_pos0 + nb * 8 + 2 * t + i % 2, sk)) p = 0.f;
+      s[e] = p;
+      dp[e] = p * (dp[e] - (i % 2 ? d.y : d.x));
+    }
+  }
+}
+
+// The thread's dS^T values (rounded to T) into the warpgroup's dS^T tile: 64 key rows of BM queries, swizzled.
+template <class C>
+__device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int warp_wg, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nb = 0; nb < C::BM / 8; ++nb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp_wg * 16 + g + 8 * h;
+      *reinterpret_cast<uint32_t*>(tile + sw128_offset(r, nb, 64) + 4 * t) =
+          pack2<typename C::T>(ds[nb * 4 + 2 * h], ds[nb * 4 + 2 * h + 1]);
+    }
+}
+
+// dV += P^T dO and dK += dS^T Q, BM / 16 steps along the queries each; A fragments from the accumulators (as the
+// forward packs P). `qd`, `dod`: MN-major descriptors of the stage's Q and dO tiles.
+template <class C>
+__device__ __forceinline__ void issue_dkdv(float* dk, float* dv, const float* p, const float* ds, uint64_t qd,
+                                           uint64_t dod) {
+  uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < C::BM / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      pa[kk][r] = pack2<typename C::T>(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
+      da[kk][r] = pack2<typename C::T>(ds[8 * kk + 2 * r], ds[8 * kk + 2 * r + 1]);
+    }
+#pragma unroll
+  for (int kk = 0; kk < C::BM / 16; ++kk)
+    Wgmma<C::D>::template rs<C::BF16>(dv, pa[kk], desc_advance(dod, kk * 16 * 128), 1);
+#pragma unroll
+  for (int kk = 0; kk < C::BM / 16; ++kk)
+    Wgmma<C::D>::template rs<C::BF16>(dk, da[kk], desc_advance(qd, kk * 16 * 128), 1);
+}
+
+// dQ[m0 .., :] += dS K over the warpgroup's 64 keys, in 64 x 64 blocks (query half mh, column block c): A from
+// the dS^T tile MN-major (`dsd`), B from the K rows MN-major (`kd`, column blocks BN rows apart). Waits for every
+// wgmma of the warpgroup (dK and dV's too). dq_rows: the (batch, head)'s dq_accum rows.
+template <class C>
+__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, int m0, int sq, int warp_wg,
+                                        int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mh = 0; mh < C::BM / 64; ++mh)
+#pragma unroll
+    for (int c = 0; c < C::D / 64; ++c) {
+      float acc[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        Wgmma<64>::template ss<C::BF16, 1, 1>(acc, desc_advance(dsd, mh * 64 * 128 + kk * 16 * 128),
+                                              desc_advance(kd, c * C::BN * 128 + kk * 16 * 128), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<32>(acc);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + mh * 64 + warp_wg * 16 + g + 8 * h;
+        if (row >= sq) continue;
+        float* dst = dq_rows + (long long)row * C::D + c * 64 + 2 * t;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          atomicAdd(dst + nb * 8, acc[nb * 4 + 2 * h]);
+          atomicAdd(dst + nb * 8 + 1, acc[nb * 4 + 2 * h + 1]);
+        }
+      }
+    }
+}
+
+}  // namespace fc
