@@ -1,4 +1,5 @@
-"""Issue 40, item 2 on a GPU: the sm_80 mma.sync backward (attn_bwd_mma) checked and timed.
+"""Issue 40, item 2 on a GPU: a backward template (the sm_80 mma.sync attn_bwd_mma, or --template attn_bwd_wgmma,
+the Hopper wgmma one) checked and timed.
 
 1. Checks: on each case below, our forward (attn_fwd_mma) gives o and lse, then backward variants (a covering
    sample of the template's tunables per case, or --variants) give dq, dk, dv (NaN-poisoned first), compared with
@@ -11,8 +12,13 @@
    interleaved rounds, back to back, L2 flushed (tuner.runtime.timing.time_cuda), at B8 H16 S2048 D128 bf16 and
    B16 H16 S2048 D64 bf16 (or --shape); a table of µs and per-round ratios (> 1: ours faster).
 
+Cases the template does not support (attn_bwd_wgmma: no head dim 32, windows or softcap) are listed as skipped; a
+variant that fails (wrong gradients, a compile error, a launch fault) prints FAIL with its reason and the run goes on
+(a launch fault may leave the CUDA context unusable, so later cases then fail too).
+
 Needs torch, pycuda (the tuner's JIT path binds it to torch's context), nvcc, and the repository on PYTHONPATH:
-    PYTHONPATH=$PWD python benchmarks/bwd_mma_check.py [--rounds 5] [--no-check] [--no-time] [--quick]
+    PYTHONPATH=$PWD python benchmarks/bwd_mma_check.py [--template attn_bwd_wgmma] [--rounds 5] [--no-check]
+        [--no-time] [--quick]
 Exit status 1 when a check fails.
 """
 
@@ -24,8 +30,9 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from tuner.kernels.feasibility import covering_sample, feasible_space
-from tuner.kernels.variant import Variant, variant_from_params
+from tuner.kernels.feasibility import covering_sample, feasible_space, supports_problem
+from tuner.kernels.manifest import load_manifest
+from tuner.kernels.variant import Variant
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
 from tuner.runtime.backward_launch import BackwardKernel
@@ -33,7 +40,7 @@ from tuner.runtime.backward_verify import check_backward, forward_outputs
 from tuner.runtime.build import build_many
 from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
 
-TEMPLATE = "attn_bwd_mma"
+TEMPLATES = ("attn_bwd_mma", "attn_bwd_wgmma")
 CASES = [
     Problem(2, 4, 128, 128, 64),
     Problem(1, 2, 1, 1, 64),
@@ -59,50 +66,51 @@ CASES = [
     Problem(1, 4, 333, 333, 64, dtype="bf16", softcap=5.0, heads_kv=2),
     Problem(1, 2, 190, 190, 128, causal=True, softcap=50.0),
 ]
-# Our candidates at the timing shapes (tunables part of the name; those infeasible for a shape are skipped).
-CANDIDATES = ["m64n128_w8_xor_s2", "m64n128_w8_pad_s2", "m32n128_w8_pad_s2", "m64n64_w4_xor_s2", "m32n64_w4_pad_s2",
-              "m128n128_w8_xor_s2", "m64n128_w8_xor_s1"]
+# Our candidates at the timing shapes, per template (tunables part of the name; those infeasible are skipped).
+CANDIDATES = {
+    "attn_bwd_mma": ["m64n128_w8_xor_s2", "m64n128_w8_pad_s2", "m32n128_w8_pad_s2", "m64n64_w4_xor_s2",
+                     "m32n64_w4_pad_s2", "m128n128_w8_xor_s2", "m64n128_w8_xor_s1"],
+    "attn_bwd_wgmma": ["m64n128_s2", "m64n128_s1", "m64n64_s2", "m128n128_s2", "m128n64_s2"],
+}
 SHAPES = ["8,16,2048,128", "16,16,2048,64"]
 
 
-def run_checks(profile: Any, quick: bool) -> bool:
+def run_checks(template: str, profile: Any, quick: bool) -> bool:
     failed, total = [], 0
     for i, problem in enumerate(CASES):
-        variants = covering_sample(TEMPLATE, problem, profile, seed=i)[: 2 if quick else None]
-        try:
-            checks = check_backward(problem, variants, profile, seed=i)
-        except Exception as exc:  # a launch fault or compile error is a failed case, reported, not a crash
-            print(f"FAIL {problem.label:44s} {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            failed.append(problem.label)
-            total += 1
+        why = supports_problem(load_manifest(template), problem)
+        variants = [] if why else covering_sample(template, problem, profile, seed=i)[: 2 if quick else None]
+        if not variants:
+            print(f"skip {problem.label} {problem.layout}: {why or 'no feasible variant on ' + profile.name}")
             continue
-        for c in checks:
-            print(c.line(f"{problem.label} {problem.layout}"), flush=True)
+        for variant in variants:  # one at a time: a variant's failure does not hide the others' results
             total += 1
-            if not c.ok:
-                failed.append(f"{problem.label} {c.variant}")
+            try:
+                checks = check_backward(problem, [variant], profile, seed=i)
+            except Exception as exc:  # a launch fault or compile error is a failed check, reported, not a crash
+                print(f"FAIL {problem.label} {problem.layout} {variant.name} {type(exc).__name__}: {str(exc)[:300]}",
+                      flush=True)
+                failed.append(f"{problem.label} {variant.name}")
+                continue
+            for c in checks:
+                print(c.line(f"{problem.label} {problem.layout}"), flush=True)
+                if not c.ok:
+                    failed.append(f"{problem.label} {c.variant}")
     print(f"\nchecks: {total - len(failed)}/{total} ok" + ("" if not failed else "; failed:\n  " + "\n  ".join(failed)))
     return not failed
 
 
-def _variants(problem: Problem, names: list[str], profile: Any) -> list[Variant]:
-    feasible = {v.name: v for v in feasible_space(TEMPLATE, problem, profile)}
+def _variants(template: str, problem: Problem, names: list[str], profile: Any) -> list[Variant]:
+    """The feasible variants whose names' tunables part is in `names` (e.g. m64n128_s2)."""
+    feasible = {v.name: v for v in feasible_space(template, problem, profile)}
     out = []
     for short in names:
-        params = dict(zip(("BLOCK_M", "BLOCK_N", "NUM_WARPS", "SWIZZLE", "STAGES"), _parse_short(short)))
-        name = variant_from_params(TEMPLATE, problem, params).name
+        name = f"{template}_d{problem.head_dim}_{problem.dtype}_{short}" + ("_causal" if problem.causal else "")
         if name in feasible:
             out.append(feasible[name])
         else:
             print(f"  ({short} is not feasible for {problem.label} on {profile.name}: skipped)")
     return out
-
-
-def _parse_short(short: str) -> tuple:
-    """m64n128_w8_xor_s2 -> (64, 128, 8, 'xor', 2)."""
-    mn, w, swizzle, s = short.split("_")
-    m, n = mn[1:].split("n")
-    return int(m), int(n), int(w[1:]), swizzle, int(s[1:])
 
 
 def _sdpa_backward(q: Any, k: Any, v: Any, do: Any, causal: bool, backend: Any) -> Callable[[], Any]:
@@ -117,7 +125,8 @@ def _sdpa_backward(q: Any, k: Any, v: Any, do: Any, causal: bool, backend: Any) 
     return lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
 
 
-def time_shape(shape: str, names: list[str], rounds: int, profile: Any, hkv: int | None, causal: bool) -> None:
+def time_shape(template: str, shape: str, names: list[str], rounds: int, profile: Any, hkv: int | None,
+               causal: bool) -> None:
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -131,14 +140,21 @@ def time_shape(shape: str, names: list[str], rounds: int, profile: Any, hkv: int
     do = torch.randn_like(q)
     o, lse = forward_outputs(problem, q, k, v, scale, profile.nvcc_arch, profile)
     calls: dict[str, Callable[[], Any]] = {}
-    variants = _variants(problem, names, profile)
+    variants = _variants(template, problem, names, profile)
     for variant, built in zip(variants, build_many(variants, profile.nvcc_arch)):
         if not built.ok:
-            print(f"  {variant.name}: compile failed")
+            print(f"  FAIL {variant.name}: compile failed\n{built.compiled.log[-1500:]}")
             continue
-        kernel = BackwardKernel(built)
+        try:
+            kernel = BackwardKernel(built)
+            call = (lambda kern: lambda: kern(q, k, v, o, lse, do, scale))(kernel)
+            call()
+            torch.cuda.synchronize()
+        except Exception as exc:  # reported, and left out of the timing
+            print(f"  FAIL {variant.name}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
         print(f"  {variant.name}: {kernel.registers} registers, {built.compiled.spill_bytes} B spilled")
-        calls[variant.name] = (lambda kern: lambda: kern(q, k, v, o, lse, do, scale))(kernel)
+        calls[variant.name] = call
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             calls[label] = _sdpa_backward(q, k, v, do, problem.causal, backend)
@@ -164,15 +180,21 @@ def main() -> int:
     ap.add_argument("--shape", action="append", help="B,H,S,D (repeatable; default: the issue's two)")
     ap.add_argument("--hkv", type=int, help="K/V heads of the timed shapes (GQA)")
     ap.add_argument("--causal", action="store_true", help="time causal problems")
-    ap.add_argument("--variants", nargs="*", default=CANDIDATES, help="tunables parts of our names to time")
+    ap.add_argument("--template", default="attn_bwd_mma", choices=TEMPLATES, help="the backward template")
+    ap.add_argument("--variants", nargs="*", help="tunables parts of our names to time (default: CANDIDATES)")
     args = ap.parse_args()
     profile = resolve_profile(args.gpu)
     ok = True
     if not args.no_check:
-        ok = run_checks(profile, args.quick)
+        ok = run_checks(args.template, profile, args.quick)
     if not args.no_time:
         for shape in args.shape or SHAPES:
-            time_shape(shape, args.variants, args.rounds, profile, args.hkv, args.causal)
+            try:
+                time_shape(args.template, shape, args.variants or CANDIDATES[args.template], args.rounds, profile,
+                           args.hkv, args.causal)
+            except Exception as exc:  # e.g. a launch fault: reported, the run goes on to the next shape
+                print(f"FAIL timing {shape}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                ok = False
     return 0 if ok else 1
 
 

@@ -79,8 +79,8 @@ def test_shipped_templates_list_their_headers() -> None:
     for manifest in list_templates():
         rels = list(manifest.files)
         assert rels[0] == manifest.source_path.name and manifest.files[rels[0]] == manifest.source_path
-        # The forward's argument list (a backward template takes its own: attn_bwd_mma/args.h).
-        args = "common/attn_args.h" if manifest.kernel_pass == "forward" else f"{manifest.name}/args.h"
+        # The forward's argument list; the backward templates share attn_bwd_mma's (the launcher's ARG_FORMAT).
+        args = "common/attn_args.h" if manifest.kernel_pass == "forward" else "attn_bwd_mma/args.h"
         assert {"common/utils.h", args} <= set(rels)
         # Its config: in a folder of its own, or shared (attn_decode_sm80 instantiates attn_decode's DecodeConfig).
         assert f"{manifest.name}/config.h" in rels or manifest.name.startswith("attn_decode")

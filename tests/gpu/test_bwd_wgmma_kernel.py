@@ -1,0 +1,57 @@
+"""The Hopper wgmma backward template (attn_bwd_wgmma) on a real GPU (sm_90a): dQ, dK and dV from our forward's
+output and lse (attn_fwd_mma) against fp32 autograd of the reference, every element written, over head dims,
+dtypes, causal and not, GQA, Sq != Sk, odd lengths and BSHD strides, each with a covering sample of its tilings.
+Skipped off Hopper (feasibility leaves no variant)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gpu.reference_checks import sample_variants
+from tuner.kernels.variant import parse_variant_name
+from tuner.problem import Problem
+from tuner.runtime.backward_verify import check_backward
+
+pytestmark = pytest.mark.gpu
+TEMPLATE = "attn_bwd_wgmma"
+
+PROBLEMS = [
+    Problem(2, 4, 128, 128, 64),
+    Problem(1, 2, 1, 1, 64),                                    # S = 1
+    Problem(1, 2, 17, 17, 128, dtype="bf16"),                   # tails smaller than any tile
+    Problem(1, 2, 130, 130, 64, dtype="bf16", causal=True),
+    Problem(1, 2, 1000, 1000, 128, causal=True),                # long tails, causal, D 128
+    Problem(1, 2, 100, 300, 64, causal=True),                   # causal, Sq < Sk (bottom-right)
+    Problem(1, 2, 300, 100, 128, dtype="bf16", causal=True),    # causal, Sq > Sk: rows that see no key
+    Problem(1, 2, 17, 130, 128),                                # Sq != Sk
+    Problem(2, 8, 257, 257, 64, heads_kv=2),                    # GQA
+    Problem(2, 8, 130, 1000, 128, dtype="bf16", causal=True, heads_kv=2),  # GQA, causal, Sq < Sk
+    Problem(1, 8, 1000, 17, 64, dtype="bf16", heads_kv=2),      # GQA, Sq > Sk
+    Problem(2, 4, 200, 190, 128, layout="bshd"),                # BSHD strides
+]
+
+
+def _id(p: Problem) -> str:
+    return p.label.replace(" ", "_") + "_" + p.layout
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=_id)
+def test_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
+    variants = sample_variants(TEMPLATE, problem, gpu_profile, extra=2)
+    if not variants:
+        pytest.skip(f"{TEMPLATE} has no feasible variant on {gpu_profile.name} (sm_90a only)")
+    checks = check_backward(problem, variants, gpu_profile)
+    failed = [c.line(problem.label) for c in checks if not c.ok]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("name", ["attn_bwd_wgmma_d128_bf16_m64n128_s2", "attn_bwd_wgmma_d64_fp16_m128n128_s2",
+                                  "attn_bwd_wgmma_d128_fp16_m64n64_s1_causal"])
+def test_named_tilings_at_training_shapes(name: str, gpu_profile) -> None:
+    """The tilings a training shape would use, on a longer sequence (many query tiles per CTA, both ring slots)."""
+    if tuple(gpu_profile.compute_capability) < (9, 0):
+        pytest.skip(f"{TEMPLATE} is sm_90a only")
+    v = parse_variant_name(name)
+    problem = Problem(2, 4, 2048, 2048, v.head_dim, dtype=v.dtype, causal=v.causal, heads_kv=2)
+    checks = check_backward(problem, [v], gpu_profile)
+    assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
