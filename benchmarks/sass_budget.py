@@ -2,7 +2,8 @@
 
 Compiles each variant for sm_90a with the checkout's templates (or reads <variant>.cubin from folders that
 build_cubins.py filled from other template revisions) and prints, per variant, the main loop's instruction
-count by opcode side by side (tuner/kernels/sass_budget.py says how the loop is found). Needs nvcc and
+count by opcode side by side (tuner/kernels/sass_budget.py says how the loop is found), then the consumer's
+per-item code (item_code: what runs once per work item outside the main loop) by opcode. Needs nvcc and
 cuobjdump (the nvidia-cuda-cuobjdump wheel).
 
     python benchmarks/sass_budget.py VARIANT [VARIANT ...]                       # this checkout
@@ -15,34 +16,37 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from tuner.kernels.sass_budget import MATH_OPS, LoopBudget, cubin_sass, main_loop
+from tuner.kernels.sass_budget import MATH_OPS, ItemBudget, LoopBudget, cubin_sass, item_code, main_loop
 from tuner.kernels.variant import parse_variant_name
 from tuner.runtime.build import build
 
 
-def budgets(name: str, cubins: dict[str, Path]) -> dict[str, LoopBudget]:
-    """The main loop of `name` per label: each folder's cubin, else this checkout's build ('this')."""
+def sass_of(name: str, cubins: dict[str, Path]) -> dict[str, str]:
+    """The SASS of `name` per label: each folder's cubin, else this checkout's build ('this')."""
     if not cubins:
         built = build(parse_variant_name(name), "sm_90a")
         if not built.ok:
             raise SystemExit(f"{name}: compile failed\n{built.compiled.log[-2000:]}")
-        return {"this": main_loop(cubin_sass(built.compiled.cubin), name)}
-    return {label: main_loop(cubin_sass((folder / f"{name}.cubin").read_bytes()), name)
-            for label, folder in cubins.items()}
+        return {"this": cubin_sass(built.compiled.cubin)}
+    return {label: cubin_sass((folder / f"{name}.cubin").read_bytes()) for label, folder in cubins.items()}
 
 
-def print_table(name: str, by_label: dict[str, LoopBudget]) -> None:
+def print_table(name: str, by_label: dict[str, LoopBudget], items: dict[str, ItemBudget]) -> None:
     labels = list(by_label)
-    print(f"\n{name}: main loop, instructions per K/V tile per warp (static)")
-    print(f"  {'opcode':10s}" + "".join(f"{label:>10s}" for label in labels))
-    ops: Counter[str] = Counter()
-    for b in by_label.values():
-        ops.update(b.counts)
-    for op, _ in ops.most_common():
-        print(f"  {op:10s}" + "".join(f"{by_label[label].counts.get(op, 0):10d}" for label in labels)
-              + ("" if op not in MATH_OPS else "   (math)"))
-    print(f"  {'all':10s}" + "".join(f"{by_label[label].total:10d}" for label in labels))
-    print(f"  {'non-math':10s}" + "".join(f"{by_label[label].non_math:10d}" for label in labels))
+    for title, table in ((f"main loop, instructions per K/V tile per warp (static)", by_label),
+                         (f"per-item code, instructions per work item per warp outside the main loop (static)", items)):
+        print(f"\n{name}: {title}")
+        print(f"  {'opcode':10s}" + "".join(f"{label:>10s}" for label in labels))
+        ops: Counter[str] = Counter()
+        for b in table.values():
+            ops.update(b.counts)
+        for op, _ in ops.most_common():
+            print(f"  {op:10s}" + "".join(f"{table[label].counts.get(op, 0):10d}" for label in labels)
+                  + ("" if op not in MATH_OPS else "   (math)"))
+        print(f"  {'all':10s}" + "".join(f"{table[label].total:10d}" for label in labels))
+    print(f"  {'non-math':10s}" + "".join(f"{by_label[label].non_math:10d}" for label in labels) + "   (loop)")
+    print(f"  {'cond.':10s}" + "".join(f"{items[label].conditional:10d}" for label in labels)
+          + "   (per item, under a predicated forward branch)")
 
 
 def main() -> None:
@@ -53,7 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
     for name in args.variants:
-        print_table(name, budgets(name, cubins))
+        code = sass_of(name, cubins)
+        print_table(name, {label: main_loop(c, name) for label, c in code.items()},
+                    {label: item_code(c, name) for label, c in code.items()})
 
 
 if __name__ == "__main__":

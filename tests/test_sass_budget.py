@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel_builds import compile_clean, needs_nvcc, sass
-from tuner.kernels.sass_budget import exp2_under_pv, functions, main_loop
+from tuner.kernels.sass_budget import exp2_under_pv, functions, item_code, main_loop
 
 # A cut-down cuobjdump listing: a set-up block, an inner loop of two HGMMA with an out-of-line barrier retry,
 # an outer loop around it, and the retry stub that branches back into the loop from the function's end.
@@ -77,6 +77,36 @@ def test_predicates_and_modifiers_are_not_part_of_the_opcode() -> None:
     assert [i.opcode for i in instrs[3:5]] == ["SYNCS", "BRA"]
     assert instrs[4].branch_target == 0xC0 and instrs[0].branch_target is None
     assert set(functions(LISTING)) == {"k", "other"}
+
+
+def test_a_persistent_kernels_item_code_is_its_outer_loop_less_the_main_loop() -> None:
+    # The outer loop 0x20-0xa0 spans the main loop; the retry stub's span 0x50-0xf0 holds EXIT and is not one.
+    item = item_code(LISTING)
+    assert item.persistent and (item.start, item.end) == (0x20, 0xA0)
+    assert item.counts == {"UMOV": 1, "IADD3": 1, "BRA": 1} and item.conditional == 0
+
+
+def test_a_one_item_kernels_item_code_runs_from_its_last_set_up_loop_to_exit() -> None:
+    listing = """
+        Function : k
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ;
+        /*0020*/                   PLOP3.LUT P0, PT, PT, PT, UP0, 0x80, 0x0 ;
+        /*0030*/              @!P0 BRA 0x0010 ;
+        /*0040*/                   LDG.E R8, desc[UR50][R2.64] ;
+        /*0050*/              @P0 BRA P1, 0x0080 ;
+        /*0060*/                   FSEL R28, R28, -INF , P6 ;
+        /*0070*/                   FSEL R29, R29, -INF , P6 ;
+        /*0080*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], RZ, !UPT ;
+        /*0090*/              @!P1 BRA 0x0080 ;
+        /*00a0*/              @!P2 EXIT ;
+        /*00b0*/                   STG.E desc[UR50][R4.64], R8 ;
+        /*00c0*/                   EXIT ;
+        /*00d0*/                   BRA 0x00d0 ;
+"""
+    item = item_code(listing)
+    assert not item.persistent and (item.start, item.end) == (0x40, 0xC0)
+    assert item.total == 7 and item.conditional == 2  # the two FSEL under the branch with two predicates
 
 
 def test_a_kernel_without_tensor_core_loops_is_a_clear_error() -> None:

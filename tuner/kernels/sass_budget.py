@@ -25,7 +25,8 @@ TENSOR_OPS = frozenset({"HGMMA", "QGMMA", "HMMA"})
 MATH_OPS = frozenset({"HGMMA", "QGMMA", "HMMA", "FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "F2FP", "FSEL"})
 
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:0x([0-9a-f]+)|`\(\.L_x_\d+\))")
+# `BRA P1, 0x...` (a second predicate, taken where both hold) branches too.
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:!?U?P[T0-9],\s*)?(?:0x([0-9a-f]+)|`\(\.L_x_\d+\))")
 
 
 @dataclass(frozen=True)
@@ -139,3 +140,56 @@ def cubin_sass(cubin: bytes) -> str:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
         return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+@dataclass(frozen=True)
+class ItemBudget:
+    """A consumer's per-work-item code: the instructions it runs once per item outside the main loop (item
+    decode, tile range, the prologue's first tile, the last P V, the epilogue), by opcode. `conditional`: those
+    of them under a predicated forward branch (run on some items only: a partial tile's mask, an empty item's
+    store, the lse rows), so `total - conditional` is what every item runs at least."""
+
+    function: str
+    start: int
+    end: int
+    counts: Counter[str]
+    conditional: int
+    persistent: bool
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def item_code(sass: str, function: str | None = None) -> ItemBudget:
+    """The per-item code of `function`'s consumer around its main loop (main_loop). Persistent kernels: the
+    body of the shortest loop spanning the main loop whose body holds no EXIT (the outer loop over items;
+    a barrier retry stub after EXIT also branches back over the main loop, its span holds that EXIT). One item
+    per CTA: from the instruction after the last loop that ends before the main loop (the consumer's
+    setmaxnreg retry) to the first unpredicated EXIT after it. Either way less the main loop itself."""
+    loop = main_loop(sass, function)
+    instrs = functions(sass)[loop.function]
+    at = {ins.addr: i for i, ins in enumerate(instrs)}
+    m_first, m_last = at[loop.start], at[loop.end]
+    outer = [(last - first, first, last) for first, last in loops(instrs)
+             if first <= m_first and last >= m_last and (first, last) != (m_first, m_last)
+             and not any(ins.opcode == "EXIT" for ins in instrs[first:last + 1])]
+    if outer:
+        _, first, last = min(outer)
+    else:
+        first = max([last + 1 for _, last in loops(instrs) if last < m_first], default=0)
+        last = next(i for i in range(m_last + 1, len(instrs))
+                    if instrs[i].opcode == "EXIT" and not instrs[i].text.startswith("@"))
+    region = [i for i in range(first, last + 1) if not m_first <= i <= m_last]
+    # Conditional: skipped by a predicated forward branch within the region that does not span the main loop
+    # (a branch around the whole tile work is the empty item's; one to a retry stub leaves the region).
+    covered: set[int] = set()
+    for i in region:
+        target = instrs[i].branch_target
+        if instrs[i].text.startswith("@") and target is not None and target > instrs[i].addr and target in at:
+            end = at[target]
+            if end <= last and not (i < m_first and end > m_last):
+                covered.update(range(i + 1, end))
+    return ItemBudget(loop.function, instrs[first].addr, instrs[last].addr,
+                      Counter(instrs[i].opcode for i in region),
+                      sum(1 for i in region if i in covered), bool(outer))
