@@ -266,18 +266,21 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const StageDescs<C> descs(sm, sm.sQ + cw * 64 * C::SWB);
   const Turns<C> turns{cw};
-  // The work item holding this CTA's last ping-pong turn (-1: none has any key).
+  // The work item holding this CTA's last ping-pong turn (-1: none has any key). One item per CTA: its own
+  // (decoded once: a second decode after the turn's bar.arrive, a memory clobber, reloaded cu_seqlens).
   int last_busy = -1;
-  {
-    Work it;
+  Work it;
+  if constexpr (C::PERSISTENT) {
     for (int r = 0; sched.work_at(r, it); ++r)
       if (!it.skip && it.n_tiles > 0) last_busy = r;
+  } else {
+    if (!sched.work_at(0, it)) return;
+    if (!it.skip && it.n_tiles > 0) last_busy = 0;
   }
   turns.start(last_busy >= 0);
 
   int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
-  Work it;
-  for (int r = 0; sched.work_at(r, it); ++r) {
+  for (int r = 0; C::PERSISTENT ? sched.work_at(r, it) : r == 0; ++r) {
     if (it.skip) continue;
     const int m0 = it.m0, n_tiles = it.n_tiles;
     const bool last_work = r == last_busy;
