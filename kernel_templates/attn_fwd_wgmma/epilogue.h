@@ -42,8 +42,9 @@ __device__ __forceinline__ void epilogue(const float* o, bool empty, const float
     l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
     // The approximate reciprocal and log (MUFU): 1-2 ulp, far below the output's 16-bit rounding, where the
-    // IEEE division and logf cost ~40 instructions a row and a branch to a slow path.
-    inv[i] = l[i] > 0.f ? __fdividef(v_scale, l[i]) : 0.f;
+    // IEEE division and logf cost ~40 instructions a row and a branch to a slow path. Flushing denormals: a
+    // row's l is 0 or >= 1 (its max term is exp2(0), FP8 2^P_SHIFT).
+    inv[i] = l[i] > 0.f ? v_scale * fast_rcp(l[i]) : 0.f;
   }
   // stmatrix: lane l addresses row l % 8 of tile l / 8; tiles 0, 1 are rows +0 / +8 of column block nb,
   // tiles 2, 3 the same rows of block nb + 1. One instruction stores what four 4-byte stores did. nb is even,
@@ -73,7 +74,7 @@ __device__ __forceinline__ void epilogue(const float* o, bool empty, const float
       // [B, H, Sq]; packed, [H, total] (FlashAttention's varlen lse), total = cu_q[batch].
       const long long at = C::PACKED ? (long long)it.h * a.cu_q[a.batch] + q_row + row
                                      : ((long long)it.b * a.heads + it.h) * a.sq + row;
-      a.lse[at] = l[i] > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + __logf(l[i]) - C::P_SHIFT * LN2
+      a.lse[at] = l[i] > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + fast_log2(l[i]) * LN2 - C::P_SHIFT * LN2
                              : NEG_INF;
     }
   }

@@ -26,6 +26,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1/x and log2(x) on the special-function unit, flushing denormals: __fdividef and __logf add a
+// denormal-range rescale around each (an epilogue's row sum l >= 1 never needs it).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two fp32 values rounded to T (half or __nv_bfloat16) in one 32-bit
 // register, `lo` in the low half: the layout of an mma/wgmma A fragment.
 template <class T>
