@@ -112,13 +112,18 @@ struct StageDescs {
 
 // Accumulator element e of a 64 x N wgmma tile held by a thread: column
 // block e / 4 (8 columns), row half (e / 2) % 2 (+8 rows), column pair e % 2.
+// Positions are taken relative to the thread's first column (hidden() compares differences only), so each
+// element is one compare of a register with its immediate offset: no column index per element. Causal: a key
+// past the end is right of every row that is stored (row < sq: position < sk), so that bound is left out;
+// the rows past sq it would hide see finite keys (zeros or the next packed sequence's), never stored.
 template <class C>
 __device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane, int sq, int sk) {
+  const int col0 = kv0 + (lane % 4) * 2;
+  const int end = C::CAUSAL ? INT_MAX : sk - col0;
 #pragma unroll
   for (int e = 0; e < C::BN / 2; ++e) {
-    const int col = kv0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
-    const int row = row0 + ((e / 2) % 2) * 8;
-    if (C::Keys::hidden(col, row + sk - sq, sk)) s[e] = NEG_INF;
+    const int p = row0 + ((e / 2) % 2) * 8 + sk - sq - col0;
+    if (C::Keys::hidden((e / 4) * 8 + (e % 2), p, end)) s[e] = NEG_INF;
   }
 }
 
