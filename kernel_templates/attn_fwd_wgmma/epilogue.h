@@ -67,12 +67,15 @@ __device__ __forceinline__ void epilogue(const float* o, bool empty, const float
                   pack2<T>(o[nb * 4 + 4] * inv[0], o[nb * 4 + 5] * inv[0]),
                   pack2<T>(o[nb * 4 + 6] * inv[1], o[nb * 4 + 7] * inv[1]));
   }
+  // Packed: the sequence's lse row, [H, total] at (h, q_row), made once (per row, the first row's store, which
+  // may alias cu_q, made the second reload total = cu_q[batch] and redo the 64-bit product).
+  const long long packed_lse = C::PACKED && a.lse != nullptr ? (long long)it.h * a.cu_q[a.batch] + q_row : 0;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + 8 * i;
     if (a.lse != nullptr && lane % 4 == 0 && row < sq) {
       // [B, H, Sq]; packed, [H, total] (FlashAttention's varlen lse), total = cu_q[batch].
-      const long long at = C::PACKED ? (long long)it.h * a.cu_q[a.batch] + q_row + row
+      const long long at = C::PACKED ? packed_lse + row
                                      : ((long long)it.b * a.heads + it.h) * a.sq + row;
       a.lse[at] = l[i] > 0.f ? row_max[i] * C::Cap::softmax_scale(qk_scale) + fast_log2(l[i]) * LN2 - C::P_SHIFT * LN2
                              : NEG_INF;
