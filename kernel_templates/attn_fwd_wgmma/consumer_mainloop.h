@@ -257,6 +257,22 @@ struct Turns {
 // The accumulators (o, s, p, row stats) are locals of the function that runs
 // both loops: passing them into a separate per-item function changed the
 // registers and SASS nvcc produced for persistent OVERLAP variants.
+// `last` <- the work item holding this CTA's last ping-pong turn (-1: none has any key); false where the CTA
+// has no item. One item per CTA: `it` is that item, decoded once (decoded again after the turn's bar.arrive, a
+// memory clobber, it reloaded cu_seqlens).
+template <class C>
+__device__ __forceinline__ bool last_busy_item(const TileScheduler<C>& sched, Work& it, int& last) {
+  last = -1;
+  if constexpr (C::PERSISTENT) {
+    for (int r = 0; sched.work_at(r, it); ++r)
+      if (!it.skip && it.n_tiles > 0) last = r;
+  } else {
+    if (!sched.work_at(0, it)) return false;
+    if (!it.skip && it.n_tiles > 0) last = 0;
+  }
+  return true;
+}
+
 // The overlapped loop rotated (wait_pv_pack below) for 16-bit tiles: measured on an H200 (benchmarks/
 // NOTES.md, session 19) 1.02x on causal D128 and D256 and neutral elsewhere, but 0.94x on e4m3, whose
 // tile is softmax-bound: FP8 keeps the unrotated order.
@@ -271,17 +287,9 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const StageDescs<C> descs(sm, sm.sQ + cw * 64 * C::SWB);
   const Turns<C> turns{cw};
-  // The work item holding this CTA's last ping-pong turn (-1: none has any key). One item per CTA: its own
-  // (decoded once: a second decode after the turn's bar.arrive, a memory clobber, reloaded cu_seqlens).
-  int last_busy = -1;
+  int last_busy;
   Work it;
-  if constexpr (C::PERSISTENT) {
-    for (int r = 0; sched.work_at(r, it); ++r)
-      if (!it.skip && it.n_tiles > 0) last_busy = r;
-  } else {
-    if (!sched.work_at(0, it)) return;
-    if (!it.skip && it.n_tiles > 0) last_busy = 0;
-  }
+  if (!last_busy_item(sched, it, last_busy)) return;
   turns.start(last_busy >= 0);
 
   int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
