@@ -134,9 +134,10 @@ __device__ __forceinline__ void mask_tile(float* s, int kv0, int row0, int lane,
 // The O rescale placed there too (FA4 does) was slower on 16-bit tiles: ptxas left its 64 multiplies in a
 // block after the exp2s instead of under Q K_j^T (H200, session 22: 0.95-0.97x the rotated loop). The FP8
 // wait there: e4m3 1.19x FA4's fp16 against 1.16x with the wait after the softmax and P packed in a block.
+// `first` (a constant where inlined): an item's first tile, with no running max and sum to fold in (corr 0).
 template <class C, class Between>
 __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], float (&row_sum)[2], float (&corr)[2],
-                                             float scale_log2, Between&& between) {
+                                             float scale_log2, Between&& between, bool first) {
   constexpr float P_SHIFT = static_cast<float>(C::P_SHIFT);
   // A row's max and sum are taken in NP interleaved partials, then combined: one running value made each FMNMX
   // and FADD wait for the one before it (ncu, H200: FADD and F2FP the top fixed-latency waits besides MUFU, where
@@ -153,13 +154,13 @@ __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], floa
       const float pair = fmaxf(s[e], s[e + 1]);
       mp[k % NP] = k < NP ? pair : fmaxf(mp[k % NP], pair);
     }
-    float m = row_max[i];
+    float m = first ? mp[0] : fmaxf(row_max[i], mp[0]);
 #pragma unroll
-    for (int k = 0; k < NP; ++k) m = fmaxf(m, mp[k]);
+    for (int k = 1; k < NP; ++k) m = fmaxf(m, mp[k]);
     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
     const float m_scaled = (m == NEG_INF) ? 0.f : m * scale_log2;
-    corr[i] = fast_exp2(row_max[i] * scale_log2 - m_scaled);
+    corr[i] = first ? 0.f : fast_exp2(row_max[i] * scale_log2 - m_scaled);
     row_max[i] = m;
     p_off[i] = m_scaled - P_SHIFT;  // P's exponent: 2^P_SHIFT larger (FP8), else the same
   }
@@ -178,7 +179,7 @@ __device__ __forceinline__ void softmax_tile(float* s, float (&row_max)[2], floa
     float sum = sp[0];
 #pragma unroll
     for (int k = 1; k < NP; ++k) sum += sp[k];
-    row_sum[i] = row_sum[i] * corr[i] + sum;  // this thread's columns only; the quad is summed at the end
+    row_sum[i] = first ? sum : row_sum[i] * corr[i] + sum;  // this thread's columns only; the quad is summed at the end
   }
 }
 
@@ -340,12 +341,12 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     };
     // S_j has been waited for: mask it where needed, softmax it in place.
     // `between`: run after the row max, before the exp2s (softmax_tile).
-    auto softmax_s = [&](int j, auto&& between) {
+    auto softmax_s = [&](int j, auto&& between, bool first = false) {
       fence_regs<C::BN / 2>(s);
       release_k(j);
       C::Cap::template apply<C::BN / 2>(s, cap_pre);
       if (needs_mask(j)) mask_tile<C>(s, kv_first + j * C::BN, row0, lane, sq, sk);
-      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2, between);
+      softmax_tile<C>(s, row_max, row_sum, corr, scale_log2, between, first);
     };
     auto nothing = [] {};
     // Issue O += P_j V_j (P packed from S_j).
@@ -379,7 +380,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         issue_s(0);
         turns.release(false);
         wgmma_wait<0>();
-        softmax_s(0, nothing);
+        softmax_s(0, nothing, true);
         if constexpr (!ROTATED<C>) pack_p<C>(p, s);
       }
       for (int j = C::OVERLAP ? 1 : 0; j < n_tiles; ++j) {
