@@ -93,11 +93,15 @@ __device__ __forceinline__ void epilogue(const float* o, bool empty, const float
     const uint32_t t = tid % 128, col = (t % ROW_CHUNKS) * 8, r0 = t / ROW_CHUNKS;
     T* dst = out + (long long)(first_row + r0) * a.o_ss + col;
     const long long step = RSTEP * a.o_ss;
+    // Each row's bound one compare with an immediate, up to 8 rows a thread; at D256 (16) ptxas made that a
+    // branch around each store (+48 static), so there the row index is compared.
+    const int rows_left = sq - first_row - static_cast<int>(r0);
 #pragma unroll
     for (int k = 0; k < 64 / RSTEP; ++k, dst += step) {
       const uint32_t r = r0 + k * RSTEP;
       const uint4 chunk = *reinterpret_cast<const uint4*>(stage + chunk_offset(r, col));  // in bounds for any row
-      if (first_row + static_cast<int>(r) < sq) *reinterpret_cast<uint4*>(dst) = chunk;
+      if (64 / RSTEP <= 8 ? k * RSTEP < rows_left : first_row + static_cast<int>(r) < sq)
+        *reinterpret_cast<uint4*>(dst) = chunk;
     }
   } else {
     constexpr int CHUNKS = 64 * ROW_CHUNKS;
