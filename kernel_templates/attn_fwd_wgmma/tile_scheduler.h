@@ -93,8 +93,8 @@ struct TileScheduler {
     it.m0 = m_block * C::BM;
     const int sq = item_sq<C>(a, it), sk = item_sk<C>(a, it);
     const int p_lo = it.m0 + sk - sq;  // key-aligned positions of the item's first and last rows
-    it.n0 = C::Keys::first(p_lo) / C::BN;
-    it.n_tiles = max(0, (C::Keys::end(p_lo + C::BM - 1, sk) + C::BN - 1) / C::BN - it.n0);
+    it.n0 = tiles<C::BN>(C::Keys::first(p_lo));
+    it.n_tiles = max(0, tiles<C::BN>(C::Keys::end(p_lo + C::BM - 1, sk) + C::BN - 1) - it.n0);
     return true;
   }
 
@@ -104,7 +104,13 @@ struct TileScheduler {
     it.k_row = a.cu_k[it.b];
     it.sq = a.cu_q[it.b + 1] - it.q_row;
     it.sk = a.cu_k[it.b + 1] - it.k_row;
-    return (it.sq + C::BM - 1) / C::BM;
+    return tiles<C::BM>(it.sq + C::BM - 1);
+  }
+
+  // n / N of an n >= 0 (a key bound, a length): unsigned, a signed division costs a sign fix-up.
+  template <int N>
+  __device__ __forceinline__ static int tiles(int n) {
+    return static_cast<int>(static_cast<uint32_t>(n) / N);
   }
 };
 
