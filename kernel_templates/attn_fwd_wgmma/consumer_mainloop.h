@@ -285,7 +285,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
                                          int tid, int wg) {
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
-  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const int warp = (tid % 128) / 32, lane = static_cast<uint32_t>(tid) % 32;  // unsigned: no sign fix-up
   const StageDescs<C> descs(sm, sm.sQ + cw * 64 * C::SWB);
   const Turns<C> turns{cw};
   int last_busy;
