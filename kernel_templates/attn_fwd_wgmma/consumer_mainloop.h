@@ -285,7 +285,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
                                          int tid, int wg) {
   if constexpr (C::SPLIT_REGS) setmaxnreg_inc<C::CONSUMER_REGS>();
   const int cw = wg - 1;
-  const int warp = (tid % 128) / 32, lane = static_cast<uint32_t>(tid) % 32;  // unsigned: no sign fix-up
+  // lane unsigned (no sign fix-up in each lane / 4, lane % 4), where one item per CTA: persistent, +36 per item (D128)
+  const int warp = (tid % 128) / 32, lane = C::PERSISTENT ? tid % 32 : static_cast<uint32_t>(tid) % 32;
   const StageDescs<C> descs(sm, sm.sQ + cw * 64 * C::SWB);
   const Turns<C> turns{cw};
   int last_busy;
