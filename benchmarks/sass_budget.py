@@ -45,6 +45,8 @@ def print_table(name: str, by_label: dict[str, LoopBudget], items: dict[str, Ite
                   + ("" if op not in MATH_OPS else "   (math)"))
         print(f"  {'all':10s}" + "".join(f"{table[label].total:10d}" for label in labels))
     print(f"  {'non-math':10s}" + "".join(f"{by_label[label].non_math:10d}" for label in labels) + "   (loop)")
+    print(f"  {'cond.':10s}" + "".join(f"{by_label[label].conditional:10d}" for label in labels)
+          + "   (loop, under a predicated forward branch: a partial tile's mask)")
     print(f"  {'cond.':10s}" + "".join(f"{items[label].conditional:10d}" for label in labels)
           + "   (per item, under a predicated forward branch)")
 

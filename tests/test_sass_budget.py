@@ -49,6 +49,22 @@ def test_the_main_loop_is_the_innermost_loop_with_tensor_core_work() -> None:
     assert (loop.function, loop.start, loop.end) == ("k", 0x30, 0x80)
     assert loop.counts == {"SYNCS": 1, "BRA": 2, "HGMMA": 2, "MUFU": 1}
     assert loop.total == 6 and loop.non_math == 3  # the wait and the two branches
+    assert loop.conditional == 0  # its one forward branch leaves the loop (the retry stub)
+
+
+def test_a_loops_masked_block_is_conditional() -> None:
+    listing = """
+        Function : k
+        /*0000*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], RZ, !UPT ;
+        /*0010*/              @!P0 BRA 0x0040 ;
+        /*0020*/                   ISETP.GT.AND P6, PT, R10, 0x1, PT ;
+        /*0030*/                   FSEL R24, R24, -INF , P6 ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/              @!P1 BRA 0x0000 ;
+        /*0060*/                   EXIT ;
+"""
+    loop = main_loop(listing)
+    assert loop.total == 6 and loop.conditional == 2
 
 
 def test_a_retry_stub_branching_back_mid_loop_is_not_the_main_loop() -> None:

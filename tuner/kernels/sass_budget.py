@@ -55,6 +55,8 @@ class LoopBudget:
     start: int
     end: int
     counts: Counter[str]
+    # Those under a predicated forward branch inside the loop (a partial tile's mask): run on some tiles only.
+    conditional: int = 0
 
     @property
     def total(self) -> int:
@@ -104,7 +106,8 @@ def main_loop(sass: str, function: str | None = None) -> LoopBudget:
         if best is not None:
             _, first, last = best
             body = instrs[first:last + 1]
-            return LoopBudget(name, body[0].addr, body[-1].addr, Counter(ins.opcode for ins in body))
+            return LoopBudget(name, body[0].addr, body[-1].addr, Counter(ins.opcode for ins in body),
+                              len(_skippable(instrs, first, last)))
         if function is not None:
             break
     raise ValueError(f"no loop with tensor-core instructions in {function or 'any function'}")
@@ -140,6 +143,21 @@ def cubin_sass(cubin: bytes) -> str:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
         return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def _skippable(instrs: list[Instr], first: int, last: int, around: tuple[int, int] | None = None) -> set[int]:
+    """Indices in first..last that a predicated forward branch from within first..last to within it jumps over
+    (a branch to a retry stub leaves the span and counts not); with `around`, not the branches over all of it."""
+    at = {ins.addr: i for i, ins in enumerate(instrs)}
+    covered: set[int] = set()
+    for i in range(first, last + 1):
+        target = instrs[i].branch_target
+        if not instrs[i].text.startswith("@") or target is None or target <= instrs[i].addr or target not in at:
+            continue
+        end = at[target]
+        if end <= last and not (around and i < around[0] and end > around[1]):
+            covered.update(range(i + 1, end))
+    return covered
 
 
 @dataclass(frozen=True)
@@ -182,14 +200,8 @@ def item_code(sass: str, function: str | None = None) -> ItemBudget:
                     if instrs[i].opcode == "EXIT" and not instrs[i].text.startswith("@"))
     region = [i for i in range(first, last + 1) if not m_first <= i <= m_last]
     # Conditional: skipped by a predicated forward branch within the region that does not span the main loop
-    # (a branch around the whole tile work is the empty item's; one to a retry stub leaves the region).
-    covered: set[int] = set()
-    for i in region:
-        target = instrs[i].branch_target
-        if instrs[i].text.startswith("@") and target is not None and target > instrs[i].addr and target in at:
-            end = at[target]
-            if end <= last and not (i < m_first and end > m_last):
-                covered.update(range(i + 1, end))
+    # (a branch around the whole tile work is the empty item's).
+    covered = _skippable(instrs, first, last, around=(m_first, m_last))
     return ItemBudget(loop.function, instrs[first].addr, instrs[last].addr,
                       Counter(instrs[i].opcode for i in region),
                       sum(1 for i in region if i in covered), bool(outer))
