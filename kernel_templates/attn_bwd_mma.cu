@@ -52,14 +52,6 @@ struct BwdSmem {
   }
 };
 
-// Where loop step `it` is: query head h (of the K/V head's group) and first query row m0.
-struct QueryTile {
-  int h, m0;
-};
-__device__ __forceinline__ QueryTile query_tile(int it, int hk, int h_per_kv, int m_begin, int n_m, int bm) {
-  return QueryTile{hk * h_per_kv + it / n_m, (m_begin + it % n_m) * bm};
-}
-
 // Q, dO (rows past Sq zero-filled), lse_log2 and delta (padded rows: no bound) of a query tile into ring slot
 // `stage` when `valid`; one cp.async group, even when empty, so the wait counts stay fixed.
 template <class C>

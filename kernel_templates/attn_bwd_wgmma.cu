@@ -30,18 +30,10 @@
 
 namespace fc {
 
-// Where loop step `it` is: query head h (of the K/V head's group) and first query row m0.
-struct WgQueryTile {
-  int h, m0;
-};
-__device__ __forceinline__ WgQueryTile wg_query_tile(int it, int hk, int h_per_kv, int m_begin, int n_m, int bm) {
-  return WgQueryTile{hk * h_per_kv + it / n_m, (m_begin + it % n_m) * bm};
-}
-
 // Q, dO (rows past Sq zero-filled), lse_log2 and delta (rows padded to ROW_PAD: no bound) of a query tile into
 // ring slot `st` when `valid`; one cp.async group, even when empty, so the wait counts stay fixed.
 template <class C>
-__device__ __forceinline__ void load_query_tile(const WgSmem<C>& sm, const BwdArgs& a, int b, WgQueryTile qt, int st,
+__device__ __forceinline__ void load_query_tile(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int st,
                                                 int sq_pad, bool valid) {
   using T = typename C::T;
   if (valid) {
@@ -92,7 +84,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
   load_rows<C, C::BN>(sm.k(), static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh, a.k_ss, n0, a.sk);
   load_rows<C, C::BN>(sm.v(), static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh, a.v_ss, n0, a.sk);
   if constexpr (C::STAGES == 2)
-    load_query_tile<C>(sm, a, b, wg_query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM), 0, sq_pad,
+    load_query_tile<C>(sm, a, b, query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM), 0, sq_pad,
                        n_iters > 0);
   else
     cp_async_commit();
@@ -110,12 +102,12 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
   // prefetch below refills, and the dS^T tiles are free), one after its loads landed (and were fenced for wgmma's
   // async proxy); a named one per warpgroup between its dS^T stores and dQ's wgmmas.
   for (int it = 0; it < n_iters; ++it) {
-    const WgQueryTile qt = wg_query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
+    const QueryTile qt = query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
     __syncthreads();
     int st = 0;
     if constexpr (C::STAGES == 2) {
       st = it % 2;
-      load_query_tile<C>(sm, a, b, wg_query_tile(it + 1, hk, a.h_per_kv, m_begin, n_m, C::BM), (it + 1) % 2, sq_pad,
+      load_query_tile<C>(sm, a, b, query_tile(it + 1, hk, a.h_per_kv, m_begin, n_m, C::BM), (it + 1) % 2, sq_pad,
                          it + 1 < n_iters);
       cp_async_wait<1>();
     } else {

@@ -30,6 +30,15 @@ __host__ __device__ __forceinline__ int2 query_range(int n0, int n1, int diag, i
   return range;
 }
 
+// A CTA's loop over the query tiles of its K/V head's group (both backward templates): step `it` is query head h
+// and first query row m0, from the group's first head hk * h_per_kv, n_m tiles of bm rows from tile m_begin each.
+struct QueryTile {
+  int h, m0;
+};
+__device__ __forceinline__ QueryTile query_tile(int it, int hk, int h_per_kv, int m_begin, int n_m, int bm) {
+  return QueryTile{hk * h_per_kv + it / n_m, (m_begin + it % n_m) * bm};
+}
+
 // Scores of S^T the query does not see set to -inf: key0 is the warp's first key, q_pos0 the key-aligned position
 // of the tile's query column 0. Each column's bounds (first, end) are computed once (KeyWindow, as warp_mask does
 // for rows in common/warp_tile.h).
