@@ -161,22 +161,14 @@ def _skippable(instrs: list[Instr], first: int, last: int, around: tuple[int, in
 
 
 @dataclass(frozen=True)
-class ItemBudget:
+class ItemBudget(LoopBudget):
     """A consumer's per-work-item code: the instructions it runs once per item outside the main loop (item
     decode, tile range, the prologue's first tile, the last P V, the epilogue), by opcode. `conditional`: those
     of them under a predicated forward branch (run on some items only: a partial tile's mask, an empty item's
-    store, the lse rows), so `total - conditional` is what every item runs at least."""
+    store, the lse rows), so `total - conditional` is what every item runs at least. `persistent`: counted in
+    the outer loop over items (else one item per CTA)."""
 
-    function: str
-    start: int
-    end: int
-    counts: Counter[str]
-    conditional: int
-    persistent: bool
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
+    persistent: bool = False
 
 
 def item_code(sass: str, function: str | None = None) -> ItemBudget:
