@@ -18,6 +18,25 @@ from tuner.runtime.fp8 import dequantized_inputs
 from tuner.runtime.verify import TOLERANCE, empty_output, fp8_inputs, make_inputs, problem_reference, relative_error
 
 
+# The backward templates' gradient cases without a window, a softcap or an unusual head dim, which every backward
+# template supports (tests/gpu/test_bwd_*_kernel.py; a template adds the masked cases it supports).
+DENSE_BACKWARD_PROBLEMS = [
+    Problem(2, 4, 128, 128, 64),
+    Problem(1, 2, 1, 1, 64),                                    # S = 1
+    Problem(1, 2, 17, 17, 128, dtype="bf16"),                   # tails smaller than any tile
+    Problem(1, 2, 130, 130, 64, dtype="bf16", causal=True),
+    Problem(1, 2, 1000, 1000, 128, causal=True),                # long tails, causal, D 128
+    Problem(1, 2, 1000, 1000, 64, dtype="bf16"),
+    Problem(1, 2, 100, 300, 64, causal=True),                   # causal, Sq < Sk (bottom-right)
+    Problem(1, 2, 300, 100, 128, dtype="bf16", causal=True),    # causal, Sq > Sk: rows that see no key
+    Problem(1, 2, 17, 130, 128),                                # Sq != Sk
+    Problem(2, 8, 257, 257, 64, heads_kv=2),                    # GQA
+    Problem(2, 8, 130, 1000, 128, dtype="bf16", causal=True, heads_kv=2),  # GQA, causal, Sq < Sk
+    Problem(1, 8, 1000, 17, 64, dtype="bf16", heads_kv=2),      # GQA, Sq > Sk
+    Problem(2, 4, 200, 190, 128, layout="bshd"),                # BSHD strides
+]
+
+
 def sample_variants(template: str, problem: Problem, profile, extra: int = 3) -> list:
     """A covering sample (every value of every parameter) plus `extra` random feasible variants."""
     chosen = covering_sample(template, problem, profile, seed=problem.seq_q)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gpu.reference_checks import sample_variants
+from tests.gpu.reference_checks import DENSE_BACKWARD_PROBLEMS, sample_variants
 from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 from tuner.runtime.backward_verify import check_backward
@@ -15,20 +15,7 @@ from tuner.runtime.backward_verify import check_backward
 pytestmark = pytest.mark.gpu
 TEMPLATE = "attn_bwd_wgmma"
 
-PROBLEMS = [
-    Problem(2, 4, 128, 128, 64),
-    Problem(1, 2, 1, 1, 64),                                    # S = 1
-    Problem(1, 2, 17, 17, 128, dtype="bf16"),                   # tails smaller than any tile
-    Problem(1, 2, 130, 130, 64, dtype="bf16", causal=True),
-    Problem(1, 2, 1000, 1000, 128, causal=True),                # long tails, causal, D 128
-    Problem(1, 2, 100, 300, 64, causal=True),                   # causal, Sq < Sk (bottom-right)
-    Problem(1, 2, 300, 100, 128, dtype="bf16", causal=True),    # causal, Sq > Sk: rows that see no key
-    Problem(1, 2, 17, 130, 128),                                # Sq != Sk
-    Problem(2, 8, 257, 257, 64, heads_kv=2),                    # GQA
-    Problem(2, 8, 130, 1000, 128, dtype="bf16", causal=True, heads_kv=2),  # GQA, causal, Sq < Sk
-    Problem(1, 8, 1000, 17, 64, dtype="bf16", heads_kv=2),      # GQA, Sq > Sk
-    Problem(2, 4, 200, 190, 128, layout="bshd"),                # BSHD strides
-]
+PROBLEMS = DENSE_BACKWARD_PROBLEMS  # no window, softcap or D32 in this template yet
 
 
 def _id(p: Problem) -> str:
