@@ -53,13 +53,16 @@ def load_package(path: str) -> Any:
     return importlib.import_module(folder.name)
 
 
-def build_model(layers: int, model: str = "llama-3.1-8b") -> Any:
+def build_model(layers: int, model: str = "llama-3.1-8b", **overrides: Any) -> Any:
+    """`layers` of the model's shape, random weights (seed 0), bf16 on the GPU, in eval mode; `overrides` replace
+    config fields (a cut vocab, a tiny test shape). Each call makes its own config: transformers keeps the object
+    and attn_implementation= is set on it (see tests/test_hf_training_route.py)."""
     import transformers
 
     if model == "mistral-7b-v0.1":
-        cfg = transformers.MistralConfig(num_hidden_layers=layers, **MISTRAL_V01)
+        cfg = transformers.MistralConfig(num_hidden_layers=layers, **{**MISTRAL_V01, **overrides})
     else:
-        cfg = transformers.LlamaConfig(num_hidden_layers=layers, **LLAMA_8B)
+        cfg = transformers.LlamaConfig(num_hidden_layers=layers, **{**LLAMA_8B, **overrides})
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16)
@@ -80,20 +83,34 @@ def event_ms(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+def back_to_back_ms(fn: Callable[[], Any], reps: int) -> float:
+    """Median ms of `reps` calls of fn issued back to back (an event between consecutive calls, one host wait at
+    the end; one warm-up call first): the GPU is not left idle between calls, as in a training loop."""
+    fn()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for event in events[1:]:
+        fn()
+        event.record()
+    events[-1].synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+
+
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, reps: int,
                 setups: dict[str, Callable[[], Any]] | None = None,
-                clocks: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+                clocks: dict[str, list[float]] | None = None,
+                timer: Callable[[Callable[[], Any], int], float] = event_ms) -> dict[str, list[float]]:
     """ms per call of each fn, round by round, the fns interleaved within each round; `setups[name]` runs
     before fn's timings in each round, outside them (switching the model's attention implementation is
     host work on an idle GPU, not part of a forward). `clocks[name]` (if given) gets the SM clock (MHz)
-    and power (W) sampled while fn was timed."""
+    and power (W) sampled while fn was timed. `timer(fn, reps)`: ms of one call (event_ms, back_to_back_ms)."""
     out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             if setups:
                 setups[name]()
             with ClockSampler() as sampler:
-                out[name].append(event_ms(fn, reps))
+                out[name].append(timer(fn, reps))
             if clocks is not None:
                 clocks.setdefault(name, []).extend(sampler.samples)
     return out

@@ -37,7 +37,7 @@ WGMMA_PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=Tru
                     PERSISTENT=False)
 
 
-def build_package(base: Path, variant_name: str | None) -> object:
+def build_package(base: Path, variant_name: str | None, problems: list[Problem] = PROBLEMS) -> object:
     """An export of a fresh store holding one ok trial per problem (tests/gpu/one_trial_export.py's way)."""
     from tests.built_trials import add_built_trial
     from tuner.export.run import ExportOptions, export
@@ -50,7 +50,7 @@ def build_package(base: Path, variant_name: str | None) -> object:
     url = f"sqlite:///{base / 'results.db'}"
     with open_store(url) as store:
         run = store.start_run(RunInfo(gpu_name="train_step_check", profile=profile.name, host="bench"))
-        for problem in PROBLEMS:
+        for problem in problems:
             template = default_template(profile, [problem])
             if variant_name:
                 variant = parse_variant_name(variant_name)
