@@ -19,6 +19,8 @@ the same. Every figure is a median of per-round ratios, the implementations inte
   package reads the cache's key lengths; transformers' SDPA path masks the whole cache, and with a mask it
   repeats K/V per query head); its kernel ratio is against SDPA at its best: exact keys, no mask, GQA native;
 - greedy: 32 tokens generated from one prompt by each implementation (dynamic cache), compared.
+
+A training step (forward + backward) of the same model: train_e2e.py, which builds it with build_model.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from tuner.problem import Problem
 from tuner.runtime.verify import relative_error
 
 CONTROL_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+TARGET = 1.10  # issue 40: the 4-layer step at least 1.10x transformers' SDPA path end to end
 
 
 def positive(text: str) -> int:
@@ -238,15 +239,18 @@ def markdown(result: dict[str, Any]) -> str:
              f"bf16, random weights, B{result['batch']} S{result['seq']}; one step = forward + cross entropy + "
              f"backward, no optimizer; {t['rounds']} interleaved rounds of {result['reps']} back-to-back steps, "
              "median of per-round ratios.", "",
-             "| path | step ms | tok/s | vs SDPA (rounds' range) | attention ms, profiled (fwd + bwd) | attention share |",
+             "| path | step ms | tok/s | vs SDPA (rounds' range) | attention ms, profiled (fwd + bwd) "
+             "| attention share |",
              "|---|---|---|---|---|---|",
              f"| ours ({result['impl']}) | {t['ours_ms']:.1f} | {t['ours_tok_s']:,.0f} | **{t['ratio']:.3f}x** "
              f"({t['ratio_min']:.3f}-{t['ratio_max']:.3f}) | {p['attn_ms_ours']:.1f} | {p['attn_share_ours']:.1%} |",
              f"| transformers SDPA | {t['sdpa_ms']:.1f} | {t['sdpa_tok_s']:,.0f} | 1.000x | {p['attn_ms_sdpa']:.1f} | "
-             f"{p['attn_share_sdpa']:.1%} |", ""]
+             f"{p['attn_share_sdpa']:.1%} |", "",
+             f"Issue 40's target, the step >= {TARGET:.2f}x SDPA's: {'met' if t['ratio'] >= TARGET else 'not met'}."]
     grads, loss = g["gradients"], g["loss"]
     lines.append(f"Loss: ours {loss['ours']:.6f}, SDPA {loss['sdpa']:.6f} (rel. diff {loss['rel_diff']:.2e}). "
-                 f"Gradients of {grads['params']} parameters, ours vs SDPA: max rel. error {grads['max_rel_error']:.2e} "
+                 f"Gradients of {grads['params']} parameters, ours vs SDPA: max rel. error "
+                 f"{grads['max_rel_error']:.2e} "
                  f"({grads['worst_param']}), median {grads['median_rel_error']:.2e}.")
     control = [f"{name.split('_')[0].lower()} {row['max_rel_error']:.2e} ({row['worst_param']})" if row["runs"]
                else f"{name.split('_')[0].lower()} does not run ({row['why']})" for name, row in g["control"].items()]

@@ -118,14 +118,16 @@ def test_markdown_names_the_ratio_the_worst_gradient_and_what_ran() -> None:
         "profile": {"attn_ms_ours": 30.0, "attn_ms_sdpa": 40.0, "attn_share_ours": 0.17, "attn_share_sdpa": 0.21,
                     "tuned_kernel_launches": 4, "sdpa_attention_kernels": {"cudnn_sdpa_fprop": 10.0}},
         "check": {"loss": {"ours": 10.61, "sdpa": 10.62, "rel_diff": 9e-4}, "layers": 4,
-                  "gradients": {"params": 39, "max_rel_error": 8e-3, "worst_param": "model.layers.0.self_attn.q_proj.weight",
-                                "median_rel_error": 2e-3},
+                  "gradients": {"params": 39, "max_rel_error": 8e-3, "median_rel_error": 2e-3,
+                                "worst_param": "model.layers.0.self_attn.q_proj.weight"},
                   "tuned_calls": {"forward": 4, "backward cudnn": 4},
                   "control": {"FLASH_ATTENTION": {"runs": True, "max_rel_error": 6e-3, "worst_param": "lm_head.weight"},
                               "CUDNN_ATTENTION": {"runs": False, "why": "No available kernel"}}},
     }
     text = markdown(result)
-    assert "**1.056x** (1.040-1.070)" in text
+    assert "**1.056x** (1.040-1.070)" in text and "target, the step >= 1.10x SDPA's: not met." in text
+    result["timing"]["ratio"] = 1.10
+    assert "target, the step >= 1.10x SDPA's: met." in markdown(result)
     assert "max rel. error 8.00e-03 (model.layers.0.self_attn.q_proj.weight)" in text
     assert "flash 6.00e-03 (lm_head.weight); cudnn does not run (No available kernel)" in text
     assert "backward cudnn x4, forward x4 (4 layers)" in text and "launches in the profiled step: 4" in text
