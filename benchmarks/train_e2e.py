@@ -261,6 +261,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(f"What ran in one step of ours: {calls} ({g['layers']} layers); tuned kernel launches in the "
                  f"profiled step: {p['tuned_kernel_launches']}. SDPA path's attention kernels: "
                  + ", ".join(p["sdpa_attention_kernels"]) + ".")
+    ran = g["tuned_calls"].get("forward", 0)
+    if ran != g["layers"]:
+        lines.append(f"NOTE: the tuned forward ran in {ran} of {g['layers']} layers' calls: the rest took "
+                     "transformers' SDPA path, so the ratio is not the tuned path's (see explain()).")
     lines += ["", "explain() of a layer's call:", "", *("    " + x for x in result["explain"].splitlines())]
     return "\n".join(lines)
 

@@ -132,6 +132,9 @@ def test_markdown_names_the_ratio_the_worst_gradient_and_what_ran() -> None:
     assert "flash 6.00e-03 (lm_head.weight); cudnn does not run (No available kernel)" in text
     assert "backward cudnn x4, forward x4 (4 layers)" in text and "launches in the profiled step: 4" in text
     assert "    backward: SDPA cuDNN backward" in text and "vocab cut to 32000" in text
+    assert "NOTE" not in text
+    result["check"]["tuned_calls"] = {}  # every layer routed to SDPA: said, not hidden
+    assert "NOTE: the tuned forward ran in 0 of 4 layers' calls" in markdown(result)
 
 
 def test_gradient_check_switches_one_model_and_counts_the_tuned_calls(fake_cuda_kernels) -> None:  # noqa: F811
