@@ -10,8 +10,9 @@
 // The main kernel keeps its K and V tiles in shared memory and loops over the query tiles (BLOCK_M rows: Q, dO,
 // lse and delta through a STAGES-deep cp.async ring) of every query head of its K/V head's GQA group whose rows see
 // some of its keys. Each consumer warpgroup owns 64 keys (the M of every wgmma but dQ's) and per tile computes
-// S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q and its keys' share of dQ = dS K, added to the fp32 accumulator
-// with atomics (attn_bwd_wgmma/tile.h). dK (times the scale) and dV go out once at the end, from registers.
+// S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q, stores dS^T to shared memory, and computes its share of the
+// tile's dQ = dS K over all BN keys, added to the fp32 accumulator with vector reductions (attn_bwd_wgmma/tile.h).
+// dK (times the scale) and dV go out once at the end, from registers.
 //
 // GQA as the sm_80 template: a CTA per K/V head loops over its group, dK and dV summed in registers (no fp32
 // dK/dV buffers or atomics, deterministic). Causal masking is bottom-right aligned (query i at key position
@@ -89,10 +90,10 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
   else
     cp_async_commit();
 
-  // The warpgroup's K and V rows: K-major for S^T and dP^T; K MN-major for dQ; its dS^T tile MN-major.
+  // The warpgroup's K and V rows K-major for S^T and dP^T; the whole K tile MN-major for dQ, and the dS^T tiles.
   const uint32_t k_rows = smem_u32(sm.k()) + wg * 64 * 128, v_rows = smem_u32(sm.v()) + wg * 64 * 128;
-  const uint64_t kd = kmajor(k_rows), vd = kmajor(v_rows), kd_mn = mnmajor(k_rows, C::BN);
-  const uint64_t dsd = mnmajor(smem_u32(sm.ds(wg)), 64);
+  const uint64_t kd = kmajor(k_rows), vd = kmajor(v_rows), kd_mn = mnmajor(smem_u32(sm.k()), C::BN);
+  const uint64_t dsd = mnmajor(smem_u32(sm.ds(0)), 64);
   float dk[C::D / 2], dv[C::D / 2];
 #pragma unroll
   for (int i = 0; i < C::D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -100,7 +101,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
 
   // Barriers per tile: one at its start (every warpgroup is past the previous tile: its ring slot, the one the
   // prefetch below refills, and the dS^T tiles are free), one after its loads landed (and were fenced for wgmma's
-  // async proxy); a named one per warpgroup between its dS^T stores and dQ's wgmmas.
+  // async proxy); one more between the dS^T stores and dQ's wgmmas, which read every warpgroup's dS^T.
   for (int it = 0; it < n_iters; ++it) {
     const QueryTile qt = query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
     __syncthreads();
@@ -131,14 +132,18 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     p_and_ds<C>(s, dp, sm.lse(st), sm.delta(st), partial, key0, q_pos0, a.sk, scale_log2);
     store_ds<C>(sm.ds(wg), dp, warp_wg, lane);
 
-    fence_regs<C::D / 2>(dk);
-    fence_regs<C::D / 2>(dv);
-    wgmma_fence();
-    issue_dkdv<C>(dk, dv, s, dp, mnmajor(q_s, C::BM), mnmajor(do_s, C::BM));
-    wgmma_commit();
     fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
-    named_sync(1 + wg, 128);
-    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D, qt.m0, a.sq, warp_wg, lane);
+    named_sync(1, C::THREADS);  // every warpgroup's dS^T: dQ's blocks read all of them
+    // dQ's first block, then dK and dV's wgmmas, in flight while that block's reductions go out (tile_dq).
+    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D, qt.m0, a.sq, wg, warp_wg,
+               lane, [&] {
+                 wgmma_fence();
+                 issue_dkdv<C>(dk, dv, s, dp, mnmajor(q_s, C::BM), mnmajor(do_s, C::BM));
+                 wgmma_commit();
+               });
+    // dK and dV's wgmmas, which read this tile's Q and dO ring slot (the next tile's prefetch refills it). Waited
+    // for here, not at the next tile's start: across the loop's back edge ptxas serialised every wgmma (C7515).
+    wgmma_wait<0>();
     fence_regs<C::D / 2>(dk);
     fence_regs<C::D / 2>(dv);
   }

@@ -26,6 +26,7 @@ struct BwdWgmmaConfig {
 
   static constexpr int NWG = BN / 64;  // consumer warpgroups, 64 keys each
   static constexpr int THREADS = NWG * 128;
+  static constexpr int DQ_BLOCKS = BM / 64 * (D / 64);  // a query tile's 64 x 64 blocks of dQ, shared by the NWG
 
   // Shared tiles, 16-bit, in the 128-byte swizzle wgmma reads (column blocks of 64 elements, each R rows x 128
   // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8)); every tile a multiple of 1024 bytes, so each swizzle
@@ -47,6 +48,7 @@ struct BwdWgmmaConfig {
   static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");
   static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
   static_assert(STAGES == 1 || STAGES == 2, "1 or 2 cp.async stages");
+  static_assert(DQ_BLOCKS % NWG == 0, "dQ's 64 x 64 blocks shared evenly by the warpgroups");
 
   // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
   static constexpr int AUX_THREADS = 128;

@@ -2,8 +2,9 @@
 //   S^T = K Q^T, dP^T = V dO^T        (SS: both K-major from the swizzled tiles)
 //   P^T = exp2(S^T scale_log2 - lse_log2), dS^T = P^T (dP^T - delta)   (registers)
 //   dV += P^T dO, dK += dS^T Q        (RS: P^T and dS^T from registers, dO and Q read MN-major)
-//   dQ += dS K                        (SS: dS^T stored to shared memory, read MN-major as A; K read MN-major as B;
-//                                      64 x 64 blocks, added to dq_accum with fp32 atomics)
+//   dQ += dS K                        (SS: every warpgroup's dS^T stored to shared memory, read MN-major as A; K
+//                                      read MN-major as B; the CTA's 64 x 64 blocks shared by the warpgroups,
+//                                      added to dq_accum with fp32 vector reductions)
 // Accumulator element e of a 64 x N wgmma tile held by a thread: 8-column block e / 4, row half (e / 2) % 2
 // (+8 rows), column pair e % 2; rows warp * 16 + lane / 4 (warp within the warpgroup), columns 2 (lane % 4).
 #pragma once
@@ -98,38 +99,44 @@ __device__ __forceinline__ void issue_dkdv(float* dk, float* dv, const float* p,
     Wgmma<C::D>::template rs<C::BF16>(dk, da[kk], desc_advance(qd, kk * 16 * 128), 1);
 }
 
-// dQ[m0 .., :] += dS K over the warpgroup's 64 keys, in 64 x 64 blocks (query half mh, column block c): A from
-// the dS^T tile MN-major (`dsd`), B from the K rows MN-major (`kd`, column blocks BN rows apart). Waits for every
-// wgmma of the warpgroup (dK and dV's too). dq_rows: the (batch, head)'s dq_accum rows.
-template <class C>
-__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, int m0, int sq, int warp_wg,
-                                        int lane) {
+// dQ[m0 .., :] += dS K over the CTA's BN keys, in 64 x 64 blocks (query half mh, column block c) shared by the
+// warpgroups: block i * NWG + wg is this warpgroup's i-th (DQ_BLOCKS % NWG == 0, the manifest's constraint), so
+// each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
+// warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
+// MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
+// reductions. `after_first`: issued right after the first block's wgmmas (dK and dV's), so that they run while
+// that block's reductions go out: the first block waits with one group still in flight, the later ones for all.
+template <class C, class AfterFirst>
+__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, int m0, int sq, int wg,
+                                        int warp_wg, int lane, AfterFirst&& after_first) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int mh = 0; mh < C::BM / 64; ++mh)
+  for (int i = 0; i < C::DQ_BLOCKS / C::NWG; ++i) {
+    const int blk = i * C::NWG + wg, mh = blk / (C::D / 64), c = blk % (C::D / 64);
+    float acc[32];
+    wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < C::D / 64; ++c) {
-      float acc[32];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        Wgmma<64>::template ss<C::BF16, 1, 1>(acc, desc_advance(dsd, mh * 64 * 128 + kk * 16 * 128),
-                                              desc_advance(kd, c * C::BN * 128 + kk * 16 * 128), kk > 0);
-      wgmma_commit();
+    for (int kk = 0; kk < C::BN / 16; ++kk)
+      Wgmma<64>::template ss<C::BF16, 1, 1>(
+          acc, desc_advance(dsd, (kk / 4) * C::DS_BYTES + mh * 64 * 128 + (kk % 4) * 16 * 128),
+          desc_advance(kd, c * C::BN * 128 + kk * 16 * 128), kk > 0);
+    wgmma_commit();
+    if (i == 0) {
+      after_first();
+      wgmma_wait<1>();
+    } else {
       wgmma_wait<0>();
-      fence_regs<32>(acc);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + mh * 64 + warp_wg * 16 + g + 8 * h;
-        if (row >= sq) continue;
-        float* dst = dq_rows + (long long)row * C::D + c * 64 + 2 * t;
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb) {
-          atomicAdd(dst + nb * 8, acc[nb * 4 + 2 * h]);
-          atomicAdd(dst + nb * 8 + 1, acc[nb * 4 + 2 * h + 1]);
-        }
-      }
     }
+    fence_regs<32>(acc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + mh * 64 + warp_wg * 16 + g + 8 * h;
+      if (row >= sq) continue;
+      float* dst = dq_rows + (long long)row * C::D + c * 64 + 2 * t;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) red_add_v2(dst + nb * 8, acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+    }
+  }
 }
 
 }  // namespace fc

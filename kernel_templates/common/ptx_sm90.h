@@ -125,4 +125,10 @@ __device__ __forceinline__ uint64_t opaque(uint64_t x) {
   return y;
 }
 
+// dst[0] += a, dst[1] += b in global memory, one vector reduction (sm_90: red.global.add.v2.f32; dst 8-byte
+// aligned): half the instructions of two scalar atomicAdds whose results are unused.
+__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
 }  // namespace fc
