@@ -104,6 +104,8 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
   // async proxy); one more between the dS^T stores and dQ's wgmmas, which read every warpgroup's dS^T.
   for (int it = 0; it < n_iters; ++it) {
     const QueryTile qt = query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
+    // DQ_BULK: the previous tile's bulk reductions have read their staging tiles (written again below).
+    if constexpr (C::DQ_BULK) bulk_wait_read<0>();
     __syncthreads();
     int st = 0;
     if constexpr (C::STAGES == 2) {
@@ -135,8 +137,8 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
     named_sync(1, C::THREADS);  // every warpgroup's dS^T: dQ's blocks read all of them
     // dQ's first block, then dK and dV's wgmmas, in flight while that block's reductions go out (tile_dq).
-    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D, qt.m0, a.sq, wg, warp_wg,
-               lane, [&] {
+    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
+               sm.dq_stage(wg * (C::DQ_BLOCKS / C::NWG)), qt.m0, a.sq, wg, warp_wg, lane, [&] {
                  wgmma_fence();
                  issue_dkdv<C>(dk, dv, s, dp, mnmajor(q_s, C::BM), mnmajor(do_s, C::BM));
                  wgmma_commit();
@@ -148,6 +150,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     fence_regs<C::D / 2>(dv);
   }
   cp_async_wait<0>();
+  if constexpr (C::DQ_BULK) bulk_wait<0>();  // the shared staging tiles stay valid until the reductions are done
 
   acc_to_global<C>(static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh, a.dk_ss, dk, a.scale, key0, a.sk);
   acc_to_global<C>(static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh, a.dv_ss, dv, 1.f, key0, a.sk);

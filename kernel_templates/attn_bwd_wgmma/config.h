@@ -12,7 +12,7 @@
 
 namespace fc {
 
-template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool CAUSAL_>
+template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool DQ_BULK_, bool CAUSAL_>
 struct BwdWgmmaConfig {
   using T = T_;
   static constexpr bool BF16 = std::is_same<T_, __nv_bfloat16>::value;
@@ -21,6 +21,9 @@ struct BwdWgmmaConfig {
   static constexpr int BN = BLOCK_N_;  // keys per CTA
   static constexpr int STAGES = STAGES_;  // cp.async buffers of the Q / dO / lse / delta tiles
   static constexpr bool CAUSAL = CAUSAL_;
+  // dQ's blocks reduced into dq_accum by the TMA unit (cp.reduce.async.bulk, a row of 64 fp32 per instruction,
+  // from a staging tile in shared memory), else by each thread's vector reductions from registers.
+  static constexpr bool DQ_BULK = DQ_BULK_;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 
@@ -41,8 +44,13 @@ struct BwdWgmmaConfig {
   static constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
   static constexpr int OFF_LSE = OFF_DS + NWG * DS_BYTES;
   static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
+  // DQ_BULK: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
+  // stores to 8 rows hit distinct banks; each row 16-byte aligned for the bulk copy).
+  static constexpr int DQS_STRIDE = 72;
+  static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
+  static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
   // 1024 bytes of slack: the dynamic shared window is aligned up to 1024 in the kernel.
-  static constexpr int SMEM_BYTES = 1024 + OFF_DELTA + STAGES * BM * 4;  // = the manifest's smem_bytes
+  static constexpr int SMEM_BYTES = 1024 + OFF_DQS + (DQ_BULK ? DQ_BLOCKS * DQS_BYTES : 0);  // = the manifest's
 
   static_assert(BN % 64 == 0 && BN <= 192, "64 keys per consumer warpgroup, at most 3");
   static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");

@@ -20,14 +20,21 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // Rows row0 .. row0 + ROWS of a [rows, D] global matrix (row stride `stride`, elements) into a swizzled tile;
-// rows at or past `n` zero-filled (the source address then stays in bounds: row 0).
+// rows at or past `n` zero-filled (the source address then stays in bounds: row 0). Thread i copies chunk
+// i % CHUNKS of rows i / CHUNKS + j * RSTEP: RSTEP is a multiple of 8, so every copy's swizzled offset is the first
+// one's plus j * RSTEP rows (the loop unrolled, no address arithmetic per chunk beyond two adds).
 template <class C, int ROWS>
 __device__ __forceinline__ void load_rows(uint8_t* tile, const typename C::T* src, long long stride, int row0, int n) {
   constexpr int CHUNKS = C::D / 8;
-  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += C::THREADS) {
-    const int r = i / CHUNKS, c = i % CHUNKS;
-    const bool valid = row0 + r < n;
-    cp_async_16(tile + sw128_offset(r, c, ROWS), src + (valid ? (long long)(row0 + r) * stride : 0) + c * 8, valid);
+  constexpr int RSTEP = C::THREADS / CHUNKS;
+  static_assert(C::THREADS % CHUNKS == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole swizzle rows per step");
+  const int r0 = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+  uint8_t* dst = tile + sw128_offset(r0, c, ROWS);
+  const typename C::T* from = src + (long long)(row0 + r0) * stride + c * 8;
+#pragma unroll
+  for (int j = 0; j < ROWS / RSTEP; ++j) {
+    const bool valid = row0 + r0 + j * RSTEP < n;
+    cp_async_16(dst + j * RSTEP * 128, valid ? from + j * RSTEP * stride : src, valid);
   }
 }
 
@@ -43,6 +50,9 @@ struct WgSmem {
   __device__ __forceinline__ float* lse(int st) const { return reinterpret_cast<float*>(base + C::OFF_LSE) + st * C::BM; }
   __device__ __forceinline__ float* delta(int st) const {
     return reinterpret_cast<float*>(base + C::OFF_DELTA) + st * C::BM;
+  }
+  __device__ __forceinline__ float* dq_stage(int blk) const {
+    return reinterpret_cast<float*>(base + C::OFF_DQS + blk * C::DQS_BYTES);
   }
 };
 

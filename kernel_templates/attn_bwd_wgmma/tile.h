@@ -99,16 +99,38 @@ __device__ __forceinline__ void issue_dkdv(float* dk, float* dv, const float* p,
     Wgmma<C::D>::template rs<C::BF16>(dk, da[kk], desc_advance(qd, kk * 16 * 128), 1);
 }
 
+// A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
+// unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
+// fp32 per row, issued by the warpgroup's first 64 threads. The staging tile is written again only after the
+// issuing threads' bulk_wait_read (the next tile's start, before its CTA barrier).
+template <class C>
+__device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, const float* acc, int rows, int wg,
+                                                  int warp_wg, int g, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + nb * 8 + 2 * t) =
+          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+  fence_proxy_async();  // the generic stores, before the bulk copy reads them
+  named_sync(2 + wg, 128);
+  const int r = threadIdx.x % 128;
+  if (r < 64 && r < rows) {
+    bulk_reduce_add_f32(dst + r * C::D, stage + r * C::DQS_STRIDE, 64 * 4);
+    bulk_commit();
+  }
+}
+
 // dQ[m0 .., :] += dS K over the CTA's BN keys, in 64 x 64 blocks (query half mh, column block c) shared by the
 // warpgroups: block i * NWG + wg is this warpgroup's i-th (DQ_BLOCKS % NWG == 0, the manifest's constraint), so
 // each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
 // MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
-// reductions. `after_first`: issued right after the first block's wgmmas (dK and dV's), so that they run while
+// reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile). `after_first`: issued right after the first block's wgmmas (dK and dV's), so that they run while
 // that block's reductions go out: the first block waits with one group still in flight, the later ones for all.
 template <class C, class AfterFirst>
-__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, int m0, int sq, int wg,
-                                        int warp_wg, int lane, AfterFirst&& after_first) {
+__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int m0, int sq,
+                                        int wg, int warp_wg, int lane, AfterFirst&& after_first) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < C::DQ_BLOCKS / C::NWG; ++i) {
@@ -128,13 +150,18 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
       wgmma_wait<0>();
     }
     fence_regs<32>(acc);
+    float* dst = dq_rows + (long long)(m0 + mh * 64) * C::D + c * 64;  // the block's first row
+    if constexpr (C::DQ_BULK) {
+      reduce_block_bulk<C>(dst, stage + i * C::DQS_BYTES / 4, acc, sq - (m0 + mh * 64), wg, warp_wg, g, t);
+    } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + mh * 64 + warp_wg * 16 + g + 8 * h;
-      if (row >= sq) continue;
-      float* dst = dq_rows + (long long)row * C::D + c * 64 + 2 * t;
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_wg * 16 + g + 8 * h;
+        if (m0 + mh * 64 + r >= sq) continue;
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) red_add_v2(dst + nb * 8, acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+        for (int nb = 0; nb < 8; ++nb)
+          red_add_v2(dst + r * C::D + nb * 8 + 2 * t, acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+      }
     }
   }
 }
