@@ -121,26 +121,37 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     __syncthreads();
 
     const uint32_t q_s = smem_u32(sm.q(st)), do_s = smem_u32(sm.dout(st));
+    // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
     float s[C::BM / 2], dp[C::BM / 2];
+    uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
     wgmma_fence();
-    issue_sdp<C>(s, dp, kd, vd, kmajor(q_s), kmajor(do_s));
+    issue_scores<C>(s, kd, kmajor(q_s));
     wgmma_commit();
-    wgmma_wait<0>();
+    issue_scores<C>(dp, vd, kmajor(do_s));
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_regs<C::BM / 2>(s);
-    fence_regs<C::BM / 2>(dp);
 
     const int q_pos0 = qt.m0 + diag;
     const bool partial = C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, a.sk);
-    p_and_ds<C>(s, dp, sm.lse(st), sm.delta(st), partial, key0, q_pos0, a.sk, scale_log2);
+    p_tile<C>(s, sm.lse(st), partial, key0, q_pos0, a.sk, scale_log2);
+    pack_a<C>(pa, s);
+    wgmma_fence();
+    issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
+    fence_regs<C::BM / 2>(dp);
+    ds_tile<C>(dp, s, sm.delta(st));
     store_ds<C>(sm.ds(wg), dp, warp_wg, lane);
+    pack_a<C>(da, dp);
 
     fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
     named_sync(1, C::THREADS);  // every warpgroup's dS^T: dQ's blocks read all of them
-    // dQ's first block, then dK and dV's wgmmas, in flight while that block's reductions go out (tile_dq).
+    // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).
     tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
                sm.dq_stage(wg * (C::DQ_BLOCKS / C::NWG)), qt.m0, a.sq, wg, warp_wg, lane, [&] {
                  wgmma_fence();
-                 issue_dkdv<C>(dk, dv, s, dp, mnmajor(q_s, C::BM), mnmajor(do_s, C::BM));
+                 issue_grad<C>(dk, da, mnmajor(q_s, C::BM));
                  wgmma_commit();
                });
     // dK and dV's wgmmas, which read this tile's Q and dO ring slot (the next tile's prefetch refills it). Waited

@@ -23,44 +23,47 @@ namespace fc {
 __device__ __forceinline__ uint64_t kmajor(uint32_t addr) { return make_desc<128>(addr, 16, 1024); }
 __device__ __forceinline__ uint64_t mnmajor(uint32_t addr, int rows) { return make_desc<128>(addr, rows * 128, 1024); }
 
-// S^T and dP^T of the tile: D / 16 steps each along the head dim. `kd`, `vd`: K-major descriptors of the
-// warpgroup's K and V rows (in tiles of BN rows); `qd`, `dod`: of the stage's Q and dO tiles (BM rows).
+// S^T (or dP^T) of the tile: D / 16 steps along the head dim. `kd`: K-major descriptor of the warpgroup's K (or V)
+// rows (in tiles of BN rows); `qd`: of the stage's Q (or dO) tile (BM rows).
 template <class C>
-__device__ __forceinline__ void issue_sdp(float* s, float* dp, uint64_t kd, uint64_t vd, uint64_t qd, uint64_t dod) {
+__device__ __forceinline__ void issue_scores(float* s, uint64_t kd, uint64_t qd) {
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
     const uint32_t cb = kk / 4, off = (kk % 4) * 32;  // column block, bytes into its 128-byte row
     Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance(kd, cb * C::BN * 128 + off),
                                           desc_advance(qd, cb * C::BM * 128 + off), kk > 0);
   }
-#pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk) {
-    const uint32_t cb = kk / 4, off = (kk % 4) * 32;
-    Wgmma<C::BM>::template ss<C::BF16, 0>(dp, desc_advance(vd, cb * C::BN * 128 + off),
-                                          desc_advance(dod, cb * C::BM * 128 + off), kk > 0);
-  }
 }
 
-// S^T -> P^T and dP^T -> dS^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the
-// key-aligned position of query column 0; slse, sdelta: the tile's BM lse_log2 (+inf past Sq or for a row that
-// sees no key: P = 0) and delta values. dS is the gradient of the raw scores (the softmax scale is applied to dK
-// at the end and to dQ by the conversion kernel).
+// S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
+// query column 0; slse: the tile's BM lse_log2 values (+inf past Sq or for a row that sees no key: P = 0).
 template <class C>
-__device__ __forceinline__ void p_and_ds(float* s, float* dp, const float* slse, const float* sdelta, bool partial,
-                                         int key0, int q_pos0, int sk, float scale_log2) {
+__device__ __forceinline__ void p_tile(float* s, const float* slse, bool partial, int key0, int q_pos0, int sk,
+                                       float scale_log2) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int nb = 0; nb < C::BM / 8; ++nb) {
     const float2 l = *reinterpret_cast<const float2*>(slse + nb * 8 + 2 * t);
-    const float2 d = *reinterpret_cast<const float2*>(sdelta + nb * 8 + 2 * t);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = nb * 4 + i;
       float p = fast_exp2(fmaf(s[e], scale_log2, -(i % 2 ? l.y : l.x)));
       if (partial && C::Keys::hidden(key0 + (i / 2) * 8, q_pos0 + nb * 8 + 2 * t + i % 2, sk)) p = 0.f;
       s[e] = p;
-      dp[e] = p * (dp[e] - (i % 2 ? d.y : d.x));
     }
+  }
+}
+
+// dP^T -> dS^T = P^T (dP^T - delta) in place; sdelta: the tile's BM delta values. dS is the gradient of the raw
+// scores (the softmax scale is applied to dK at the end and to dQ by the conversion kernel).
+template <class C>
+__device__ __forceinline__ void ds_tile(float* dp, const float* p, const float* sdelta) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int nb = 0; nb < C::BM / 8; ++nb) {
+    const float2 d = *reinterpret_cast<const float2*>(sdelta + nb * 8 + 2 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dp[nb * 4 + i] = p[nb * 4 + i] * (dp[nb * 4 + i] - (i % 2 ? d.y : d.x));
   }
 }
 
@@ -78,25 +81,22 @@ __device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int war
     }
 }
 
-// dV += P^T dO and dK += dS^T Q, BM / 16 steps along the queries each; A fragments from the accumulators (as the
-// forward packs P). `qd`, `dod`: MN-major descriptors of the stage's Q and dO tiles.
+// A fragments of P^T or dS^T (rounded to T) from the accumulators, as the forward packs P: k-step kk of the
+// product is columns 16kk .. 16kk + 15 of the tile.
 template <class C>
-__device__ __forceinline__ void issue_dkdv(float* dk, float* dv, const float* p, const float* ds, uint64_t qd,
-                                           uint64_t dod) {
-  uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
+__device__ __forceinline__ void pack_a(uint32_t (*a)[4], const float* x) {
 #pragma unroll
   for (int kk = 0; kk < C::BM / 16; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      pa[kk][r] = pack2<typename C::T>(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
-      da[kk][r] = pack2<typename C::T>(ds[8 * kk + 2 * r], ds[8 * kk + 2 * r + 1]);
-    }
+    for (int r = 0; r < 4; ++r) a[kk][r] = pack2<typename C::T>(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
+}
+
+// dV += P^T dO (or dK += dS^T Q), BM / 16 steps along the queries; `a`: P^T's (dS^T's) A fragments; `dod`:
+// MN-major descriptor of the stage's dO (Q) tile.
+template <class C>
+__device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], uint64_t dod) {
 #pragma unroll
-  for (int kk = 0; kk < C::BM / 16; ++kk)
-    Wgmma<C::D>::template rs<C::BF16>(dv, pa[kk], desc_advance(dod, kk * 16 * 128), 1);
-#pragma unroll
-  for (int kk = 0; kk < C::BM / 16; ++kk)
-    Wgmma<C::D>::template rs<C::BF16>(dk, da[kk], desc_advance(qd, kk * 16 * 128), 1);
+  for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<C::D>::template rs<C::BF16>(acc, a[kk], desc_advance(dod, kk * 16 * 128), 1);
 }
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
