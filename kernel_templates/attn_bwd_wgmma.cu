@@ -99,26 +99,27 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
   for (int i = 0; i < C::D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float scale_log2 = a.scale * LOG2E;
 
-  // Barriers per tile: one at its start (every warpgroup is past the previous tile: its ring slot, the one the
-  // prefetch below refills, and the dS^T tiles are free), one after its loads landed (and were fenced for wgmma's
-  // async proxy); one more between the dS^T stores and dQ's wgmmas, which read every warpgroup's dS^T.
+  // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
+  // every warpgroup is then past the previous tile, so the other ring slot (refilled by the prefetch right after it)
+  // and the dS^T tiles are free. One more between the dS^T stores and dQ's wgmmas, which read every warpgroup's.
+  const int m_first = m_begin * C::BM, m_end = (m_begin + n_m) * C::BM;
+  QueryTile qt = query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM);
   for (int it = 0; it < n_iters; ++it) {
-    const QueryTile qt = query_tile(it, hk, a.h_per_kv, m_begin, n_m, C::BM);
-    // DQ_BULK: the previous tile's bulk reductions have read their staging tiles (written again below).
-    if constexpr (C::DQ_BULK) bulk_wait_read<0>();
-    __syncthreads();
-    int st = 0;
+    const QueryTile next = next_query_tile(qt, m_first, m_end, C::BM);
+    const int st = C::STAGES == 2 ? it % 2 : 0;
     if constexpr (C::STAGES == 2) {
-      st = it % 2;
-      load_query_tile<C>(sm, a, b, query_tile(it + 1, hk, a.h_per_kv, m_begin, n_m, C::BM), (it + 1) % 2, sq_pad,
-                         it + 1 < n_iters);
-      cp_async_wait<1>();
+      cp_async_wait<0>();  // this tile's group (prefetched during the previous one, or before the loop)
     } else {
+      __syncthreads();  // every warpgroup is past the previous tile: the one slot is free
       load_query_tile<C>(sm, a, b, qt, 0, sq_pad, true);
       cp_async_wait<0>();
     }
     fence_proxy_async();
+    // DQ_BULK: the previous tile's bulk reductions have read their staging tiles (written again in this one).
+    if constexpr (C::DQ_BULK) bulk_wait_read<0>();
     __syncthreads();
+    if constexpr (C::STAGES == 2)
+      load_query_tile<C>(sm, a, b, next, (it + 1) % 2, sq_pad, it + 1 < n_iters);
 
     const uint32_t q_s = smem_u32(sm.q(st)), do_s = smem_u32(sm.dout(st));
     // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
@@ -129,19 +130,21 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     wgmma_commit();
     issue_scores<C>(dp, vd, kmajor(do_s));
     wgmma_commit();
+    const Cols<C> lse = Cols<C>::at(sm.lse(st));
     wgmma_wait<1>();
     fence_regs<C::BM / 2>(s);
 
     const int q_pos0 = qt.m0 + diag;
     const bool partial = C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, a.sk);
-    p_tile<C>(s, sm.lse(st), partial, key0, q_pos0, a.sk, scale_log2);
+    p_tile<C>(s, lse, partial, key0, q_pos0, a.sk, scale_log2);
     pack_a<C>(pa, s);
     wgmma_fence();
     issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
     wgmma_commit();
+    const Cols<C> delta = Cols<C>::at(sm.delta(st));
     wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
     fence_regs<C::BM / 2>(dp);
-    ds_tile<C>(dp, s, sm.delta(st));
+    ds_tile<C>(dp, s, delta);
     store_ds<C>(sm.ds(wg), dp, warp_wg, lane);
     pack_a<C>(da, dp);
 
@@ -159,6 +162,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
     wgmma_wait<0>();
     fence_regs<C::D / 2>(dk);
     fence_regs<C::D / 2>(dv);
+    qt = next;
   }
   cp_async_wait<0>();
   if constexpr (C::DQ_BULK) bulk_wait<0>();  // the shared staging tiles stay valid until the reductions are done

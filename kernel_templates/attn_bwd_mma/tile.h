@@ -38,6 +38,11 @@ struct QueryTile {
 __device__ __forceinline__ QueryTile query_tile(int it, int hk, int h_per_kv, int m_begin, int n_m, int bm) {
   return QueryTile{hk * h_per_kv + it / n_m, (m_begin + it % n_m) * bm};
 }
+// The step after `q` (query_tile(it + 1, ...) from query_tile(it, ...), without a division): the next tile of the
+// head, or the next head's first. m_first, m_end: the first row of tile m_begin, and of tile m_begin + n_m.
+__device__ __forceinline__ QueryTile next_query_tile(QueryTile q, int m_first, int m_end, int bm) {
+  return q.m0 + bm < m_end ? QueryTile{q.h, q.m0 + bm} : QueryTile{q.h + 1, m_first};
+}
 
 // Scores of S^T the query does not see set to -inf: key0 is the warp's first key, q_pos0 the key-aligned position
 // of the tile's query column 0. Each column's bounds (first, end) are computed once (KeyWindow, as warp_mask does

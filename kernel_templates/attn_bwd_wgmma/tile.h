@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "../attn_fwd_wgmma/wgmma_generated.h"
 #include "../common/ptx_sm90.h"
 #include "../common/utils.h"
@@ -35,15 +37,37 @@ __device__ __forceinline__ void issue_scores(float* s, uint64_t kd, uint64_t qd)
   }
 }
 
-// S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
-// query column 0; slse: the tile's BM lse_log2 values (+inf past Sq or for a row that sees no key: P = 0).
+// The thread's query columns' values of a per-column tile vector (lse_log2 or delta): columns 2t, 2t + 1 of each 8.
+// BM 64: read into registers when made (before the wgmma wait whose result they meet, so the loads' latency hides
+// under it); BM 128: read from shared memory where used (32 more registers spilled).
 template <class C>
-__device__ __forceinline__ void p_tile(float* s, const float* slse, bool partial, int key0, int q_pos0, int sk,
-                                       float scale_log2) {
+struct RegCols {
+  float2 v[C::BM / 8];
+  __device__ __forceinline__ static RegCols at(const float* values) {
+    RegCols c;
+#pragma unroll
+    for (int nb = 0; nb < C::BM / 8; ++nb) c.v[nb] = *reinterpret_cast<const float2*>(values + nb * 8 + 2 * (threadIdx.x % 4));
+    return c;
+  }
+  __device__ __forceinline__ float2 operator[](int nb) const { return v[nb]; }
+};
+struct SmemCols {
+  const float* p;
+  __device__ __forceinline__ static SmemCols at(const float* values) { return SmemCols{values + 2 * (threadIdx.x % 4)}; }
+  __device__ __forceinline__ float2 operator[](int nb) const { return *reinterpret_cast<const float2*>(p + nb * 8); }
+};
+template <class C>
+using Cols = std::conditional_t<C::BM == 64, RegCols<C>, SmemCols>;
+
+// S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
+// query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
+template <class C>
+__device__ __forceinline__ void p_tile(float* s, const Cols<C>& lse, bool partial, int key0, int q_pos0,
+                                       int sk, float scale_log2) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int nb = 0; nb < C::BM / 8; ++nb) {
-    const float2 l = *reinterpret_cast<const float2*>(slse + nb * 8 + 2 * t);
+    const float2 l = lse[nb];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = nb * 4 + i;
@@ -54,14 +78,13 @@ __device__ __forceinline__ void p_tile(float* s, const float* slse, bool partial
   }
 }
 
-// dP^T -> dS^T = P^T (dP^T - delta) in place; sdelta: the tile's BM delta values. dS is the gradient of the raw
-// scores (the softmax scale is applied to dK at the end and to dQ by the conversion kernel).
+// dP^T -> dS^T = P^T (dP^T - delta) in place; delta: the thread's columns' (load_cols). dS is the gradient of the
+// raw scores (the softmax scale is applied to dK at the end and to dQ by the conversion kernel).
 template <class C>
-__device__ __forceinline__ void ds_tile(float* dp, const float* p, const float* sdelta) {
-  const int t = threadIdx.x % 4;
+__device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>& delta) {
 #pragma unroll
   for (int nb = 0; nb < C::BM / 8; ++nb) {
-    const float2 d = *reinterpret_cast<const float2*>(sdelta + nb * 8 + 2 * t);
+    const float2 d = delta[nb];
 #pragma unroll
     for (int i = 0; i < 4; ++i) dp[nb * 4 + i] = p[nb * 4 + i] * (dp[nb * 4 + i] - (i % 2 ? d.y : d.x));
   }
@@ -101,7 +124,7 @@ __device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], u
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
 // unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
-// fp32 per row, issued by the warpgroup's first 64 threads. The staging tile is written again only after the
+// fp32 per row, issued by each warp's lane 0 for its 16 rows. The staging tile is written again only after the
 // issuing threads' bulk_wait_read (the next tile's start, before its CTA barrier).
 template <class C>
 __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, const float* acc, int rows, int wg,
@@ -114,9 +137,13 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
           make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
   fence_proxy_async();  // the generic stores, before the bulk copy reads them
   named_sync(2 + wg, 128);
-  const int r = threadIdx.x % 128;
-  if (r < 64 && r < rows) {
-    bulk_reduce_add_f32(dst + r * C::D, stage + r * C::DQS_STRIDE, 64 * 4);
+  // One lane per warp issues the warp's 16 rows, from warp-uniform addresses (the warp index broadcast, so ptxas
+  // can prove it): per-lane addresses made ptxas loop over the lanes to move each to the uniform datapath.
+  const int w = __shfl_sync(0xffffffff, warp_wg, 0);
+  if (elect_one()) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (w * 16 + i < rows) bulk_reduce_add_f32(dst + (w * 16 + i) * C::D, stage + (w * 16 + i) * C::DQS_STRIDE, 256);
     bulk_commit();
   }
 }

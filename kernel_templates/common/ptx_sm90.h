@@ -131,6 +131,13 @@ __device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// True in one lane of the (converged) warp: elect.sync, so ptxas issues what it guards once, not per lane.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred = 0;
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(pred));
+  return pred != 0;
+}
+
 // dst[0 .. bytes / 4) += src[...] (fp32), shared to global, by the TMA unit (sm_90 bulk reduction; both 16-byte
 // aligned, bytes a multiple of 16), in this thread's current bulk group.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, int bytes) {
