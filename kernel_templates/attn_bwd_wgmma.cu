@@ -22,6 +22,7 @@
 #include "attn_bwd_mma/rows.h"
 #include "attn_bwd_mma/tile.h"
 #include "attn_bwd_wgmma/config.h"
+#include "attn_bwd_wgmma/consumer.h"
 #include "attn_bwd_wgmma/smem.h"
 #include "attn_bwd_wgmma/tile.h"
 #include "common/mask.h"
@@ -65,110 +66,109 @@ __device__ __forceinline__ void acc_to_global(typename C::T* dst, long long stri
   }
 }
 
+// PRODUCER: warpgroup 0 loads each query tile's Q and dO (TMA, rows past Sq zero-filled), lse_log2 and delta
+// (bulk copies) into a STAGES-deep ring, completing on q_full; the consumers release a slot on q_empty once the
+// tile's wgmmas are done. Launched by one elected thread.
 template <class C>
-__device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
+__device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a,
+                                        int b, QueryTile qt, int m_first, int m_end, int n_iters, int sq_pad) {
+  for (int it = 0; it < n_iters; ++it) {
+    const int st = it % C::STAGES;
+    if (it >= C::STAGES) mbar_wait(sm.q_empty(st), ((it / C::STAGES) & 1) ^ 1);
+    const uint32_t full = sm.q_full(st);
+    mbar_expect_tx(full, 2 * C::Q_BYTES + 2 * C::BM * 4);
+#pragma unroll
+    for (int cb = 0; cb < C::D / 64; ++cb) {
+      tma_load(smem_u32(sm.q(st)) + cb * C::BM * 128, &tq, full, cb * 64, qt.m0, qt.h, b);
+      tma_load(smem_u32(sm.dout(st)) + cb * C::BM * 128, &tdo, full, cb * 64, qt.m0, qt.h, b);
+    }
+    const long long at = ((long long)b * a.heads + qt.h) * sq_pad + qt.m0;
+    bulk_load(sm.lse(st), a.lse_log2 + at, C::BM * 4, full);
+    bulk_load(sm.delta(st), a.delta + at, C::BM * 4, full);
+    qt = next_query_tile(qt, m_first, m_end, C::BM);
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a) {
   using T = typename C::T;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgSmem<C> sm{smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023)};
-  const int wg = threadIdx.x / 128, warp_wg = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  // (Not broadcast from lane 0 as the forward's: the uniform datapath's descriptors made BLOCK_M 128 spill.)
+  const int wg = threadIdx.x / 128;
+  const int cw = C::PRODUCER ? wg - 1 : wg;  // consumer warpgroup (-1: the producer)
   const int hk = blockIdx.y, b = blockIdx.z;
-  const int n0 = blockIdx.x * C::BN, diag = a.sk - a.sq;
+  const int n0 = blockIdx.x * C::BN;
   const int sq_pad = (a.sq + C::ROW_PAD - 1) / C::ROW_PAD * C::ROW_PAD;
-  const int key0 = n0 + wg * 64 + warp_wg * 16 + lane / 4;  // the thread's first key (and key0 + 8)
 
   // The query tiles whose rows see some of the keys, in each query head of the group.
-  const int2 rows = query_range<typename C::Keys, C::CAUSAL>(n0, min(n0 + C::BN, a.sk), diag, a.sq);
+  const int2 rows = query_range<typename C::Keys, C::CAUSAL>(n0, min(n0 + C::BN, a.sk), a.sk - a.sq, a.sq);
   const int m_begin = rows.x / C::BM;
   const int n_m = rows.y > rows.x ? (rows.y + C::BM - 1) / C::BM - m_begin : 0;
   const int n_iters = n_m * a.h_per_kv;
+  const int m_first = m_begin * C::BM, m_end = (m_begin + n_m) * C::BM;
+  QueryTile qt = query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM);
 
   load_rows<C, C::BN>(sm.k(), static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh, a.k_ss, n0, a.sk);
   load_rows<C, C::BN>(sm.v(), static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh, a.v_ss, n0, a.sk);
-  if constexpr (C::STAGES == 2)
-    load_query_tile<C>(sm, a, b, query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM), 0, sq_pad,
-                       n_iters > 0);
-  else
+  if constexpr (C::PRODUCER) {
+    if (threadIdx.x == 0) sm.init_barriers();
     cp_async_commit();
+  } else if constexpr (C::STAGES == 2) {
+    load_query_tile<C>(sm, a, b, qt, 0, sq_pad, n_iters > 0);
+  } else {
+    cp_async_commit();
+  }
+  if constexpr (C::PRODUCER) {
+    cp_async_wait<0>();  // K and V
+    fence_proxy_async();
+    __syncthreads();
+    if (cw < 0) {
+      if constexpr (C::NWG > 1) setmaxnreg_dec<C::PRODUCER_REGS>();
+      if (threadIdx.x < 32 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters, sq_pad);
+      return;
+    }
+    if constexpr (C::NWG > 1) setmaxnreg_inc<C::CONSUMER_REGS>();
+  }
 
-  // The warpgroup's K and V rows K-major for S^T and dP^T; the whole K tile MN-major for dQ, and the dS^T tiles.
-  const uint32_t k_rows = smem_u32(sm.k()) + wg * 64 * 128, v_rows = smem_u32(sm.v()) + wg * 64 * 128;
-  const uint64_t kd = kmajor(k_rows), vd = kmajor(v_rows), kd_mn = mnmajor(smem_u32(sm.k()), C::BN);
-  const uint64_t dsd = mnmajor(smem_u32(sm.ds(0)), 64);
+  const KeyBlock kb = key_block<C>(sm, n0, cw);
   float dk[C::D / 2], dv[C::D / 2];
 #pragma unroll
   for (int i = 0; i < C::D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float scale_log2 = a.scale * LOG2E;
 
-  // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
-  // every warpgroup is then past the previous tile, so the other ring slot (refilled by the prefetch right after it)
-  // and the dS^T tiles are free. One more between the dS^T stores and dQ's wgmmas, which read every warpgroup's.
-  const int m_first = m_begin * C::BM, m_end = (m_begin + n_m) * C::BM;
-  QueryTile qt = query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM);
   for (int it = 0; it < n_iters; ++it) {
     const QueryTile next = next_query_tile(qt, m_first, m_end, C::BM);
-    const int st = C::STAGES == 2 ? it % 2 : 0;
-    if constexpr (C::STAGES == 2) {
-      cp_async_wait<0>();  // this tile's group (prefetched during the previous one, or before the loop)
+    if constexpr (C::PRODUCER) {
+      // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
+      // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.
+      const int st = it % C::STAGES;
+      mbar_wait(sm.q_full(st), (it / C::STAGES) & 1);
+      consume_tile<C>(sm, a, kb, b, qt, st, sm.ds(0) + (it % 2) * C::NWG * C::DS_BYTES, scale_log2, dk, dv);
+      if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(st));
     } else {
-      __syncthreads();  // every warpgroup is past the previous tile: the one slot is free
-      load_query_tile<C>(sm, a, b, qt, 0, sq_pad, true);
-      cp_async_wait<0>();
+      // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
+      // every warpgroup is then past the previous tile, so the other ring slot (refilled by the prefetch right
+      // after it) and the dS^T tiles are free.
+      if constexpr (C::STAGES == 2) {
+        cp_async_wait<0>();  // this tile's group (prefetched during the previous one, or before the loop)
+      } else {
+        __syncthreads();  // every warpgroup is past the previous tile: the one slot is free
+        load_query_tile<C>(sm, a, b, qt, 0, sq_pad, true);
+        cp_async_wait<0>();
+      }
+      fence_proxy_async();
+      __syncthreads();
+      if constexpr (C::STAGES == 2) load_query_tile<C>(sm, a, b, next, (it + 1) % 2, sq_pad, it + 1 < n_iters);
+      consume_tile<C>(sm, a, kb, b, qt, it % C::STAGES, sm.ds(0), scale_log2, dk, dv);
     }
-    fence_proxy_async();
-    // DQ_BULK: the previous tile's bulk reductions have read their staging tiles (written again in this one).
-    if constexpr (C::DQ_BULK) bulk_wait_read<0>();
-    __syncthreads();
-    if constexpr (C::STAGES == 2)
-      load_query_tile<C>(sm, a, b, next, (it + 1) % 2, sq_pad, it + 1 < n_iters);
-
-    const uint32_t q_s = smem_u32(sm.q(st)), do_s = smem_u32(sm.dout(st));
-    // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
-    float s[C::BM / 2], dp[C::BM / 2];
-    uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
-    wgmma_fence();
-    issue_scores<C>(s, kd, kmajor(q_s));
-    wgmma_commit();
-    issue_scores<C>(dp, vd, kmajor(do_s));
-    wgmma_commit();
-    const Cols<C> lse = Cols<C>::at(sm.lse(st));
-    wgmma_wait<1>();
-    fence_regs<C::BM / 2>(s);
-
-    const int q_pos0 = qt.m0 + diag;
-    const bool partial = C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, a.sk);
-    p_tile<C>(s, lse, partial, key0, q_pos0, a.sk, scale_log2);
-    pack_a<C>(pa, s);
-    wgmma_fence();
-    issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
-    wgmma_commit();
-    const Cols<C> delta = Cols<C>::at(sm.delta(st));
-    wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
-    fence_regs<C::BM / 2>(dp);
-    ds_tile<C>(dp, s, delta);
-    store_ds<C>(sm.ds(wg), dp, warp_wg, lane);
-    pack_a<C>(da, dp);
-
-    fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
-    named_sync(1, C::THREADS);  // every warpgroup's dS^T: dQ's blocks read all of them
-    // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).
-    tile_dq<C>(dsd, kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
-               sm.dq_stage(wg * (C::DQ_BLOCKS / C::NWG)), qt.m0, a.sq, wg, warp_wg, lane, [&] {
-                 wgmma_fence();
-                 issue_grad<C>(dk, da, mnmajor(q_s, C::BM));
-                 wgmma_commit();
-               });
-    // dK and dV's wgmmas, which read this tile's Q and dO ring slot (the next tile's prefetch refills it). Waited
-    // for here, not at the next tile's start: across the loop's back edge ptxas serialised every wgmma (C7515).
-    wgmma_wait<0>();
-    fence_regs<C::D / 2>(dk);
-    fence_regs<C::D / 2>(dv);
     qt = next;
   }
   cp_async_wait<0>();
   if constexpr (C::DQ_BULK) bulk_wait<0>();  // the shared staging tiles stay valid until the reductions are done
 
-  acc_to_global<C>(static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh, a.dk_ss, dk, a.scale, key0, a.sk);
-  acc_to_global<C>(static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh, a.dv_ss, dv, 1.f, key0, a.sk);
+  acc_to_global<C>(static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh, a.dk_ss, dk, a.scale, kb.key0, a.sk);
+  acc_to_global<C>(static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh, a.dv_ss, dv, 1.f, kb.key0, a.sk);
 }
 
 }  // namespace fc
@@ -178,6 +178,12 @@ __device__ __forceinline__ void attn_bwd_wgmma(const BwdArgs& a) {
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::THREADS, TunerCfg::MIN_BLOCKS) <name>(ATTN_BWD_PARAMS)
 //   { ATTN_BWD_BODY(TunerCfg) }
 //   extern "C" __global__ void __launch_bounds__(TunerCfg::AUX_THREADS) <name>_dot_do_o(ATTN_BWD_PARAMS) ...
-#define ATTN_BWD_BODY(CFG) fc::attn_bwd_wgmma<CFG>(ATTN_BWD_ARGS);
+// Every entry point takes the TMA maps of Q and dO first (64-byte aligned parameters; encoded by the launcher as
+// the forward's, boxes of 64 elements x BLOCK_M rows, 128-byte swizzle), then the sm_80 template's list; only the
+// PRODUCER loop reads the maps.
+#undef ATTN_BWD_PARAMS
+#define ATTN_BWD_PARAMS                                                                                        \
+  const __grid_constant__ fc::TmaDesc tmap_q, const __grid_constant__ fc::TmaDesc tmap_do, ATTN_BWD_PARAMS_LIST
+#define ATTN_BWD_BODY(CFG) fc::attn_bwd_wgmma<CFG>(tmap_q, tmap_do, ATTN_BWD_ARGS);
 #define ATTN_BWD_BODY_DOT_DO_O(CFG) fc::bwd_dot_do_o<CFG>(ATTN_BWD_ARGS);
 #define ATTN_BWD_BODY_DQ_CONVERT(CFG) fc::bwd_dq_convert<CFG>(ATTN_BWD_ARGS);

@@ -61,8 +61,9 @@ def test_a_forward_renders_one_entry_point() -> None:
 
 
 def test_the_launchers_format_is_the_templates_parameter_list() -> None:
-    """ARG_FORMAT packs ATTN_BWD_PARAMS (args.h) positionally: the same kinds in the same order."""
-    macro = re.search(r"#define ATTN_BWD_PARAMS(.*?)\n\n", ARGS_H.read_text(), re.DOTALL).group(1)
+    """ARG_FORMAT packs ATTN_BWD_PARAMS_LIST (args.h) positionally: the same kinds in the same order (the wgmma
+    template prepends its two tensor maps: backward_launch._tma_format)."""
+    macro = re.search(r"#define ATTN_BWD_PARAMS_LIST(.*?)\n\n", ARGS_H.read_text(), re.DOTALL).group(1)
     kinds = {"const void *": "P", "void *": "P", "const float *": "P", "float *": "P", "long long": "q",
              "int": "i", "float": "f"}
     params = [p.strip() for p in macro.replace("\\", "").split(",")]

@@ -36,7 +36,8 @@ struct BwdArgs {
 
 }  // namespace fc
 
-#define ATTN_BWD_PARAMS                                                                                         \
+#define ATTN_BWD_PARAMS ATTN_BWD_PARAMS_LIST
+#define ATTN_BWD_PARAMS_LIST                                                                                    \
   const void *q, const void *k, const void *v, const void *o, const void *dout, const float *lse,              \
       float *lse_log2, float *delta, float *dq_accum, void *dq, void *dk, void *dv, long long q_sb,             \
       long long q_sh, long long q_ss, long long k_sb, long long k_sh, long long k_ss, long long v_sb,           \

@@ -12,23 +12,32 @@
 
 namespace fc {
 
-template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool DQ_BULK_, bool CAUSAL_>
+template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool DQ_BULK_, bool PRODUCER_,
+          bool CAUSAL_>
 struct BwdWgmmaConfig {
   using T = T_;
   static constexpr bool BF16 = std::is_same<T_, __nv_bfloat16>::value;
   static constexpr int D = HEAD_DIM_;
   static constexpr int BM = BLOCK_M_;  // query rows per step of the loop: the N of S^T and dP^T, the K of dV, dK
   static constexpr int BN = BLOCK_N_;  // keys per CTA
-  static constexpr int STAGES = STAGES_;  // cp.async buffers of the Q / dO / lse / delta tiles
+  static constexpr int STAGES = STAGES_;  // ring slots of the Q / dO / lse / delta tiles
   static constexpr bool CAUSAL = CAUSAL_;
   // dQ's blocks reduced into dq_accum by the TMA unit (cp.reduce.async.bulk, a row of 64 fp32 per instruction,
   // from a staging tile in shared memory), else by each thread's vector reductions from registers.
   static constexpr bool DQ_BULK = DQ_BULK_;
+  // A producer warpgroup (warpgroup 0) loads the query tiles by TMA into the ring, on mbarriers; else every thread
+  // loads the next tile by cp.async and the CTA synchronises once per tile.
+  static constexpr bool PRODUCER = PRODUCER_;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 
   static constexpr int NWG = BN / 64;  // consumer warpgroups, 64 keys each
-  static constexpr int THREADS = NWG * 128;
+  static constexpr int THREADS = (NWG + (PRODUCER ? 1 : 0)) * 128;
+  // PRODUCER with two consumers (384 threads launch at 168 registers): the producer gives back all but 24, the
+  // consumers take 240 (setmaxnreg); with one, 256 threads launch at 255 and nothing moves.
+  static constexpr int PRODUCER_REGS = 24;
+  static constexpr int CONSUMER_REGS = 240;
+  static_assert(!PRODUCER || NWG == 1 || 128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= 65536, "register split");
   static constexpr int DQ_BLOCKS = BM / 64 * (D / 64);  // a query tile's 64 x 64 blocks of dQ, shared by the NWG
 
   // Shared tiles, 16-bit, in the 128-byte swizzle wgmma reads (column blocks of 64 elements, each R rows x 128
@@ -38,19 +47,21 @@ struct BwdWgmmaConfig {
   static constexpr int Q_BYTES = BM * D * 2;  // Q or dO tile
   static constexpr int KV_BYTES = BN * D * 2;
   static constexpr int DS_BYTES = 64 * BM * 2;  // one warpgroup's dS^T: 64 keys x BM queries
+  static constexpr int DS_SETS = PRODUCER ? 2 : 1;  // PRODUCER: a set per tile parity (no CTA barrier per tile)
   static constexpr int OFF_V = KV_BYTES;
   static constexpr int OFF_Q = 2 * KV_BYTES;
   static constexpr int OFF_DO = OFF_Q + STAGES * Q_BYTES;
   static constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
-  static constexpr int OFF_LSE = OFF_DS + NWG * DS_BYTES;
+  static constexpr int OFF_LSE = OFF_DS + DS_SETS * NWG * DS_BYTES;
   static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
   // DQ_BULK: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
   // stores to 8 rows hit distinct banks; each row 16-byte aligned for the bulk copy).
   static constexpr int DQS_STRIDE = 72;
   static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
   static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
+  static constexpr int OFF_BAR = OFF_DQS + (DQ_BULK ? DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
   // 1024 bytes of slack: the dynamic shared window is aligned up to 1024 in the kernel.
-  static constexpr int SMEM_BYTES = 1024 + OFF_DQS + (DQ_BULK ? DQ_BLOCKS * DQS_BYTES : 0);  // = the manifest's
+  static constexpr int SMEM_BYTES = 1024 + OFF_BAR + (PRODUCER ? 2 * STAGES * 8 : 0);  // = the manifest's
 
   static_assert(BN % 64 == 0 && BN <= 192, "64 keys per consumer warpgroup, at most 3");
   static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");

@@ -138,6 +138,15 @@ __device__ __forceinline__ bool elect_one() {
   return pred != 0;
 }
 
+// `bytes` contiguous bytes from global to shared memory (both 16-byte aligned, a multiple of 16), completing on
+// `bar` (sm_90 bulk copy, no tensor map).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // dst[0 .. bytes / 4) += src[...] (fp32), shared to global, by the TMA unit (sm_90 bulk reduction; both 16-byte
 // aligned, bytes a multiple of 16), in this thread's current bulk group.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, int bytes) {

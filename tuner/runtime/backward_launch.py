@@ -20,7 +20,7 @@ from tuner.kernels.feasibility import resources
 from tuner.kernels.manifest import load_manifest
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
-from tuner.runtime.shipped.cuda_driver import DriverKernel, stream_getter
+from tuner.runtime.shipped.cuda_driver import DriverKernel, TensorMapEncoder, stream_getter
 from tuner.runtime.shipped.input_checks import AttentionInputError, check_attention_tensors, check_strides
 from tuner.runtime.verify import torch_dtype
 
@@ -28,6 +28,24 @@ from tuner.runtime.verify import torch_dtype
 # dout, lse, lse_log2, delta, dq_accum, dq, dk, dv; 8 x 3 strides (q, k, v, o, do, dq, dk, dv); sq, sk, heads,
 # h_per_kv; scale.
 ARG_FORMAT = "P" * 12 + "q" * 24 + "iiii" + "f"
+
+
+TMA_MAPS = 2  # q and do
+
+
+def _tma_format(kernel: DriverKernel, entry: str) -> str:
+    """ARG_FORMAT after the two tensor maps, with the padding the compiled entry expects before them (the maps are
+    64-byte aligned parameters; the offsets come from the driver, as the forward's launcher reads them)."""
+    offsets = kernel.param_offsets(TMA_MAPS + 1)
+    first = offsets[0]
+    if offsets != [first + 128 * i for i in range(TMA_MAPS + 1)]:
+        raise TunerError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
+    return (f"{first}x" if first else "") + "Q120s" * TMA_MAPS + ARG_FORMAT
+
+
+def _split_map(encoded: bytes) -> tuple[int, bytes]:
+    """A 128-byte tensor map as the format's Q120s fields (its address, the rest)."""
+    return int.from_bytes(encoded[:8], "little"), encoded[8:]
 
 
 class BackwardKernel:
@@ -45,9 +63,15 @@ class BackwardKernel:
         self.aux_threads, self.aux_rows, self.row_pad = res["aux_threads"], res["aux_rows"], res["lse_row_pad"]
         cubin, name = built.compiled.cubin, built.entry
         cuda_driver(device)  # torch's context on `device` (NoGpuError without a GPU), as BuiltKernel.load
-        self._main = DriverKernel(cubin, name, self.smem_bytes, ARG_FORMAT, 1, device)
-        self._pre, self._convert = (DriverKernel(cubin, f"{name}_{aux}", 0, ARG_FORMAT, 1, device)
-                                    for aux in ("dot_do_o", "dq_convert"))
+        # A template with `tma_rows` takes TMA maps of q and do before the list (attn_bwd_wgmma), all three entries.
+        self._tma_rows = res.get("tma_rows")
+        self._maps = TensorMapEncoder() if self._tma_rows else None
+        kernels = [DriverKernel(cubin, entry, smem, ARG_FORMAT, 1, device)
+                   for entry, smem in ((name, self.smem_bytes), (f"{name}_dot_do_o", 0), (f"{name}_dq_convert", 0))]
+        if self._maps is not None:
+            for kernel, entry in zip(kernels, (name, f"{name}_dot_do_o", f"{name}_dq_convert")):
+                kernel.use_format(_tma_format(kernel, entry))
+        self._main, self._pre, self._convert = kernels
         self.registers = self._main.registers
         self._device = device
         self._stream = stream_getter()
@@ -77,7 +101,9 @@ class BackwardKernel:
         sq_pad = -(-sq // self.row_pad) * self.row_pad
         scratch = torch.empty(2, b, h, sq_pad, device=q.device, dtype=torch.float32)  # lse_log2, delta
         dq_accum = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
-        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
+        maps = () if self._maps is None else tuple(
+            m for name, t in (("q", q), ("do", do)) for m in _split_map(self._maps.encode(name, t, self._tma_rows, 128)))
+        args = maps + (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
                 scratch[0].data_ptr(), scratch[1].data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                 dv.data_ptr(), *(s for t in (q, k, v, o, do, dq, dk, dv) for s in t.stride()[:3]),
                 sq, sk, h, h // hkv, scale)
