@@ -69,6 +69,9 @@ def test_head_dim_32_is_not_supported() -> None:
     ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False}, 128, ""),
     ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False}, 64, "shared evenly by the BLOCK_N / 64 warpgroups"),
     ({"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False}, 128, "one dQ block per warpgroup"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": False}, 128, "3 takes a producer"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": True}, 128, ""),
+    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True}, 64, "BLOCK_M 128 spills"),
 ])
 def test_feasibility_rejects_what_the_kernel_cannot_take(params: dict, head_dim: int, reason: str) -> None:
     verdict = check(Variant(TEMPLATE, head_dim, "bf16", True, params), _problem(head_dim, causal=True),
@@ -81,8 +84,9 @@ def test_only_hopper_builds_it() -> None:
     assert "compute capability 9.0" in check(variant, _problem(64), load_profile("a100")).reason
     # D64: every tiling but BLOCK_M 64 with BLOCK_N 128 (one dQ block for two warpgroups), in 1 or 2 stages, with
     # register reductions (3 x 2), and in bulk where each warpgroup has one dQ block (m64n64, m128n128: 2 x 2);
-    # with a producer warpgroup all but m128n128 (two consumers at 240 registers): m128n64 x 2, m64n64 x 2 x 2
-    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 16
+    # with a producer warpgroup (1 to 3 ring slots) all but m128n128 (two consumers at 240 registers): m128n64 x 3,
+    # m64n64 x 3 x 2
+    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 19
 
 
 @pytest.mark.nvcc

@@ -66,7 +66,7 @@ struct BwdWgmmaConfig {
   static_assert(BN % 64 == 0 && BN <= 192, "64 keys per consumer warpgroup, at most 3");
   static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");
   static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
-  static_assert(STAGES == 1 || STAGES == 2, "1 or 2 cp.async stages");
+  static_assert(STAGES == 1 || STAGES == 2 || (PRODUCER && STAGES == 3), "1 or 2 ring slots (3 with a producer)");
   static_assert(DQ_BLOCKS % NWG == 0, "dQ's 64 x 64 blocks shared evenly by the warpgroups");
 
   // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
