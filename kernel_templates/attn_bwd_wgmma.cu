@@ -89,6 +89,33 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
   }
 }
 
+// DQ_WRITER: warp 1 + cw of the producer warpgroup adds consumer cw's dQ blocks of each tile, staged in shared
+// memory, to dq_accum (16-byte vector reductions, two rows a warp instruction), and hands the staging tiles back.
+template <class C>
+__device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int m_first,
+                                         int m_end, int n_iters, int cw) {
+  constexpr int PER = C::DQ_BLOCKS / C::NWG;
+  const int lane = threadIdx.x % 32;
+  if (n_iters > 0) named_arrive(C::DQ_FREE + cw, 160);
+  for (int it = 0; it < n_iters; ++it) {
+    named_sync(C::DQ_FULL + cw, 160);
+    float* rows = a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int blk = i * C::NWG + cw, mh = blk / (C::D / 64), c = blk % (C::D / 64);
+      const float* stage = sm.dq_stage(cw * PER + i);
+#pragma unroll 4
+      for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
+        const int r = j * 2 + lane / 16, c4 = lane % 16, row = qt.m0 + mh * 64 + r;
+        const float4 v = *reinterpret_cast<const float4*>(stage + r * C::DQS_STRIDE + c4 * 4);
+        if (row < a.sq) red_add_v4(rows + (long long)row * C::D + c * 64 + c4 * 4, v);
+      }
+    }
+    if (it + 1 < n_iters) named_arrive(C::DQ_FREE + cw, 160);  // the last hand-back would have no taker
+    qt = next_query_tile(qt, m_first, m_end, C::BM);
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a) {
   using T = typename C::T;
@@ -125,7 +152,10 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
     __syncthreads();
     if (cw < 0) {
       if constexpr (C::NWG > 1) setmaxnreg_dec<C::PRODUCER_REGS>();
-      if (threadIdx.x < 32 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters, sq_pad);
+      const int warp = threadIdx.x / 32;
+      if (warp == 0 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters, sq_pad);
+      if constexpr (C::DQ_WRITER)
+        if (warp >= 1 && warp <= C::NWG) write_dq<C>(sm, a, b, qt, m_first, m_end, n_iters, warp - 1);
       return;
     }
     if constexpr (C::NWG > 1) setmaxnreg_inc<C::CONSUMER_REGS>();

@@ -41,7 +41,7 @@ def test_render_writes_the_three_entry_points() -> None:
                          source, re.MULTILINE)
     assert entries == [("TunerCfg::THREADS", NAME), ("TunerCfg::AUX_THREADS", f"{NAME}_dot_do_o"),
                        ("TunerCfg::AUX_THREADS", f"{NAME}_dq_convert")]
-    assert "fc::BwdWgmmaConfig<__nv_bfloat16, 128, 64, 128, 2, false, false, true>" in source
+    assert "fc::BwdWgmmaConfig<__nv_bfloat16, 128, 64, 128, 2, false, false, false, true>" in source
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -64,14 +64,19 @@ def test_head_dim_32_is_not_supported() -> None:
 
 
 @pytest.mark.parametrize("params, head_dim, reason", [
-    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False}, 128, "192 fp32 registers"),
-    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False}, 64, ""),
-    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False}, 128, ""),
-    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False}, 64, "shared evenly by the BLOCK_N / 64 warpgroups"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False}, 128, "one dQ block per warpgroup"),
-    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": False}, 128, "3 takes a producer"),
-    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": True}, 128, ""),
-    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True}, 64, "BLOCK_M 128 spills"),
+    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": False}, 128, "192 fp32 registers"),
+    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False, "DQ_WRITER": False}, 64, ""),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False, "DQ_WRITER": False}, 128, ""),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": False}, 64, "shared evenly by the BLOCK_N / 64 warpgroups"),
+    ({"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2, "DQ_BULK": True, "PRODUCER": False, "DQ_WRITER": False}, 128, "one dQ block per warpgroup"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": False}, 128, "3 takes a producer"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": False}, 128, ""),
+    ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": False}, 64, "BLOCK_M 128 spills"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": True}, 128,
+     "the dQ writer is a warp of the producer warpgroup"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": True}, 128, ""),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": True}, 128,
+     "exceeds h100's 232448 B"),
 ])
 def test_feasibility_rejects_what_the_kernel_cannot_take(params: dict, head_dim: int, reason: str) -> None:
     verdict = check(Variant(TEMPLATE, head_dim, "bf16", True, params), _problem(head_dim, causal=True),
@@ -80,13 +85,13 @@ def test_feasibility_rejects_what_the_kernel_cannot_take(params: dict, head_dim:
 
 
 def test_only_hopper_builds_it() -> None:
-    variant = Variant(TEMPLATE, 64, "bf16", False, {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False})
+    variant = Variant(TEMPLATE, 64, "bf16", False, {"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": False})
     assert "compute capability 9.0" in check(variant, _problem(64), load_profile("a100")).reason
     # D64: every tiling but BLOCK_M 64 with BLOCK_N 128 (one dQ block for two warpgroups), in 1 or 2 stages, with
     # register reductions (3 x 2), and in bulk where each warpgroup has one dQ block (m64n64, m128n128: 2 x 2);
     # with a producer warpgroup (1 to 3 ring slots) all but m128n128 (two consumers at 240 registers): m128n64 x 3,
-    # m64n64 x 3 x 2
-    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 19
+    # m64n64 x 3 x 3 (register, bulk or writer reductions)
+    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 22
 
 
 @pytest.mark.nvcc

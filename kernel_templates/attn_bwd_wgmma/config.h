@@ -13,7 +13,7 @@
 namespace fc {
 
 template <typename T_, int HEAD_DIM_, int BLOCK_M_, int BLOCK_N_, int STAGES_, bool DQ_BULK_, bool PRODUCER_,
-          bool CAUSAL_>
+          bool DQ_WRITER_, bool CAUSAL_>
 struct BwdWgmmaConfig {
   using T = T_;
   static constexpr bool BF16 = std::is_same<T_, __nv_bfloat16>::value;
@@ -28,6 +28,12 @@ struct BwdWgmmaConfig {
   // A producer warpgroup (warpgroup 0) loads the query tiles by TMA into the ring, on mbarriers; else every thread
   // loads the next tile by cp.async and the CTA synchronises once per tile.
   static constexpr bool PRODUCER = PRODUCER_;
+  // With a producer: the consumers stage dQ's blocks in shared memory and the producer warpgroup's warps 1..NWG
+  // (one per consumer) add them to dq_accum with vector reductions, off the consumers' path (FlashAttention-3's
+  // dQ writer); named barriers DQ_FULL + cw and DQ_FREE + cw hand each consumer's staging tiles over and back.
+  static constexpr bool DQ_WRITER = DQ_WRITER_;
+  static constexpr bool DQ_STAGED = DQ_BULK || DQ_WRITER;  // dQ's blocks pass through the staging tiles
+  static constexpr int DQ_FULL = 4, DQ_FREE = 6;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 
@@ -54,12 +60,12 @@ struct BwdWgmmaConfig {
   static constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
   static constexpr int OFF_LSE = OFF_DS + DS_SETS * NWG * DS_BYTES;
   static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
-  // DQ_BULK: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
+  // DQ_BULK or DQ_WRITER: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
   // stores to 8 rows hit distinct banks; each row 16-byte aligned for the bulk copy).
   static constexpr int DQS_STRIDE = 72;
   static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
   static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
-  static constexpr int OFF_BAR = OFF_DQS + (DQ_BULK ? DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
+  static constexpr int OFF_BAR = OFF_DQS + (DQ_STAGED ? DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
   // 1024 bytes of slack: the dynamic shared window is aligned up to 1024 in the kernel.
   static constexpr int SMEM_BYTES = 1024 + OFF_BAR + (PRODUCER ? 2 * STAGES * 8 : 0);  // = the manifest's
 
@@ -68,6 +74,7 @@ struct BwdWgmmaConfig {
   static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
   static_assert(STAGES == 1 || STAGES == 2 || (PRODUCER && STAGES == 3), "1 or 2 ring slots (3 with a producer)");
   static_assert(DQ_BLOCKS % NWG == 0, "dQ's 64 x 64 blocks shared evenly by the warpgroups");
+  static_assert(!DQ_WRITER || (PRODUCER && !DQ_BULK), "the dQ writer is the producer warpgroup's");
 
   // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
   static constexpr int AUX_THREADS = 128;

@@ -124,17 +124,23 @@ __device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], u
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
 // unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
-// fp32 per row, issued by each warp's lane 0 for its 16 rows. The staging tile is written again only after the
-// issuing threads' bulk_wait_read (the next tile's start, before its CTA barrier).
+// fp32 per row, issued by one lane per warp for its 16 rows. The staging tile is written again only after the
+// issuing lanes' bulk_wait_read (in the next tile, before its dS^T barrier).
+// The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row).
 template <class C>
-__device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, const float* acc, int rows, int wg,
-                                                  int warp_wg, int g, int t) {
+__device__ __forceinline__ void stage_block(float* stage, const float* acc, int warp_wg, int g, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
       *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + nb * 8 + 2 * t) =
           make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+}
+
+template <class C>
+__device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, const float* acc, int rows, int wg,
+                                                  int warp_wg, int g, int t) {
+  stage_block<C>(stage, acc, warp_wg, g, t);
   fence_proxy_async();  // the generic stores, before the bulk copy reads them
   named_sync(2 + wg, 128);
   // One lane per warp issues the warp's 16 rows, from warp-uniform addresses (the warp index broadcast, so ptxas
@@ -153,8 +159,10 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
 // each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
 // MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
-// reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile). `after_first`: issued right after the first block's wgmmas (dK and dV's), so that they run while
-// that block's reductions go out: the first block waits with one group still in flight, the later ones for all.
+// reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile; DQ_WRITER: staged there for the
+// producer's writer warp, which hands the tiles back on DQ_FREE). `after_first`: issued right after the first
+// block's wgmmas (dK's), so that they run while that block's reductions go out: the first block waits with one
+// group still in flight, the later ones for all.
 template <class C, class AfterFirst>
 __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int m0, int sq,
                                         int wg, int warp_wg, int lane, AfterFirst&& after_first) {
@@ -178,7 +186,11 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
     }
     fence_regs<32>(acc);
     float* dst = dq_rows + (long long)(m0 + mh * 64) * C::D + c * 64;  // the block's first row
-    if constexpr (C::DQ_BULK) {
+    if constexpr (C::DQ_WRITER) {
+      if (i == 0) named_sync(C::DQ_FREE + wg, 160);  // the writer has read the previous tile's blocks
+      stage_block<C>(stage + i * C::DQS_BYTES / 4, acc, warp_wg, g, t);
+      if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::DQ_FULL + wg, 160);
+    } else if constexpr (C::DQ_BULK) {
       reduce_block_bulk<C>(dst, stage + i * C::DQS_BYTES / 4, acc, sq - (m0 + mh * 64), wg, warp_wg, g, t);
     } else {
 #pragma unroll

@@ -131,6 +131,12 @@ __device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// dst[0 .. 4) += v in global memory, one vector reduction (sm_90: red.global.add.v4.f32; dst 16-byte aligned).
+__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
 // True in one lane of the (converged) warp: elect.sync, so ptxas issues what it guards once, not per lane.
 __device__ __forceinline__ bool elect_one() {
   uint32_t pred = 0;
