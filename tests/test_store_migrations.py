@@ -150,14 +150,15 @@ def test_upgrade_store_creates_a_new_one(store_url):
 # Data a store can hold, and the revision that brought each in: going below it would delete the data.
 SINCE = {"trials": "0001", "ncu": "0002", "journal": "0003", "replayed": "0004", "confirmations": "0005",
          "ragged": "0006", "energy": "0007", "windows": "0008", "fp8": "0009", "fp8_kv": "0010",
-         "packed": "0011"}
+         "packed": "0011", "backward": "0012"}
 NAMED = {"trials": "trials", "ncu": "ncu metrics", "journal": "Optuna journal records",
          "replayed": "runs.replayed_from", "confirmations": "confirmations", "ragged": "key-length distribution",
          "energy": "energy or isolated figures of trials", "windows": "problems with a sliding window or a softcap",
          "fp8": "problems in e4m3", "fp8_kv": "problems with an FP8 KV cache",
-         "packed": "problems of packed sequences"}
+         "packed": "problems of packed sequences", "backward": "problems of the backward pass"}
 FP8 = Problem(2, 8, 256, 256, 128, dtype="e4m3", heads_kv=2)
 FP8_KV = Problem(8, 32, 1, 8192, 128, dtype="bf16_kv_e4m3", heads_kv=8)
+BACKWARD = Problem(8, 16, 2048, 2048, 128, dtype="bf16", kernel_pass="backward")
 PACKED = Problem(16, 32, 4096, 4096, 128, dtype="bf16", causal=True, heads_kv=8, layout="packed", lengths="uniform:64")
 
 
@@ -190,6 +191,8 @@ def _fill(url: str, kinds: set[str]) -> None:
             store.add_trial(trial(store.start_run(H100), FP8_KV))
         if "packed" in kinds:
             store.add_trial(trial(store.start_run(H100), PACKED))
+        if "backward" in kinds:
+            store.add_trial(trial(store.start_run(H100), BACKWARD))
         if "journal" in kinds:  # a SQLite store's Optuna studies
             store.append_journal(['{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}'])
 

@@ -46,6 +46,11 @@ LAYOUTS = ("bhsd", "bshd", PACKED) + tuple(f"paged{n}" for n in PAGE_SIZES)
 # the problem, so every trial, baseline and later re-timing sees the same batch.
 FULL_LENGTHS = "full"
 LENGTHS_SEED = 20261126
+# Which pass of attention a problem tunes: the forward (O from q, k, v) or the backward (dQ, dK, dV from q, k, v,
+# the forward's O and lse, and dO). Another pass is another problem: its own study, store row and baselines.
+FORWARD, BACKWARD = "forward", "backward"
+PASSES = (FORWARD, BACKWARD)
+BACKWARD_FLOPS = 2.5  # the backward's matmul work over the forward's, as FlashAttention's benchmarks count it
 
 
 @dataclass(frozen=True, order=True)
@@ -68,6 +73,7 @@ class Problem:
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0  # logit softcapping (Gemma-2): scores become softcap * tanh(scores / softcap); 0 is off
+    kernel_pass: str = FORWARD  # PASSES: forward, or backward (dQ, dK, dV); stored in the problems' `pass` column
 
     def __post_init__(self) -> None:
         if self.heads_kv == 0:
@@ -88,6 +94,8 @@ class Problem:
         if self.layout not in LAYOUTS:
             raise TunerError(f"unsupported layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
         parse_lengths(self.lengths, self.seq_k)
+        if self.kernel_pass not in PASSES:
+            raise TunerError(f"unsupported pass {self.kernel_pass!r}; expected one of {', '.join(PASSES)}")
         if self.packed and (self.seq_q != self.seq_k or self.fp8):
             raise TunerError("packed sequences are a prefill of 16-bit inputs: each sequence's queries are its keys "
                              f"(Sq = Sk, got Sq {self.seq_q} Sk {self.seq_k}; dtype {self.dtype})")
@@ -106,6 +114,11 @@ class Problem:
     def ragged(self) -> bool:
         """Whether the batch rows use different numbers of keys (a length distribution other than full)."""
         return self.lengths != FULL_LENGTHS
+
+    @property
+    def backward(self) -> bool:
+        """Whether the problem is attention's backward pass (dQ, dK, dV), not its forward."""
+        return self.kernel_pass == BACKWARD
 
     def key_lengths(self) -> tuple[int, ...]:
         """The keys each batch row uses: Sk each when full, else the problem's seeded draw."""
@@ -155,8 +168,8 @@ class Problem:
     def flops(self) -> float:
         """4*B*H*Sq*Sk*D, as FlashAttention's benchmarks count; causal with Sq = Sk counts half of it, and
         causal with Sq != Sk counts the (query, key) pairs the bottom-right aligned mask keeps. A ragged
-        batch counts each row's own keys."""
-        per_pair = 4.0 * self.heads * self.head_dim
+        batch counts each row's own keys. The backward counts BACKWARD_FLOPS times the forward's."""
+        per_pair = 4.0 * self.heads * self.head_dim * (BACKWARD_FLOPS if self.backward else 1.0)
         if self.ragged:
             return per_pair * sum(self._pairs(n) for n in self.key_lengths())
         return per_pair * self.batch * self._pairs(self.seq_k)
@@ -197,8 +210,9 @@ class Problem:
         lengths = f" lengths {self.lengths}" if self.ragged else ""
         window = f" window {window_text(self.window_left, self.window_right, self.causal)}" if self.local else ""
         softcap = f" softcap {self.softcap:g}" if self.softcap else ""
+        kernel_pass = " backward" if self.backward else ""
         return (f"B{self.batch} H{self.heads}{gqa} {seq} D{self.head_dim} {self.dtype}{causal}{window}{softcap}"
-                f"{paged}{lengths}")
+                f"{paged}{lengths}{kernel_pass}")
 
 
 def parse_lengths(text: str, seq_k: int) -> int | None:
@@ -298,7 +312,8 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
 def problem_from_shape(
     text: str, dtype: str = "fp16", causal: bool = False, heads_kv: int | None = None, layout: str = "bhsd",
     lengths: str = FULL_LENGTHS, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    kernel_pass: str = FORWARD,
 ) -> Problem:
     b, h, sq, sk, d = parse_shape(text)
     return Problem(b, h, sq, sk, d, dtype=dtype, causal=causal, heads_kv=heads_kv or h, layout=layout, lengths=lengths,
-                   window_left=window[0], window_right=window[1], softcap=softcap)
+                   window_left=window[0], window_right=window[1], softcap=softcap, kernel_pass=kernel_pass)

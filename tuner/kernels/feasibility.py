@@ -55,9 +55,18 @@ def default_template(profile: GpuProfile, problems: list[Problem], candidates: l
     when none suits them all, the last (most general) one."""
     names = candidates or list(profile.templates)
     for name in names:
-        if all(not supports_problem(load_manifest(name), p) for p in problems):
+        if all(not tunes_problem(load_manifest(name), p) for p in problems):
             return name
     return names[-1]
+
+
+def tunes_problem(manifest: Manifest, problem: Problem) -> str:
+    """Empty string when a search can tune the problem with the template (its pass, and supports_problem), else why
+    not. The pass is checked here, not in supports_problem: a backward template's kernels are checked and built for
+    the forward problem whose gradients they compute (tests, benchmarks/bwd_mma_check.py)."""
+    if problem.kernel_pass != manifest.kernel_pass:
+        return f"{manifest.name} is a {manifest.kernel_pass} template, not a {problem.kernel_pass} one"
+    return supports_problem(manifest, problem)
 
 
 def supports_problem(manifest: Manifest, problem: Problem) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tuner.assets import asset_dir
 from tuner.errors import TunerError
+from tuner.problem import PASSES
 
 ParamValue = int | bool | str
 
@@ -224,9 +225,6 @@ def load_manifest_file(path: Path) -> Manifest:
         kernel_pass=kernel_pass,
         aux_entries=aux_entries,
     )
-
-
-PASSES = ("forward", "backward")
 
 
 def _pass_fields(data: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from tuner.errors import TunerError
 from tuner.dtypes import SPECS
-from tuner.problem import Problem
+from tuner.problem import BACKWARD, Problem
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ class GpuProfile:
     def templates(self) -> tuple[str, ...]:
         """Kernel templates `tuner search` uses by default, best first (profile key `templates`)."""
         return tuple(self.extra.get("templates", DEFAULT_TEMPLATES))
+
+    def templates_for(self, kernel_pass: str) -> tuple[str, ...]:
+        """The default templates of a pass, best first: `templates` (forward) or `backward_templates` (backward)."""
+        if kernel_pass == BACKWARD:
+            return tuple(self.extra.get("backward_templates", DEFAULT_BACKWARD_TEMPLATES))
+        return self.templates
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak of a dtype's compute type (the dtype registry's: an FP8 KV cache's kernels
@@ -132,9 +138,10 @@ _PROBLEM_REQUIRED = {
 }
 # "window": an integer the Problem checks (-1 is unbounded); float: a number the Problem checks (softcap 0: off)
 _PROBLEM_OPTIONAL = {"heads_kv": int, "layout": str, "lengths": str, "window_left": "window", "window_right": "window",
-                     "softcap": float}
+                     "softcap": float, "kernel_pass": str}
 
 DEFAULT_TEMPLATES = ("attn_fwd_mma",)  # for a profile that names no `templates`: runs on any sm_80+ card
+DEFAULT_BACKWARD_TEMPLATES = ("attn_bwd_mma",)  # for one that names no `backward_templates`: any sm_80+ card
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ARCH_RE = re.compile(r"^sm_(\d+)(a?)$")
 
@@ -264,9 +271,10 @@ def profile_from_dict(data: Mapping[str, Any], path: Path | str = "<profile>") -
         raise check.fail("problems", f"must be a non-empty array of tables ([[problems]]), got {_type_name(problems)}")
     values["default_problems"] = tuple(_parse_problem(check, i, t) for i, t in enumerate(problems))
 
-    templates = data.get("templates", list(DEFAULT_TEMPLATES))
-    if not isinstance(templates, list) or not templates or not all(isinstance(t, str) and t for t in templates):
-        raise check.fail("templates", f"must be a non-empty array of template names, got {templates!r}")
+    for key, default in (("templates", DEFAULT_TEMPLATES), ("backward_templates", DEFAULT_BACKWARD_TEMPLATES)):
+        templates = data.get(key, list(default))
+        if not isinstance(templates, list) or not templates or not all(isinstance(t, str) and t for t in templates):
+            raise check.fail(key, f"must be a non-empty array of template names, got {templates!r}")
 
     known = set(REQUIRED_KEYS) | set(_OPTIONAL_FLOAT_FIELDS)
     values["extra"] = MappingProxyType({k: v for k, v in data.items() if k not in known})

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tuner.errors import TunerError
-from tuner.problem import check_softcap, check_window
+from tuner.problem import PASSES, check_softcap, check_window
 from tuner.runtime.objective import DEFAULT_OBJECTIVE, OBJECTIVES
 from tuner.search.confirm import DEFAULT_CONFIRM, DEFAULT_ROUNDS
 from tuner.search.hooks import check_backend, check_replay_source
@@ -14,6 +14,8 @@ from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
 
 DEFAULT_TRIALS = 100
 WARM_START = 3  # best variants of the nearest recorded problem, enqueued first
+BOTH = "both"  # --pass both: the forward studies of the problems, then their backward ones
+PASS_CHOICES = (*PASSES, BOTH)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class SearchOptions:
     confirm_rounds: int = DEFAULT_ROUNDS
     objective: str = DEFAULT_OBJECTIVE  # time, energy or isolated (tuner.runtime.objective)
     early_stop: Optional[int] = None  # end a study after N budgeted trials without a gain beyond the noise
+    kernel_pass: str = "forward"  # PASS_CHOICES: the pass the problems tune (Problem.kernel_pass), or both
 
 
 def validate_options(options: SearchOptions) -> None:
@@ -51,6 +54,11 @@ def validate_options(options: SearchOptions) -> None:
     if options.sampler not in SAMPLERS:
         raise TunerError(f"unknown sampler {options.sampler!r}; expected one of {', '.join(SAMPLERS)}")
     check_backend(options.backend)
+    if options.kernel_pass not in PASS_CHOICES:
+        raise TunerError(f"unknown pass {options.kernel_pass!r}; expected one of {', '.join(PASS_CHOICES)}")
+    if options.kernel_pass == BOTH and (options.template or options.study):
+        raise TunerError("--pass both tunes two templates in two sets of studies: --template and --study name one; "
+                         "run --pass forward and --pass backward apart to give them")
     if options.objective not in OBJECTIVES:
         raise TunerError(f"unknown objective {options.objective!r}; expected one of {', '.join(OBJECTIVES)}")
     if options.seed is not None and not 0 <= options.seed < 2**32:

@@ -6,6 +6,7 @@ problem, enqueued before the sampler's own points.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -13,7 +14,7 @@ from typing import Any, Callable, Optional
 import optuna
 
 from tuner.errors import TunerError
-from tuner.kernels.feasibility import default_template, feasible_space, supports_problem
+from tuner.kernels.feasibility import default_template, feasible_space, tunes_problem
 from tuner.kernels.manifest import Manifest
 from tuner.kernels.variant import mask_of
 from tuner.problem import Problem, problem_from_shape
@@ -39,10 +40,11 @@ from tuner.store import Store, TrialFilter, open_store
 
 
 def shape_problems(options: SearchOptions) -> list[Problem]:
-    """The problems named by --shape (with --dtype, --causal, --hkv, --layout, --lengths, --window and --softcap)."""
+    """The problems named by --shape (with --dtype, --causal, --hkv, --layout, --lengths, --window, --softcap and
+    --pass: forward or backward; run_search splits --pass both)."""
     return [problem_from_shape(s, dtype=options.dtype, causal=options.causal, heads_kv=options.heads_kv,
                                layout=options.layout, lengths=options.lengths, window=options.window,
-                               softcap=options.softcap) for s in options.shapes]
+                               softcap=options.softcap, kernel_pass=options.kernel_pass) for s in options.shapes]
 
 
 def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = None) -> str:
@@ -52,12 +54,13 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
     problems it skips."""
     if options.template:
         return options.template
-    wanted = shape_problems(options) if options.shapes else list(profile.default_problems)
+    wanted = shape_problems(options) if options.shapes else default_problems(options, profile)
+    templates_of_pass = list(profile.templates_for(options.kernel_pass))
     if options.resume and storage is not None and wanted:
         several = len(wanted) > 1
         names = ([study_name_for(options, profile, wanted[0], several)] if options.study else
-                 [study_name(profile.name, t, wanted[0], options.objective) for t in profile.templates])
-        templates = [None] if options.study else list(profile.templates)
+                 [study_name(profile.name, t, wanted[0], options.objective) for t in templates_of_pass])
+        templates = [None] if options.study else templates_of_pass
         for name, template in zip(names, templates):
             if study_exists(storage, name):
                 study = load_study(storage, name)
@@ -66,7 +69,7 @@ def choose_template(options: SearchOptions, profile: GpuProfile, storage: Any = 
                 # Its creation stopped before its attributes were written: its name (or what it has) says it.
                 if study.user_attrs.get(ATTR_TEMPLATE, template):
                     return study.user_attrs.get(ATTR_TEMPLATE, template)
-    candidates = list(profile.templates)
+    candidates = templates_of_pass
     if options.backend == "replay" and options.replay_from:
         with open_store(options.replay_from, create=False) as source:
             recorded = [t for t in candidates if source.query_trials(TrialFilter(gpu=profile.name, template=t, limit=1))]
@@ -80,13 +83,13 @@ def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
     if options.shapes:
         problems = shape_problems(options)
         for p in problems:
-            why = supports_problem(manifest, p)
+            why = tunes_problem(manifest, p)
             if why:
                 raise TunerError(f"cannot tune {p.label}: {why}")
         return list(dict.fromkeys(problems))
     problems = []
-    for p in profile.default_problems:
-        why = supports_problem(manifest, p)
+    for p in default_problems(options, profile):
+        why = tunes_problem(manifest, p)
         if why:
             say(f"skipping default problem {p.label}: {why}")
         else:
@@ -94,6 +97,11 @@ def problems_of(options: SearchOptions, profile: GpuProfile, manifest: Manifest,
     if not problems:
         raise TunerError(f"none of {profile.name}'s default problems suits template {manifest.name}; give --shape")
     return problems
+
+
+def default_problems(options: SearchOptions, profile: GpuProfile) -> list[Problem]:
+    """The profile's default problems, in the pass the search tunes."""
+    return [dataclasses.replace(p, kernel_pass=options.kernel_pass) for p in profile.default_problems]
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,16 @@ from rich.console import Console
 from tuner.backends.gpu_process import started_early
 from tuner.backends.replay import check_recorded, check_recording_objective, recorded_problems, recording_profile
 from tuner.errors import TunerError
-from tuner.kernels.feasibility import supports_problem
+from tuner.kernels.feasibility import tunes_problem
 from tuner.kernels.manifest import load_manifest
-from tuner.problem import Problem
+from tuner.problem import BACKWARD, FORWARD, Problem
 from tuner.profiles import GpuProfile, load_profile, resolve_profile
 from tuner.runtime.baselines import missing_baselines_note
 from tuner.search.hooks import Hooks, check_backend, require_gpus
 from tuner.search.job import WorkerJob, WorkerResult
-from tuner.search.options import SearchOptions, validate_options
-from tuner.search.prepare import choose_template, prepare_study, problems_of, shape_problems, study_name_for
+from tuner.search.options import BOTH, SearchOptions, validate_options
+from tuner.search.prepare import (choose_template, default_problems, prepare_study, problems_of, shape_problems,
+                                  study_name_for)
 from tuner.search.progress import SearchProgress
 from tuner.search.study import finished_trials, load_study, opened_storage, results_url_for, study_info
 from tuner.search.summary import ProblemSummary, summarize
@@ -89,17 +90,17 @@ def _recorded(options: SearchOptions, profile: GpuProfile, hooks: Hooks) -> Opti
         _check_tunable(options, profile)
     recorded = recorded_problems(options.replay_from, profile, options.force)
     check_recorded(options.replay_from, profile, shape_problems(options) if options.shapes else [], recorded)
-    if not options.shapes and not any(p in recorded for p in profile.default_problems):
-        check_recorded(options.replay_from, profile, profile.default_problems, recorded)
+    if not options.shapes and not any(p in recorded for p in default_problems(options, profile)):
+        check_recorded(options.replay_from, profile, default_problems(options, profile), recorded)
     return recorded
 
 
 def _check_tunable(options: SearchOptions, profile: GpuProfile) -> None:
     """The one-line 'cannot tune' error problems_of gives, for a --shape problem that neither --template nor
     any of the profile's templates supports (the most general template's reason)."""
-    templates = [options.template] if options.template else list(profile.templates)
+    templates = [options.template] if options.template else list(profile.templates_for(options.kernel_pass))
     for problem in shape_problems(options):
-        reasons = [supports_problem(load_manifest(t), problem) for t in templates]
+        reasons = [tunes_problem(load_manifest(t), problem) for t in templates]
         if all(reasons):
             raise TunerError(f"cannot tune {problem.label}: {reasons[-1]}")
 
@@ -136,9 +137,15 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     """Tune every problem of `options`; prints progress on `console`, returns the summary as data.
 
     `hooks` replace the backend, the builder or the clock; they serve one device, in this process.
+    `--pass both` runs the forward studies, then (unless interrupted) the backward ones of the same problems.
     """
     console = console or Console(stderr=True)
     validate_options(options)
+    if options.kernel_pass == BOTH:
+        reports = [run_search(dataclasses.replace(options, kernel_pass=FORWARD), console, hooks)]
+        if not reports[0].interrupted:
+            reports.append(run_search(dataclasses.replace(options, kernel_pass=BACKWARD), console, hooks))
+        return merged_reports(reports)
     profile = _resolve(options)
     recorded = _recorded(options, profile, hooks)
     db_url = options.db_url or default_db_url()
@@ -166,7 +173,7 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
             say(f"skipping {len(absent)} default problem(s) the recording has no trials of")
         problems = [p for p in problems if p in recorded]
         if not problems:
-            check_recorded(options.replay_from, profile, profile.default_problems, recorded)
+            check_recorded(options.replay_from, profile, default_problems(options, profile), recorded)
     with open_store(db_url) as store:
         studies, budgets = [], []
         for problem in problems:
@@ -205,6 +212,23 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         report = _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
         own = (("preparing the search", prepared - started), ("summing up", time.perf_counter() - summing))
         return dataclasses.replace(report, search_seconds=own)
+
+
+def merged_reports(reports: list[SearchReport]) -> SearchReport:
+    """One report of searches run one after another (--pass both): their lists joined, their counts summed."""
+    def summed(field: str) -> tuple[tuple[str, float], ...]:
+        pairs = [pair for r in reports for pair in getattr(r, field)]
+        return tuple((k, sum(v for n, v in pairs if n == k)) for k in dict.fromkeys(n for n, _ in pairs))
+
+    return SearchReport(
+        summaries=[s for r in reports for s in r.summaries], run_ids=[i for r in reports for i in r.run_ids],
+        studies=[s for r in reports for s in r.studies], interrupted=any(r.interrupted for r in reports),
+        measured=sum(r.measured for r in reports), reused=sum(r.reused for r in reports),
+        asked=sum(r.asked for r in reports), infeasible=sum(r.infeasible for r in reports),
+        repeated=sum(r.repeated for r in reports), exhausted=tuple(e for r in reports for e in r.exhausted),
+        stopped_early=tuple(e for r in reports for e in r.stopped_early), seconds=summed("seconds"),
+        search_seconds=summed("search_seconds"), untuned=tuple(u for r in reports for u in r.untuned),
+        wall_s=sum(r.wall_s for r in reports), workers=max(r.workers for r in reports))
 
 
 def plan_line(problems: int, trials: list[Optional[int]], profile: Optional[str]) -> str:

@@ -33,7 +33,7 @@ def grid_space(manifest: Manifest) -> dict[str, list[Any]]:
 
 def problem_key(problem: Problem) -> str:
     """Deterministic, filename-safe text of a problem, e.g. B16H16S2048S2048D64-fp16 or
-    B1H8S4096S4096D128-bf16-causal-wl1024-sc50."""
+    B1H8S4096S4096D128-bf16-causal-wl1024-sc50 (-backward: the backward pass)."""
     gqa = f"Hkv{problem.heads_kv}" if problem.heads_kv != problem.heads else ""
     key = f"B{problem.batch}H{problem.heads}{gqa}S{problem.seq_q}S{problem.seq_k}D{problem.head_dim}-{problem.dtype}"
     if problem.causal:
@@ -43,6 +43,8 @@ def problem_key(problem: Problem) -> str:
         key += f"-{problem.layout}"
     if problem.ragged:
         key += "-" + problem.lengths.replace(":", "")  # uniform:1024 -> uniform1024
+    if problem.backward:  # the backward of a problem is a study of its own
+        key += "-backward"
     return key
 
 

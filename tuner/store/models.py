@@ -84,13 +84,13 @@ class RunTable(Base):
 
 
 class ProblemTable(Base):
-    """An attention problem; one row per distinct shape/dtype/mask/layout/key lengths/window/softcap."""
+    """An attention problem; one row per distinct shape/dtype/mask/layout/key lengths/window/softcap/pass."""
 
     __tablename__ = "problems"
     __table_args__ = (
         UniqueConstraint(
             "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim", "dtype", "causal", "layout", "lengths",
-            "window_left", "window_right", "softcap", name="uq_problems_shape",
+            "window_left", "window_right", "softcap", "pass", name="uq_problems_shape",
         ),
     )
 
@@ -108,6 +108,8 @@ class ProblemTable(Base):
     window_left: Mapped[int] = mapped_column(Integer, server_default="-1")  # Problem.window_left; -1 unbounded
     window_right: Mapped[int] = mapped_column(Integer, server_default="-1")
     softcap: Mapped[float] = mapped_column(Float, server_default="0")  # Problem.softcap; 0 off
+    # Problem.kernel_pass: forward or backward (the column is `pass`, a Python keyword)
+    kernel_pass: Mapped[str] = mapped_column("pass", String(16), server_default="forward")
 
 
 class VariantTable(Base):

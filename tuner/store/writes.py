@@ -80,7 +80,9 @@ def get_or_create(session: Session, model: type, values: Mapping[str, Any], keys
         return found
     stmt = upsert_insert(session, model)
     if stmt is not None:
-        session.execute(stmt.values(**values).on_conflict_do_nothing(index_elements=list(keys)))
+        # The conflict target by column (an attribute may map a column of another name: problems' `pass`).
+        columns = [model.__mapper__.columns[key] for key in keys]
+        session.execute(stmt.values(**values).on_conflict_do_nothing(index_elements=columns))
     else:
         try:
             with session.begin_nested():
