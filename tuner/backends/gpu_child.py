@@ -17,12 +17,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from tuner.backends.kernel_calls import kernel_call, layout_inputs  # noqa: F401 - kernel_call: this module's API too
+from tuner.backends.kernel_calls import (kernel_call, layout_inputs, load_kernel, tolerance,  # noqa: F401 - kernel_call:
+                                         trial_output)  # this module's API too
 from tuner.backends.phases import KERNEL, SETUP, TIMED, phase_kind
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem
 from tuner.profiles.cuda_query import driver_version
 from tuner.runtime.baseline_log import take_counts
+from tuner.runtime.backward_trial import backward_baselines, backward_inputs
 from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
@@ -33,7 +35,7 @@ from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import (BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered,
                                     timing_window)
 from tuner.runtime.timing import Timing, interleaved_timings, time_call
-from tuner.runtime.verify import TOLERANCE, empty_output, expected_output, fp8_inputs, make_inputs
+from tuner.runtime.verify import expected_output, fp8_inputs, make_inputs
 
 Progress = Callable[..., None]  # progress(phase, kind): what bounds it (tuner.backends.phases); True: TIMED
 
@@ -148,8 +150,12 @@ class CudaRunner:
             entry = {"q": q, "k": k, "v": v, "scale": 1.0 / math.sqrt(problem.head_dim), "seed": seed,
                      **layout_inputs(problem, q, k, v, seed)}
         lengths = problem.key_lengths() if problem.ragged else None
-        with self.spent.part(REFERENCE):  # on sampled rows at 128K
-            entry["ref"] = expected_output(problem, q, k, v, entry["scale"], key_lengths=lengths, descales=descales)
+        with self.spent.part(REFERENCE):  # on sampled rows at 128K; a backward's dO, O, lse and fp32 gradients
+            if problem.backward:
+                entry.update(backward_inputs(problem, q, k, v, entry["scale"], seed))
+            else:
+                entry["ref"] = expected_output(problem, q, k, v, entry["scale"], key_lengths=lengths,
+                                               descales=descales)
         if descales is not None:
             entry["descales"] = descales
         entry["fingerprint"] = fingerprint(entry)
@@ -179,8 +185,8 @@ class CudaRunner:
         progress("prepare", SETUP)  # the inputs and reference (built once per problem), the cubin's load
         with annotate(range_name(prefix, name, "prepare")):
             data = self._problem_inputs(problem)
-            kernel = built.load(self.options.device, cubin)
-            out = empty_output(data["q"])
+            kernel = load_kernel(built, problem, self.options.device, cubin)
+            out = trial_output(problem, data)
             torch.cuda.synchronize()
         progress("verify", KERNEL)  # the watchdog bounds the kernel's own launch, nothing else
         with annotate(range_name(prefix, name, "verify")), self.spent.part(VERIFICATION):
@@ -191,7 +197,7 @@ class CudaRunner:
             err = data["ref"].error(out)
             intact = self._intact(problem, data)
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
-        why = _wrong(err, problem.dtype, intact)
+        why = _wrong(err, tolerance(problem), intact)
         if why is not None:
             return {**base, "status": "incorrect", "error": why}
         with self.spent.part(BASELINE_SETUP):
@@ -226,14 +232,14 @@ class CudaRunner:
         data = self._problem_inputs(problem)
         calls: dict[str, Callable[[], Any]] = {}
         for built in request["builts"]:
-            kernel, out = built.load(self.options.device), empty_output(data["q"])
+            kernel, out = load_kernel(built, problem, self.options.device), trial_output(problem, data)
             progress(f"{built.entry}/verify", KERNEL)
             with self.spent.part(VERIFICATION):
                 kernel_call(kernel, data, out, checked=True)()
                 torch.cuda.synchronize()
             progress(f"{built.entry}/check", SETUP)
             with self.spent.part(VERIFICATION):
-                ok = data["ref"].error(out) < TOLERANCE[problem.dtype] and self._intact(problem, data)
+                ok = data["ref"].error(out) < tolerance(problem) and self._intact(problem, data)
             if ok:
                 calls[built.entry] = lambda call=kernel_call(kernel, data, out, checked=False): time_call(call,
                                                                                                        **options())
@@ -265,6 +271,8 @@ class CudaRunner:
         """The baselines that run the problem (their imports awaited; their first calls compile FA4's kernel)."""
         with self.spent.part(BASELINE_SETUP):
             await_baseline_imports()
+            if problem.backward:
+                return backward_baselines(problem, data)
             return available_baselines(problem, data["q"], data["k"], data["v"], data["scale"],
                                        descales=data.get("descales"))
 
@@ -273,12 +281,12 @@ class CudaRunner:
         self._meter.close()
 
 
-def _wrong(err: float, dtype: str, intact: bool) -> Optional[str]:
-    """Why a kernel whose output is `err` from the reference is incorrect (None: it is not)."""
+def _wrong(err: float, tol: float, intact: bool) -> Optional[str]:
+    """Why a kernel whose output is `err` from the reference (tolerance `tol`) is incorrect (None: it is not)."""
     if not math.isfinite(err):
         return "NaN/inf or unwritten elements in the output"
-    if err >= TOLERANCE[dtype]:
-        return f"relative error {err:.3e} >= tolerance {TOLERANCE[dtype]:g}"
+    if err >= tol:
+        return f"relative error {err:.3e} >= tolerance {tol:g}"
     return None if intact else "it wrote past its output, into the inputs or the reference"
 
 

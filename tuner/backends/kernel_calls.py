@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from tuner.problem import Problem
+from tuner.runtime.backward_trial import backward_call, grad_tolerance, poisoned_grads
+from tuner.runtime.build import BuiltKernel
 from tuner.runtime.packed import packed_call, packed_inputs
-from tuner.runtime.verify import paged_inputs, ragged_seq_lens
+from tuner.runtime.verify import TOLERANCE, empty_output, paged_inputs, ragged_seq_lens
 
 
 def layout_inputs(problem: Problem, q: Any, k: Any, v: Any, seed: int) -> dict[str, Any]:
@@ -21,6 +23,26 @@ def layout_inputs(problem: Problem, q: Any, k: Any, v: Any, seed: int) -> dict[s
     if problem.ragged:
         found["seq_lens"] = ragged_seq_lens(problem, k.device)
     return found
+
+
+def load_kernel(built: BuiltKernel, problem: Problem, device: int, cubin: Any = None) -> Any:
+    """The loaded kernel of a variant: a forward's (BuiltKernel.load), or a backward's three (BackwardKernel)."""
+    if problem.backward:
+        from tuner.runtime.backward_launch import BackwardKernel
+
+        return BackwardKernel(built, device)
+    return built.load(device, cubin)
+
+
+def trial_output(problem: Problem, data: dict[str, Any]) -> Any:
+    """What a kernel writes, NaN-poisoned so unwritten elements show: the output (like q), or a backward's dq, dk,
+    dv (like q, k, v). data["ref"].error() compares it with the reference."""
+    return poisoned_grads(data) if problem.backward else empty_output(data["q"])
+
+
+def tolerance(problem: Problem) -> float:
+    """The error below which a kernel's output is correct: the dtype's, twice it for each gradient of a backward."""
+    return grad_tolerance(problem) if problem.backward else TOLERANCE[problem.dtype]
 
 
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:

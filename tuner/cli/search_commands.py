@@ -160,6 +160,7 @@ def search_command(
     model: Annotated[Optional[str], typer.Option(help="Tune the prefill and decode problems of a model, one search per layer kind (sliding window, softcap): a preset (llama-3.1-8b, llama-3.1-70b, mistral-7b, mistral-7b-v0.1, qwen2.5-7b, gemma-2-9b, gemma-3-12b) or a Hugging Face config.json (file or folder); sets the shapes, --hkv, --dtype and --causal.")] = None,
     objective: Annotated[str, typer.Option(help="What to minimize: time (µs of back-to-back calls, the card at its power limit), energy (J per call of those calls; needs NVML) or isolated (µs of calls with the card idle in between).")] = "time",
     early_stop: Annotated[Optional[int], typer.Option("--early-stop", min=1, callback=at_most(MAX_ID), help="End a problem's study when its best has not improved by more than 1% (the timing noise) for N trials; --trials stays the ceiling (default: off).")] = None,
+    kernel_pass: Annotated[str, typer.Option("--pass", help="Which pass to tune: forward, backward (dQ, dK, dV from the forward's O and lse: the profile's backward templates, checked against fp32 autograd, timed against SDPA's flash and cuDNN backward and FlashAttention-4's) or both (the forward studies, then the backward ones of the same problems).")] = "forward",
     kv_cache: Annotated[str, typer.Option("--kv-cache", help="With --model: e4m3 tunes its decode steps over an FP8 KV cache (dtype <model dtype>_kv_e4m3, vLLM's k_scale / v_scale); default: the model's dtype.")] = "",
 ) -> None:
     """Tune kernels with Optuna: each trial is checked, compiled, measured and stored; ends with a summary."""
@@ -177,6 +178,9 @@ def search_command(
     elif kv_cache:
         raise TunerError("--kv-cache sets the decode steps of --model; with --shape, pass the dtype itself "
                          "(--dtype bf16_kv_e4m3 or fp16_kv_e4m3)")
+    kernel_pass = kernel_pass.strip().lower()
+    if top and kernel_pass != "forward":
+        raise TunerError("--profile-top profiles forward kernels only; run `tuner profile` on the forward's trials")
     budget = parse_duration(time_budget) if time_budget else None
     started = time.monotonic()
     for i, phase in enumerate(phases):
@@ -191,6 +195,7 @@ def search_command(
             study=study, resume=resume, devices=parse_devices(devices), db_url=db or state.db_url,
             backend=backend.strip().lower(), replay_from=replay_from, force=force, confirm=confirm,
             confirm_rounds=confirm_rounds, objective=check_objective(objective), early_stop=early_stop,
+            kernel_pass=kernel_pass,
         )
         # A signal while the search is prepared stops it cleanly once its workers start (nothing half-written).
         with stop_signals.deferred(lambda text: say(text, stderr=True)):

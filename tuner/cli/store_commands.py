@@ -37,6 +37,7 @@ def results_command(
     shape: Annotated[Optional[str], typer.Option(help="Problem shape B,H,S,D or B,H,Sq,Sk,D.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help=f"{names_text()}.")] = None,
     causal: Annotated[Optional[bool], typer.Option("--causal/--no-causal", help="Only causal / non-causal.")] = None,
+    kernel_pass: Annotated[Optional[str], typer.Option("--pass", help="Only forward or backward problems.")] = None,
     template: Annotated[Optional[str], typer.Option(help="Kernel template name.")] = None,
     status: Annotated[
         Optional[str], typer.Option(help="ok, pruned, compile_error, launch_error, timeout or incorrect.")
@@ -50,7 +51,7 @@ def results_command(
     use_db(db)
     fmt = output_format(fmt, OUTPUT_FORMATS)
     filt = TrialFilter(gpu=gpu, shape=parse_shape(shape) if shape else None, dtype=dtype, causal=causal,
-                       template=template, status=status, limit=limit)
+                       kernel_pass=kernel_pass, template=template, status=status, limit=limit)
     with open_store(state.db_url, create=may_create_store()) as store:
         rows = store.prefer_confirmed(store.best_trials(filt)) if best else store.query_trials(filt)
         where = store.url

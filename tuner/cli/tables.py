@@ -177,7 +177,7 @@ def trial_lines(d: TrialDetail) -> list[Text]:
     lines = [
         Text(f"trial {d.id}: {printable(d.variant_name)}", style="bold"),
         _line("status", d.status.value),
-        _line("problem", f"{d.problem.label} (layout {d.problem.layout})"),
+        _line("problem", f"{d.problem.label} (layout {d.problem.layout}, {d.problem.kernel_pass} pass)"),
         _line("gpu", f"{d.gpu_name} (profile {d.profile}), run {d.run_id}"),
         # What `tuner results` marks r: the figures below are a recording's, not this card's measurement.
         *([_line("replayed", f"from {d.replayed_from} (--backend replay): answered from a recording, not measured")]

@@ -39,7 +39,13 @@ FA4_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
 
 def sdpa_skipped(problem: Problem) -> dict[str, str]:
-    """The SDPA backends not tried on `problem`, each with why: what SDPA's interface cannot express."""
+    """The SDPA backends not tried on `problem`, each with why: what SDPA's interface cannot express. A backward
+    problem is timed against SDPA's flash and cuDNN backward ops on the forward's O and lse (runtime.backward_trial),
+    which take no window or softcap."""
+    if problem.backward:
+        if problem.local or problem.softcap:
+            return dict.fromkeys(SDPA_BACKENDS, "SDPA's backward ops take no sliding window or softcap")
+        return {"sdpa_efficient": "a backward is timed against SDPA's flash and cuDNN backward"}
     if problem.softcap:
         return dict.fromkeys(SDPA_BACKENDS, "SDPA has no logit softcapping")
     if problem.local:
@@ -150,7 +156,7 @@ def use_fa4_cache() -> dict[str, str]:
 def import_baselines() -> None:
     """Import the baselines' libraries ahead of their first use (FlashAttention-4's, with its compile cache on:
     seconds of its compiler's start-up); where one does not import, its baseline is simply missing later."""
-    _fa4_function("flash_attn_func")
+    fa4_function("flash_attn_func")
 
 
 def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None,
@@ -163,15 +169,15 @@ def fa4_baseline(q: Any, k: Any, v: Any, causal: bool, scale: float | None = Non
     shape compiles (seconds; a load from its cache after the first run): made here, before any timing.
     Its compiler's warnings go to the baselines' log.
     """
-    flash_attn_func = _fa4_function("flash_attn_func")
+    flash_attn_func = fa4_function("flash_attn_func")
     if flash_attn_func is None:
         return None
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    kwargs = _fa4_kwargs(scale, causal, window, softcap)
-    return _fa4_if_it_runs(lambda: flash_attn_func(qb, kb, vb, **kwargs), qb.is_cuda)
+    kwargs = fa4_kwargs(scale, causal, window, softcap)
+    return fa4_if_it_runs(lambda: flash_attn_func(qb, kb, vb, **kwargs), qb.is_cuda)
 
 
-def _fa4_function(name: str) -> Any:
+def fa4_function(name: str) -> Any:
     """flash_attn.cute's `name` (its compile cache on), or None where it does not import."""
     use_fa4_cache()
     with warnings_logged(FA4, "import"):
@@ -182,7 +188,7 @@ def _fa4_function(name: str) -> Any:
     return getattr(cute, name, None)
 
 
-def _fa4_kwargs(scale: float | None, causal: bool, window: tuple[int, int], softcap: float) -> dict[str, Any]:
+def fa4_kwargs(scale: float | None, causal: bool, window: tuple[int, int], softcap: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": causal}
     if window != (-1, -1):
         # FA4 reads a -1 side as a bound of -1 (only (-1, -1) together means none): an unbounded side is
@@ -193,7 +199,7 @@ def _fa4_kwargs(scale: float | None, causal: bool, window: tuple[int, int], soft
     return kwargs
 
 
-def _fa4_if_it_runs(run: Callable[[], Any], cuda: bool) -> Optional[Baseline]:
+def fa4_if_it_runs(run: Callable[[], Any], cuda: bool) -> Optional[Baseline]:
     """FA4's `run` as a baseline, after its first call (which compiles); None where that call fails."""
     with warnings_logged(FA4, "compile and first call"):
         try:
@@ -265,11 +271,11 @@ def packed_baselines(problem: Problem, q: Any, k: Any, v: Any, scale: Optional[f
             baseline = _sdpa_per_sequence(name, problem, q, k, v, scale)
             if baseline is not None:
                 found.append(baseline)
-    varlen = _fa4_function("flash_attn_varlen_func") if fa4 else None
+    varlen = fa4_function("flash_attn_varlen_func") if fa4 else None
     if varlen is not None:
         p = packed_inputs(problem, q, k, v)
-        kwargs = _fa4_kwargs(scale, problem.causal, (problem.window_left, problem.window_right), problem.softcap)
-        extra = _fa4_if_it_runs(lambda: varlen(p["q"], p["k"], p["v"], cu_seqlens_q=p["cu"], cu_seqlens_k=p["cu"],
+        kwargs = fa4_kwargs(scale, problem.causal, (problem.window_left, problem.window_right), problem.softcap)
+        extra = fa4_if_it_runs(lambda: varlen(p["q"], p["k"], p["v"], cu_seqlens_q=p["cu"], cu_seqlens_k=p["cu"],
                                                max_seqlen_q=p["max"], max_seqlen_k=p["max"], **kwargs),
                                 p["q"].is_cuda)
         found += [extra] if extra is not None else []

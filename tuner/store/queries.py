@@ -96,6 +96,8 @@ def apply_filter(stmt: Select, filt: TrialFilter) -> Select:
         stmt = stmt.where(ProblemTable.dtype == filt.dtype)
     if filt.causal is not None:
         stmt = stmt.where(ProblemTable.causal == filt.causal)
+    if filt.kernel_pass is not None:
+        stmt = stmt.where(ProblemTable.kernel_pass == filt.kernel_pass)
     if filt.template:
         stmt = stmt.where(VariantTable.template == filt.template)
     if filt.template_hashes is not None:

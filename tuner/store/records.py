@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional
 
 from tuner.errors import TunerError
-from tuner.problem import DTYPES, Problem
+from tuner.problem import DTYPES, PASSES, Problem
 from tuner.runtime.energy import Energy
 from tuner.runtime.timed import Timed, Timing
 from tuner.status import TrialStatus
@@ -119,6 +119,7 @@ class TrialFilter:
     problem: Optional[Problem] = None  # exactly this problem (every field: heads_kv and layout too)
     dtype: Optional[str] = None
     causal: Optional[bool] = None
+    kernel_pass: Optional[str] = None  # forward or backward (Problem.kernel_pass)
     template: Optional[str] = None
     template_hashes: Optional[tuple[str, ...]] = None  # variants of these template code versions only
     status: Optional[TrialStatus] = None
@@ -130,6 +131,8 @@ class TrialFilter:
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise TunerError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if self.kernel_pass is not None and self.kernel_pass not in PASSES:
+            raise TunerError(f"unknown pass {self.kernel_pass!r}; expected one of {', '.join(PASSES)}")
         if self.status is not None:
             object.__setattr__(self, "status", TrialStatus.parse(self.status))
         if self.shape is not None:
@@ -265,7 +268,8 @@ class TrialRow(Timed):
 
     CSV_FIELDS = (
         "id", "run_id", "gpu_name", "profile", "batch", "heads", "heads_kv", "seq_q", "seq_k", "head_dim",
-        "dtype", "causal", "layout", "lengths", "window_left", "window_right", "softcap", "template", "variant_name",
+        "dtype", "causal", "layout", "lengths", "window_left", "window_right", "softcap", "kernel_pass", "template",
+        "variant_name",
         "params", "status", "median_us", "p20_us",
         "p80_us", "tflops", "ratio_to_best_baseline", "best_baseline_impl", "rel_error", "registers",
         "smem_bytes", "spill_bytes", "study", "trial_number", "created_at", "confirmed_us", "confirmed_ratio",
