@@ -13,7 +13,7 @@ from tuner.errors import TunerError
 from tuner.runtime.shipped.dispatch import Key
 from tuner.kernels.manifest import list_templates, load_manifest
 from tuner.kernels.variant import Variant, mask_of
-from tuner.problem import DTYPES, FULL_LENGTHS, Problem, parse_shape
+from tuner.problem import DTYPES, FORWARD, FULL_LENGTHS, Problem, parse_shape
 from tuner.profiles import GpuProfile
 from tuner.runtime.build import BuiltKernel, build
 from tuner.store import TrialFilter, TrialRow
@@ -50,10 +50,11 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     wanted: list[tuple[TrialFilter, Optional[Problem]]] = [
-        (TrialFilter(gpu=profile.name, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim), dtype=p.dtype), p)
+        (TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim), dtype=p.dtype), p)
         for p in model_problems]
-    wanted = wanted or [(TrialFilter(gpu=profile.name, shape=parse_shape(s), dtype=dtype), None) for s in shapes] or \
-        [(TrialFilter(gpu=profile.name, dtype=dtype), None)]
+    wanted = wanted or [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=parse_shape(s), dtype=dtype), None) for s in shapes] or \
+        [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, dtype=dtype), None)]
+    # An export ships forward kernels: a backward problem's trials are not its (its backward is SDPA's).
     current = tuple(sorted(m.source_hash for m in list_templates()))
     rows: dict[int, TrialRow] = {}
     for filt, problem in wanted:
