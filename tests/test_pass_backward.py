@@ -136,3 +136,21 @@ def test_the_report_names_the_pass(searched, tmp_path) -> None:
     assert result.exit_code == 0, result.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "D64 fp16 backward" in text
+
+
+def test_a_store_from_before_the_pass_upgrades_and_its_problems_are_forwards(tmp_path) -> None:
+    from tests.store_factories import H100, trial
+    from tuner.store.schema import downgrade_store, upgrade_store
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    with open_store(url) as store:
+        store.add_trial(trial(store.start_run(H100), FORWARD))
+    downgrade_store(url, "0011")  # the schema before the pass: no problems.pass column
+    with pytest.raises(TunerError, match="run `tuner db upgrade`"):
+        open_store(url)
+    assert upgrade_store(url)[0] == "0011"
+    with open_store(url) as store:
+        assert [r.problem for r in store.query_trials(TrialFilter())] == [FORWARD]
+        store.add_trial(trial(store.start_run(H100), BACKWARD))  # the same shape's backward: another problem row
+        assert {r.problem for r in store.query_trials(TrialFilter(kernel_pass="backward"))} == {BACKWARD}
+        assert {r.problem for r in store.query_trials(TrialFilter(kernel_pass="forward"))} == {FORWARD}
