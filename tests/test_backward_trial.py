@@ -45,6 +45,7 @@ def test_a_wrong_or_unwritten_gradient_is_an_error() -> None:
     assert data["ref"].error(good) == 0.0
     errors = data["ref"].errors((good[0], good[1] * 1.1, good[2]))
     assert errors["dq"] == 0.0 and errors["dk"] == pytest.approx(0.1) and errors["dv"] == 0.0
+    assert data["ref"].describe((good[0], good[1] * 1.1, good[2])) == "dq 0.0e+00, dk 1.0e-01, dv 0.0e+00"
     poisoned = poisoned_grads(data)
     assert [p.shape for p in poisoned] == [q.shape, k.shape, v.shape]
     assert data["ref"].error(poisoned) == math.inf

@@ -198,6 +198,8 @@ class CudaRunner:
             intact = self._intact(problem, data)
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
         why = _wrong(err, tolerance(problem), intact)
+        if why is not None and problem.backward:  # which gradient
+            why += f" ({data['ref'].describe(out)})"
         if why is not None:
             return {**base, "status": "incorrect", "error": why}
         with self.spent.part(BASELINE_SETUP):

@@ -36,6 +36,10 @@ class GradReference:
         """Each gradient's grad_error (relative L2, floored; inf for NaN or an unwritten element)."""
         return {name: grad_error(g, want, self.floors[name]) for name, g, want in zip(GRADS, got, self.grads)}
 
+    def describe(self, got: tuple[Any, Any, Any]) -> str:
+        """Each gradient's error, e.g. "dq 1.2e-03, dk 4.0e-02, dv 9.1e-04": which one failed."""
+        return ", ".join(f"{name} {e:.1e}" for name, e in self.errors(got).items())
+
     def error(self, got: tuple[Any, Any, Any]) -> float:
         """The worst gradient's error: what a trial stores as its rel_error and checks against the tolerance."""
         return max(self.errors(got).values())

@@ -112,14 +112,22 @@ def _byte_sum(t: Any) -> Any:
     return t.view(torch.uint8).sum(dtype=torch.int64)
 
 
+# The matmuls of a backward's reference over a forward's: the forward (2), autograd's dV, dP, dQ, dK (4) and the
+# noise floors' five (runtime.backward_verify.grad_noise_floors), rounded up.
+BACKWARD_REFERENCE_WORK = 6.0
+
+
 def setup_seconds(problem: Problem, base_s: float) -> float:
     """The limit on one set-up phase of `problem` in the GPU worker: `base_s` (the worker's start-up limit, what
     any set-up may take) plus the fp32 reference's flops (every query row, or the sampled ones past
-    FULL_REFERENCE_SCORES scores a head) at REFERENCE_FLOPS_PER_S."""
+    FULL_REFERENCE_SCORES scores a head) at REFERENCE_FLOPS_PER_S. A backward's reference covers every row: its
+    forward, autograd's gradients and their noise floors, BACKWARD_REFERENCE_WORK times a forward's matmuls."""
     rows = problem.seq_q
-    if problem.seq_q * problem.seq_k > FULL_REFERENCE_SCORES:
+    if problem.seq_q * problem.seq_k > FULL_REFERENCE_SCORES and not problem.backward:
         rows = len(sampled_rows(problem.seq_q) or ()) or problem.seq_q
     flops = 4.0 * problem.batch * problem.heads * rows * problem.seq_k * problem.head_dim
+    if problem.backward:
+        flops *= BACKWARD_REFERENCE_WORK
     return base_s + flops / REFERENCE_FLOPS_PER_S
 
 
