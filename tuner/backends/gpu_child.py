@@ -17,8 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from tuner.backends.kernel_calls import (kernel_call, layout_inputs, load_kernel, tolerance,  # noqa: F401 - kernel_call:
-                                         trial_output)  # this module's API too
+from tuner.backends.kernel_calls import kernel_call  # noqa: F401 - kernel_call: this module's API too
+from tuner.backends.kernel_calls import layout_inputs, load_kernel, tolerance, trial_output
 from tuner.backends.phases import KERNEL, SETUP, TIMED, phase_kind
 from tuner.errors import NoGpuError, TunerError
 from tuner.problem import Problem

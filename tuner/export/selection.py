@@ -49,12 +49,14 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
     other kernels (a problem measured only with older code keeps its best, exported if its cubin is unchanged)."""
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    wanted: list[tuple[TrialFilter, Optional[Problem]]] = [
-        (TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim), dtype=p.dtype), p)
-        for p in model_problems]
-    wanted = wanted or [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=parse_shape(s), dtype=dtype), None) for s in shapes] or \
-        [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, dtype=dtype), None)]
     # An export ships forward kernels: a backward problem's trials are not its (its backward is SDPA's).
+    wanted: list[tuple[TrialFilter, Optional[Problem]]] = [
+        (TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim),
+                     dtype=p.dtype), p)
+        for p in model_problems]
+    wanted = wanted or [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=parse_shape(s), dtype=dtype), None)
+                        for s in shapes] or \
+        [(TrialFilter(gpu=profile.name, kernel_pass=FORWARD, dtype=dtype), None)]
     current = tuple(sorted(m.source_hash for m in list_templates()))
     rows: dict[int, TrialRow] = {}
     for filt, problem in wanted:
