@@ -154,3 +154,18 @@ def test_a_store_from_before_the_pass_upgrades_and_its_problems_are_forwards(tmp
         store.add_trial(trial(store.start_run(H100), BACKWARD))  # the same shape's backward: another problem row
         assert {r.problem for r in store.query_trials(TrialFilter(kernel_pass="backward"))} == {BACKWARD}
         assert {r.problem for r in store.query_trials(TrialFilter(kernel_pass="forward"))} == {FORWARD}
+
+
+def test_a_backward_search_on_hopper_takes_the_wgmma_template_and_confirms(tmp_path) -> None:
+    rec, db = f"sqlite:///{tmp_path}/rec.db", f"sqlite:///{tmp_path}/out.db"
+    write_synthetic_recording(rec, [BACKWARD], profile="h100", template="attn_bwd_wgmma")
+    result = run_tuner("--db", db, "search", "--gpu", "h100", "--shape", SHAPE, "--pass", "backward", "--backend",
+                       "replay", "--from", rec, "--trials", "3", "--seed", "0")
+    assert result.exit_code == 0, result.stderr
+    with open_store(db, create=False) as store:
+        rows = [r for r in store.query_trials(TrialFilter(kernel_pass="backward"))
+                if r.status is not TrialStatus.PRUNED]
+        confirmed = store.confirmed(BACKWARD, "h100")
+    assert len(rows) == 3 and {r.template for r in rows} == {"attn_bwd_wgmma"}
+    assert {r.study for r in rows} == {"h100-attn_bwd_wgmma-B1H4S256S256D64-fp16-backward"}
+    assert confirmed is not None and confirmed.variant_name.startswith("attn_bwd_wgmma_")
