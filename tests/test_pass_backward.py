@@ -64,6 +64,12 @@ def test_an_unknown_pass_on_the_command_line_is_refused() -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_profiling_the_backward_is_refused_in_one_line() -> None:
+    result = run_tuner("search", "--gpu", "h100", "--shape", SHAPE, "--pass", "backward", "--profile-top", "1")
+    assert result.exit_code == 2 and "--profile-top profiles forward kernels only" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_a_backward_head_dim_no_template_takes_is_a_one_line_error(tmp_path) -> None:
     url = f"sqlite:///{tmp_path}/rec.db"
     write_synthetic_recording(url, [BACKWARD], profile="h100", template="attn_bwd_mma")

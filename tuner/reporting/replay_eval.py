@@ -102,6 +102,7 @@ def replay_once(recording: GridRecording, sampler: str, seed: int, trials: int,
             layout=p.layout, lengths=p.lengths, window=(p.window_left, p.window_right), softcap=p.softcap,
             template=recording.template, trials=trials, sampler=sampler, seed=seed, db_url=db_url,
             backend="replay", replay_from=recording.url, warm_start=0, early_stop=early_stop,
+            kernel_pass=p.kernel_pass,
         )  # fmt: skip
         report = run_search(options, console=Console(file=io.StringIO()))
         with open_store(db_url, create=False) as store:
