@@ -51,8 +51,25 @@ def test_a_wrong_or_unwritten_gradient_is_an_error() -> None:
     assert data["ref"].error(poisoned) == math.inf
 
 
-def test_a_backward_call_passes_the_inputs_and_the_gradients() -> None:
-    seen = []
+def test_a_backward_call_is_checked_each_time_or_prepared_once() -> None:
+    class Kernel:
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def __call__(self, *args, grads):
+            self.seen.append(("checked", args, grads))
+
+        def launcher(self, *args, grads):
+            self.seen.append(("prepared", args, grads))
+            return lambda: self.seen.append("launch")
+
     data = {name: name for name in ("q", "k", "v", "o", "lse", "do")} | {"scale": 0.5}
-    backward_call(lambda *args, grads: seen.append((args, grads)), data, ("dq", "dk", "dv"))()
-    assert seen == [(("q", "k", "v", "o", "lse", "do", 0.5), ("dq", "dk", "dv"))]
+    args, grads = ("q", "k", "v", "o", "lse", "do", 0.5), ("dq", "dk", "dv")
+    kernel = Kernel()
+    checked = backward_call(kernel, data, grads, checked=True)
+    checked(), checked()
+    assert kernel.seen == [("checked", args, grads)] * 2
+    kernel = Kernel()
+    bare = backward_call(kernel, data, grads, checked=False)
+    bare(), bare()
+    assert kernel.seen == [("prepared", args, grads), "launch", "launch"]

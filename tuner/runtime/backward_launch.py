@@ -13,7 +13,7 @@ lse is what the forward templates write: float32 [B, H, Sq], natural log, -inf f
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from tuner.errors import TunerError
 from tuner.kernels.feasibility import resources
@@ -80,6 +80,13 @@ class BackwardKernel:
                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
         """dq, dk, dv (laid out like q, k and v, or written into `grads`) for logical [B, H, S, D] tensors with any
         strides whose head dim is contiguous; k and v [B, Hkv, Sk, D] (GQA: H a multiple of Hkv)."""
+        return self.launcher(q, k, v, o, lse, do, scale, grads)()
+
+    def launcher(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, scale: float | None = None,
+                 grads: tuple[Any, Any, Any] | None = None) -> Callable[[], tuple[Any, Any, Any]]:
+        """The three launches on these tensors, checked and their scratch allocated once, here: a call of the result
+        launches them alone (what a trial times, as a forward's launch_unchecked) and returns dq, dk, dv. The scratch
+        is reused: each call's first kernel recomputes lse_log2 and delta and zeroes dQ's accumulator."""
         import torch
 
         v_ = self.variant
@@ -98,6 +105,8 @@ class BackwardKernel:
         b, h, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+        if b * h * sq == 0 or sk == 0:
+            return lambda: (dq.zero_(), dk.zero_(), dv.zero_())
         sq_pad = -(-sq // self.row_pad) * self.row_pad
         scratch = torch.empty(2, b, h, sq_pad, device=q.device, dtype=torch.float32)  # lse_log2, delta
         dq_accum = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
@@ -107,12 +116,16 @@ class BackwardKernel:
                 scratch[0].data_ptr(), scratch[1].data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                 dv.data_ptr(), *(s for t in (q, k, v, o, do, dq, dk, dv) for s in t.stride()[:3]),
                 sq, sk, h, h // hkv, scale)
-        if b * h * sq == 0 or sk == 0:
-            dq.zero_(), dk.zero_(), dv.zero_()
+        device = q.device.index if q.device.index is not None else self._device
+        aux_block, main_grid = (self.aux_threads, 1, 1), (-(-sk // self.block_n), hkv, b)
+        pre_grid, convert_grid = (sq_pad // self.aux_rows, h, b), (-(-sq // self.aux_rows), h, b)
+
+        def launch() -> tuple[Any, Any, Any]:
+            stream = self._stream(device)  # torch's current stream at each call
+            self._pre.launch(pre_grid, aux_block, args, 0, stream)
+            self._main.launch(main_grid, (self.threads, 1, 1), args, self.smem_bytes, stream)
+            self._convert.launch(convert_grid, aux_block, args, 0, stream)
             return dq, dk, dv
-        stream = self._stream(q.device.index if q.device.index is not None else self._device)
-        aux_block = (self.aux_threads, 1, 1)
-        self._pre.launch((sq_pad // self.aux_rows, h, b), aux_block, args, 0, stream)
-        self._main.launch((-(-sk // self.block_n), hkv, b), (self.threads, 1, 1), args, self.smem_bytes, stream)
-        self._convert.launch((-(-sq // self.aux_rows), h, b), aux_block, args, 0, stream)
-        return dq, dk, dv
+
+        launch.keep = (scratch, dq_accum)  # type: ignore[attr-defined]  # alive while the launcher is
+        return launch

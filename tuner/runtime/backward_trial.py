@@ -86,10 +86,14 @@ def poisoned_grads(data: dict[str, Any]) -> tuple[Any, Any, Any]:
     return tuple(torch.full_like(data[name], float("nan")) for name in ("q", "k", "v"))  # type: ignore[return-value]
 
 
-def backward_call(kernel: Any, data: dict[str, Any], grads: tuple[Any, Any, Any]) -> Callable[[], Any]:
-    """A backward variant's three launches (tuner.runtime.backward_launch.BackwardKernel) on the problem's inputs."""
-    q, k, v, o, lse, do, scale = (data[n] for n in ("q", "k", "v", "o", "lse", "do", "scale"))
-    return lambda: kernel(q, k, v, o, lse, do, scale, grads=grads)
+def backward_call(kernel: Any, data: dict[str, Any], grads: tuple[Any, Any, Any], checked: bool) -> Callable[[], Any]:
+    """A backward variant's three launches (tuner.runtime.backward_launch.BackwardKernel) on the problem's inputs:
+    `checked` checks the inputs at each call (the verify launch), else once, here (what is timed: the launches alone,
+    as a forward's launch_unchecked)."""
+    args = tuple(data[n] for n in ("q", "k", "v", "o", "lse", "do", "scale"))
+    if checked:
+        return lambda: kernel(*args, grads=grads)
+    return kernel.launcher(*args, grads=grads)
 
 
 def backward_baselines(problem: Problem, data: dict[str, Any], fa4: bool = True) -> list[Baseline]:
