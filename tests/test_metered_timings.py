@@ -71,7 +71,7 @@ def runner_of(monkeypatch) -> Callable[[str], tuple[CudaRunner, Asked]]:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(gpu_child, "time_call", lambda fn, **kwargs: asked.timing("kernel", kwargs))
     monkeypatch.setattr(gpu_child, "kernel_call", lambda kernel, data, out, checked: (lambda: None))
-    monkeypatch.setattr(gpu_child, "empty_output", lambda q: object())
+    monkeypatch.setattr(gpu_child, "trial_output", lambda problem, data: object())
     monkeypatch.setattr(gpu_child, "available_baselines",
                         lambda *args, **kwargs: [FakeBaseline("sdpa_flash", asked), FakeBaseline("sdpa_cudnn", asked)])
 

@@ -48,7 +48,10 @@ def tolerance(problem: Problem) -> float:
 def kernel_call(kernel: Any, data: dict[str, Any], out: Any, checked: bool) -> Callable[[], None]:
     """The kernel's launch on a problem's inputs (the paged form for a paged layout, the key lengths of a
     ragged batch, FP8 inputs' descales); `checked` validates the inputs first (the verify launch),
-    else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all."""
+    else the launch alone (what is timed). A 16-bit problem's calls pass no descales at all. A backward problem's
+    inputs (runtime.backward_trial.backward_inputs: its dO, O and lse) go to a backward kernel's three launches."""
+    if "lse" in data:
+        return backward_call(kernel, data, out, checked)
     if "packed" in data:
         return packed_call(kernel, data, out, checked)
     q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
