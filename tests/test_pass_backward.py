@@ -175,3 +175,24 @@ def test_a_backward_search_on_hopper_takes_the_wgmma_template_and_confirms(tmp_p
     assert len(rows) == 3 and {r.template for r in rows} == {"attn_bwd_wgmma"}
     assert {r.study for r in rows} == {"h100-attn_bwd_wgmma-B1H4S256S256D64-fp16-backward"}
     assert confirmed is not None and confirmed.variant_name.startswith("attn_bwd_wgmma_")
+
+
+def test_both_passes_share_a_time_budget_and_an_interrupt_stops_both(monkeypatch) -> None:
+    from tuner.search import run
+
+    asked = []
+
+    def fake(options, console=None, hooks=None):
+        asked.append((options.kernel_pass, options.time_budget_s))
+        return run.SearchReport([], [len(asked)], [options.kernel_pass], interrupted=interrupt, measured=1, reused=0,
+                                asked=1, wall_s=20.0)
+
+    monkeypatch.setattr(run, "run_search", fake)
+    interrupt = False
+    report = run._search_both(SearchOptions(kernel_pass="both", time_budget_s=100.0), None, None)
+    assert asked == [("forward", 50.0), ("backward", 80.0)]
+    assert report.studies == ["forward", "backward"] and report.measured == 2 and report.wall_s == 40.0
+    asked.clear()
+    interrupt = True
+    assert run._search_both(SearchOptions(kernel_pass="both"), None, None).interrupted
+    assert asked == [("forward", None)]

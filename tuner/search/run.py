@@ -142,10 +142,7 @@ def run_search(options: SearchOptions, console: Optional[Console] = None, hooks:
     console = console or Console(stderr=True)
     validate_options(options)
     if options.kernel_pass == BOTH:
-        reports = [run_search(dataclasses.replace(options, kernel_pass=FORWARD), console, hooks)]
-        if not reports[0].interrupted:
-            reports.append(run_search(dataclasses.replace(options, kernel_pass=BACKWARD), console, hooks))
-        return merged_reports(reports)
+        return _search_both(options, console, hooks)
     profile = _resolve(options)
     recorded = _recorded(options, profile, hooks)
     db_url = options.db_url or default_db_url()
@@ -212,6 +209,19 @@ def _search(options: SearchOptions, profile: GpuProfile, db_url: str, storage: A
         report = _report(storage, store, [(s.study_name, p) for s, p in zip(studies, problems)], results)
         own = (("preparing the search", prepared - started), ("summing up", time.perf_counter() - summing))
         return dataclasses.replace(report, search_seconds=own)
+
+
+def _search_both(options: SearchOptions, console: Console, hooks: Hooks) -> SearchReport:
+    """--pass both: the forward studies, then (unless interrupted) the backward ones; a --time-budget gives the
+    forward half of it and the backward what is left."""
+    budget = options.time_budget_s
+    first = dataclasses.replace(options, kernel_pass=FORWARD, time_budget_s=budget / 2 if budget else None)
+    reports = [run_search(first, console, hooks)]
+    if not reports[0].interrupted:
+        left = max(1.0, budget - reports[0].wall_s) if budget else None
+        reports.append(run_search(dataclasses.replace(options, kernel_pass=BACKWARD, time_budget_s=left), console,
+                                  hooks))
+    return merged_reports(reports)
 
 
 def merged_reports(reports: list[SearchReport]) -> SearchReport:
