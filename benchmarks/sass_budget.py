@@ -41,12 +41,16 @@ def print_table(name: str, by_label: dict[str, LoopBudget], items: dict[str, Ite
         for b in table.values():
             ops.update(b.counts)
         for op, _ in ops.most_common():
-            print(f"  {op:10s}" + "".join(f"{table[label].counts.get(op, 0):10d}" for label in labels)
-                  + ("" if op not in MATH_OPS else "   (math)"))
-        print(f"  {'all':10s}" + "".join(f"{table[label].total:10d}" for label in labels))
-    print(f"  {'non-math':10s}" + "".join(f"{by_label[label].non_math:10d}" for label in labels) + "   (loop)")
-    print(f"  {'cond.':10s}" + "".join(f"{by_label[label].conditional:10d}" for label in labels)
+            print(f"  {op:10s}" + "".join(f"{table[label].per_tile(table[label].counts.get(op, 0)):10g}"
+                                          for label in labels) + ("" if op not in MATH_OPS else "   (math)"))
+        print(f"  {'all':10s}" + "".join(f"{table[label].per_tile(table[label].total):10g}" for label in labels))
+    print(f"  {'non-math':10s}" + "".join(f"{by_label[label].per_tile(by_label[label].non_math):10g}"
+                                          for label in labels) + "   (loop)")
+    print(f"  {'cond.':10s}" + "".join(f"{by_label[label].per_tile(by_label[label].conditional):10g}"
+                                       for label in labels)
           + "   (loop, under a predicated forward branch: a partial tile's mask)")
+    print(f"  {'tiles':10s}" + "".join(f"{by_label[label].tiles:10d}" for label in labels)
+          + "   (K/V tiles per loop iteration: the loop's counts are divided by it)")
     print(f"  {'cond.':10s}" + "".join(f"{items[label].conditional:10d}" for label in labels)
           + "   (per item, under a predicated forward branch)")
 

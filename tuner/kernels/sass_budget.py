@@ -57,6 +57,8 @@ class LoopBudget:
     counts: Counter[str]
     # Those under a predicated forward branch inside the loop (a partial tile's mask): run on some tiles only.
     conditional: int = 0
+    # K/V tiles one iteration does: 2 where the loop is unrolled by two (attn_fwd_wgmma's TWO_P).
+    tiles: int = 1
 
     @property
     def total(self) -> int:
@@ -65,6 +67,10 @@ class LoopBudget:
     @property
     def non_math(self) -> int:
         return sum(n for op, n in self.counts.items() if op not in MATH_OPS)
+
+    def per_tile(self, n: int) -> float:
+        """`n` instructions of one iteration as per K/V tile."""
+        return n / self.tiles
 
 
 def functions(sass: str) -> dict[str, list[Instr]]:
@@ -107,10 +113,15 @@ def main_loop(sass: str, function: str | None = None) -> LoopBudget:
             _, first, last = best
             body = instrs[first:last + 1]
             return LoopBudget(name, body[0].addr, body[-1].addr, Counter(ins.opcode for ins in body),
-                              len(_skippable(instrs, first, last)))
+                              len(_skippable(instrs, first, last)), max(1, sum(map(_starts_a_tile, body))))
         if function is not None:
             break
     raise ValueError(f"no loop with tensor-core instructions in {function or 'any function'}")
+
+
+def _starts_a_tile(ins: Instr) -> bool:
+    """A wgmma that overwrites its accumulator (`RZ, !UPT`): a tile's first Q K^T step; a P V accumulates."""
+    return ins.opcode in ("HGMMA", "QGMMA") and ", RZ, !UPT" in ins.text
 
 
 _WAIT_GROUP = re.compile(r"^WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
@@ -132,6 +143,24 @@ def exp2_under_pv(sass: str, function: str | None = None) -> tuple[int, int]:
         elif after_s and ins.text.startswith("MUFU.EX2"):
             overlapped += 1
     return overlapped, total
+
+
+def f2fp_after_full_wait(sass: str, function: str | None = None) -> int:
+    """The main loop's F2FP (P's conversions) between a wait for every wgmma (wait_group 0) and the next
+    tensor-core instruction, or the loop's end: conversions the next Q K^T issue waits behind. The rotated 16-bit
+    loop packs all of P there (32 at BN 128); with two P sets (TWO_P) S is packed after its softmax, none."""
+    loop = main_loop(sass, function)
+    body = [i for i in functions(sass)[loop.function] if loop.start <= i.addr <= loop.end]
+    found, after_wait = 0, False
+    for ins in body:
+        m = _WAIT_GROUP.match(ins.text)
+        if m:
+            after_wait = int(m.group(1), 16) == 0
+        elif ins.opcode in TENSOR_OPS:
+            after_wait = False
+        elif after_wait and ins.opcode == "F2FP":
+            found += 1
+    return found
 
 
 def cubin_sass(cubin: bytes) -> str:
@@ -196,4 +225,4 @@ def item_code(sass: str, function: str | None = None) -> ItemBudget:
     covered = _skippable(instrs, first, last, around=(m_first, m_last))
     return ItemBudget(loop.function, instrs[first].addr, instrs[last].addr,
                       Counter(instrs[i].opcode for i in region),
-                      sum(1 for i in region if i in covered), bool(outer))
+                      sum(1 for i in region if i in covered), persistent=bool(outer))
