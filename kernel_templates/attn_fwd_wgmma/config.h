@@ -40,7 +40,8 @@ struct OutputOf<__nv_fp8_e4m3> {
 };
 
 template <class T_, int D_, int BM_, int BN_, int STAGES_, int SWB_, bool OVERLAP_, bool PINGPONG_,
-          int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_, class MASK_ = NoMask, bool PACKED_ = false>
+          int PRODUCER_REGS_, bool PERSISTENT_, bool CAUSAL_, class MASK_ = NoMask, bool PACKED_ = false,
+          bool TWO_P_ = false>
 struct HopperConfig {
   using T = T_;  // q, k, v
   // FP8 (e4m3): q, k, v scaled by per-(batch, K/V head) descales, the output bf16. FP8 wgmma reads both
@@ -63,6 +64,9 @@ struct HopperConfig {
   using Cap = Softcap<MASK_>;
   // Packed sequences (AttnArgs::cu_q / cu_k): every work item reads its sequence's offsets and lengths.
   static constexpr bool PACKED = PACKED_;
+  // Two P register sets, alternating by tile parity (consumer_mainloop.h, TWO_P): the 16-bit overlapped loop
+  // packs S_j right after its softmax, not before Q K_{j+1}^T's issue; BN / 4 more registers a thread.
+  static constexpr bool TWO_P = TWO_P_;
   static constexpr int CONSUMERS = BM / 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int MIN_BLOCKS = 1;
@@ -91,6 +95,7 @@ struct HopperConfig {
   static_assert(D % E == 0, "head dim must be a multiple of the swizzle width");
   static_assert(!FP8 || BN % E == 0, "FP8: the key tile must be a multiple of the swizzle width (V^T's box)");
   static_assert(!PINGPONG || CONSUMERS >= 2, "ping-pong needs two consumer warpgroups");
+  static_assert(!TWO_P || (OVERLAP && !FP8), "two P register sets are for the 16-bit overlapped loop");
   static_assert(!(PACKED && FP8), "packed sequences take 16-bit inputs (an FP8 V is read transposed per batch row)");
   static_assert(PRODUCER_REGS >= 24 && PRODUCER_REGS % 8 == 0, "setmaxnreg takes multiples of 8 from 24");
 };

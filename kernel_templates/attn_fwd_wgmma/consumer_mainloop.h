@@ -214,6 +214,15 @@ __device__ __forceinline__ void pack_p(uint32_t (*p)[4], const float* s) {
   }
 }
 
+// `to` = `from` where `take` (TWO_P's last P, in either set).
+template <class C>
+__device__ __forceinline__ void copy_p(uint32_t (*to)[4], const uint32_t (*from)[4], bool take) {
+#pragma unroll
+  for (int kk = 0; kk < C::BN / C::KSTEP; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) to[kk][r] = take ? from[kk][r] : to[kk][r];
+}
+
 // q_descale x k_descale of the work item's (batch, K/V head); 1 for 16-bit inputs.
 template <class C>
 __device__ __forceinline__ float qk_descale(const AttnArgs& a, const Work& it) {
@@ -276,10 +285,33 @@ __device__ __forceinline__ bool last_busy_item(const TileScheduler<C>& sched, Wo
 
 // The overlapped loop rotated (wait_pv_pack below) for 16-bit tiles: measured on an H200 (benchmarks/
 // NOTES.md, session 19) 1.02x on causal D128 and D256 and neutral elsewhere, but 0.94x on e4m3, whose
-// tile is softmax-bound: FP8 keeps the unrotated order.
+// tile is softmax-bound: FP8 keeps the unrotated order. P_{j-2} V_{j-2} is waited for at the top of iteration
+// j, and S_{j-1} packed into P there, so the loop's back edge lies between that wait and tile j-1's softmax:
+// ptxas hoists a wait within a block above the exp2s, which then never overlap the tensor cores' P V. The wait
+// is unconditional (nothing in flight at j = 1): inside an `if`, ptxas serialises every wgmma (C7514).
 template <class C>
 inline constexpr bool ROTATED = C::OVERLAP && !C::FP8;
+// TWO_P (config.h): the rotated loop unrolled by two over P registers p and p2 (compile-time names: an array
+// indexed by parity would live in local memory). S_j is packed right after its softmax, into the set that
+// P_{j-2} V_{j-2} read (waited for at the top of iteration j) while P_{j-1} V_{j-1} reads the other; so s is
+// free at the top and Q K_j^T goes right after the wait, with no F2FP before it (the rotated loop's pack).
+// The exit test between a pair's tiles is also a block boundary: without it ptxas hoists the second tile's
+// wait_group 0 above the first one's exp2s. Each tile's j is hidden from the compiler (an empty volatile asm):
+// knowing its parity, it found each half's descriptors loop-invariant, held them all, and ran out of uniform
+// registers (R2UR and MOV in the loop).
+// Two S sets instead (Q K_j^T into one while S_{j-1} is packed from the other, after it): benchmarks/NOTES.md
+// session 23: 224 registers of fragments spill at 240, and a wait_group 1 for a group issued before the
+// loop's back edge makes ptxas serialise every wgmma (C7514).
+template <class C>
+inline constexpr bool TWO_P = ROTATED<C> && C::TWO_P;
 
+// o is written first by tile 0's P V (issue_pv's accumulate), never zeroed: an item without tiles stores zeros
+// (the epilogue's `empty`). Zeroing it where no tile is made ptxas serialise the persistent variants' wgmma
+// (C7515), and zeroing it always cost ~100 instructions per item. slot(j), phase(j): where this item's K/V
+// tile j is in the ring (unsigned: ring + j is never negative where used, and a signed % or / costs a sign
+// fix-up). slot_before(j), phase_before(j): tile j - 1's, from tile j's: in a 2-stage ring the other slot, the
+// phase flipped where tile j is a round's first; one instruction each where a second slot and phase cost
+// five, and the descriptor selects of both tiles then share one predicate.
 template <class C>
 __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>& sm, const TileScheduler<C>& sched,
                                          int tid, int wg) {
@@ -304,26 +336,17 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     const float qk_scale = a.scale * qk_descale<C>(a, it);
     const float scale_log2 = C::Cap::softmax_scale(qk_scale) * LOG2E;
     const float cap_pre = C::Cap::pre_scale(qk_scale);
-
-    // Written first by tile 0's P V (issue_pv's accumulate), never zeroed: an item without tiles stores zeros
-    // (the epilogue's `empty`). Zeroing it where no tile is made ptxas serialise the persistent variants' wgmma
-    // (C7515), and zeroing it always cost ~100 instructions per item.
     float o[C::D / 2];
     float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f}, corr[2];
     float s[C::BN / 2];
-    uint32_t p[C::BN / C::KSTEP][4];
+    uint32_t p[C::BN / C::KSTEP][4], p2[TWO_P<C> ? C::BN / C::KSTEP : 1][4];
 
     // Tile j of the item is key tile it.n0 + j; a mask where it is partial for this warpgroup's rows.
     const int sq = item_sq<C>(a, it), sk = item_sk<C>(a, it);  // the sequence's (packed) or the call's
     const int kv_first = it.n0 * C::BN, p_lo = m0 + cw * 64 + sk - sq;
     auto needs_mask = [&](int j) { return C::Keys::partial(kv_first + j * C::BN, C::BN, p_lo, p_lo + 63, sk); };
-    // Slot and phase of this work item's K/V tile j in the ring.
-    // (Unsigned: ring + j is never negative where used, and a signed % or / costs a sign fix-up.)
     auto slot = [&](int j) { return static_cast<uint32_t>(ring + j) % C::STAGES; };
     auto phase = [&](int j) { return (static_cast<uint32_t>(ring + j) / C::STAGES) & 1; };
-    // Tile j - 1's slot and phase, from tile j's: in a 2-stage ring the other slot, the phase flipped where tile
-    // j is a round's first; one instruction each where a second slot and phase cost five, and the descriptor
-    // selects of both tiles then share one predicate.
     auto slot_before = [&](int j) -> uint32_t { return C::STAGES == 2 ? slot(j) ^ 1u : slot(j - 1); };
     auto phase_before = [&](int j) -> uint32_t { return C::STAGES == 2 ? phase(j) ^ slot(j) ^ 1u : phase(j - 1); };
     auto release_k = [&](int j) {
@@ -332,16 +355,14 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
     auto release_v = [&](int j) {
       if (lane == 0) mbar_arrive(sm.v_empty(slot(j)));
     };
-    // Issue S = Q K_j^T (in its ping-pong turn).
-    auto issue_s = [&](int j) {
+    auto issue_s = [&](int j) {  // S = Q K_j^T, in its ping-pong turn
       mbar_wait(sm.k_full(slot(j)), phase(j));
       turns.acquire();
       wgmma_fence();
       issue_qk<C>(s, descs.query(), descs.key(slot(j)));
       wgmma_commit();
     };
-    // S_j has been waited for: mask it where needed, softmax it in place.
-    // `between`: run after the row max, before the exp2s (softmax_tile).
+    // S_j waited for: masked where needed, softmaxed in place; `between`: after the row max (softmax_tile).
     auto softmax_s = [&](int j, auto&& between, bool first = false) {
       fence_regs<C::BN / 2>(s);
       release_k(j);
@@ -350,29 +371,37 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       softmax_tile<C>(s, row_max, row_sum, corr, scale_log2, between, first);
     };
     auto nothing = [] {};
-    // Issue O += P_j V_j (P packed from S_j).
-    // `at`: V_j's slot.
-    auto issue_o = [&](int j, uint32_t at) {
+    // Issue O += P_j V_j (P packed from S_j, in p or `from`); `at`: V_j's slot.
+    auto issue_o = [&](int j, uint32_t at, const uint32_t (*from)[4] = nullptr) {
       wgmma_fence();  // o may just have been written by the rescale
-      issue_pv<C>(o, p, descs.value(at), j > 0);
+      issue_pv<C>(o, from ? from : p, descs.value(at), j > 0);
       wgmma_commit();
     };
-    // Wait for every wgmma in flight, O included; V_j's slot is free again.
-    auto finish_o = [&](int j) {
+    auto finish_o = [&](int j) {  // every wgmma in flight waited for, O included; V_j's slot is free again
       wgmma_wait<0>();
       fence_regs<C::D / 2>(o);
       release_v(j);
     };
 
-    // ROTATED: P_{j-2} V_{j-2} is waited for at the top of iteration j, and S_{j-1} packed into P there,
-    // so the loop's back edge lies between that wait and tile j-1's softmax: ptxas hoists a wait within a
-    // block above the exp2s, which then never overlap the tensor cores' P V. The wait is unconditional
-    // (nothing in flight at j = 1): inside an `if`, ptxas serialises every wgmma (C7514).
-    auto wait_pv_pack = [&](int j) {
+    // ROTATED: P_{j-2} V_{j-2} waited for, S_{j-1} packed (ROTATED above).
+    auto wait_pv_pack = [&](int j, bool pack = true) {
       wgmma_wait<0>();
       fence_regs<C::D / 2>(o);
       if (j >= 0) release_v(j);
-      pack_p<C>(p, s);
+      if (pack) pack_p<C>(p, s);
+    };
+    // TWO_P: tile j (j hidden: TWO_P above); P_{j-1} V_{j-1} reads `from`, S_j is packed into `into`.
+    auto two_p_tile = [&](int j, uint32_t (*into)[4], const uint32_t (*from)[4]) {
+      asm volatile("" : "+r"(j));
+      wait_pv_pack(j - 2, false);
+      issue_s(j);
+      rescale_o<C>(o, corr);
+      mbar_wait(sm.v_full(slot_before(j)), phase_before(j));
+      issue_o(j - 1, slot_before(j), from);
+      turns.release(false);
+      wgmma_wait<1>();
+      softmax_s(j, nothing);
+      pack_p<C>(into, s);
     };
 
     mbar_wait(sm.q_full(cw), round & 1);
@@ -382,9 +411,14 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         turns.release(false);
         wgmma_wait<0>();
         softmax_s(0, nothing, true);
-        if constexpr (!ROTATED<C>) pack_p<C>(p, s);
+        if constexpr (!ROTATED<C> || TWO_P<C>) pack_p<C>(p, s);
       }
-      for (int j = C::OVERLAP ? 1 : 0; j < n_tiles; ++j) {
+      for (int j = 1; TWO_P<C> && j < n_tiles; j += 2) {
+        two_p_tile(j, p2, p);
+        if (j + 1 == n_tiles) break;
+        two_p_tile(j + 1, p, p2);
+      }
+      for (int j = C::OVERLAP ? 1 : 0; !TWO_P<C> && j < n_tiles; ++j) {
         if constexpr (ROTATED<C>) wait_pv_pack(j - 2);
         issue_s(j);
         if constexpr (C::OVERLAP) {
@@ -412,7 +446,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
         }
       }
       if constexpr (C::OVERLAP) {
-        if constexpr (ROTATED<C>) wait_pv_pack(n_tiles - 2);
+        if constexpr (ROTATED<C>) wait_pv_pack(n_tiles - 2, !TWO_P<C>);
+        if constexpr (TWO_P<C>) copy_p<C>(p, p2, n_tiles % 2 == 0);  // P_{n_tiles-1}: in p2 where odd
         mbar_wait(sm.v_full(slot(n_tiles - 1)), phase(n_tiles - 1));
         turns.acquire();
         rescale_o<C>(o, corr);
