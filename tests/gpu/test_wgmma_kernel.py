@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.gpu.reference_checks import assert_sanitizer_clean, assert_variants_match_reference, sample_variants
+from tuner.kernels.variant import parse_variant_name
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -71,6 +72,21 @@ def test_v_transpose_puts_the_keys_in_p_fragment_order(hopper) -> None:
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.label.replace(" ", "_") + "_" + p.layout)
 def test_variants_match_fp32_reference(problem: Problem, hopper) -> None:
     assert_variants_match_reference(sample_variants(TEMPLATE, problem, hopper), problem, hopper)
+
+
+# TWO_P (two P register sets, the loop unrolled by two): 1 to 5 key tiles of 128, so the last P is in either set
+# and the pair's mid-loop exit is taken or not; causal rows whose tile counts differ by warpgroup; persistent CTAs
+# running items one after another; a 3-stage ring (tile j - 1's slot not tile j's other one).
+TWO_P_PROBLEMS = [Problem(1, 2, 200, sk, 128) for sk in (100, 200, 300, 500, 600)] + [
+    Problem(2, 4, 700, 700, 128, dtype="bf16", causal=True)]
+
+
+@pytest.mark.parametrize("problem", TWO_P_PROBLEMS, ids=lambda p: p.label.replace(" ", "_"))
+def test_two_p_loop_matches_fp32_reference(problem: Problem, hopper) -> None:
+    tail = "_2p" + ("_causal" if problem.causal else "")
+    names = [f"attn_fwd_wgmma_d128_{problem.dtype}_m128n128_s2_sw128_r24_ov_pp{p}{tail}" for p in ("", "_p")]
+    names.append(f"attn_fwd_wgmma_d128_{problem.dtype}_m128n128_s3_sw128_r24_ov{tail}")
+    assert_variants_match_reference([parse_variant_name(n) for n in names], problem, hopper)
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
