@@ -17,7 +17,7 @@ HOPPER_STUBS = (
     "namespace fc { template <int L = -1, int R = -1, unsigned B = 0u> struct Mask { static constexpr int LEFT = L; };\n"
     "  using NoMask = Mask<>;\n"
     "  template <class T, int D, int BM, int BN, int ST, int SW, bool OV, bool PP, int PR, bool PE,\n"
-    "  bool C, class M, bool P = false> struct HopperConfig { static constexpr int LEFT = M::LEFT; }; }\n")
+    "  bool C, class M, bool P = false, bool TP = false> struct HopperConfig { static constexpr int LEFT = M::LEFT; }; }\n")
 
 
 def build_host_lookup(out: Path, header: str, main: str, stubs: str = HOPPER_STUBS) -> Path:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 TEMPLATE = "attn_fwd_wgmma"
 PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=False, PINGPONG=False, PRODUCER_REGS=24,
-              PERSISTENT=False)
+              PERSISTENT=False, TWO_P=False)
 FP8 = Problem(1, 16, 4096, 4096, 128, dtype="e4m3", causal=True, heads_kv=8)
 BF16 = dataclasses.replace(FP8, dtype="bf16")
 ROUTED = Problem(2, 8, 2048, 2048, 128, dtype="e4m3")  # non-causal: SDPA measured faster, the cell runs the fallback

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 TEMPLATE = "attn_fwd_wgmma"
 PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=False, PINGPONG=False, PRODUCER_REGS=24,
-              PERSISTENT=False)
+              PERSISTENT=False, TWO_P=False)
 BASE = dict(batch=1, heads=16, seq_q=4096, seq_k=4096, head_dim=128, dtype="bf16", causal=True, heads_kv=8)
 PLAIN = Problem(**BASE)
 WINDOWED = Problem(**BASE, window_left=1023)                       # Mistral-style sliding window
@@ -260,7 +260,7 @@ def test_the_header_names_each_kernels_window_and_softcap(windows_export, tmp_pa
     assert "struct bf16_d128_causal_wl4095_sc50_g2_sq12_sk12_bh4 {" in text
     assert "static constexpr int WINDOW_LEFT = 4095;" in text and "static constexpr float SOFTCAP = 50.0f;" in text
     # The Config names the render's mask: fc::Mask<left, right, the softcap's fp32 bits> (50.0f: 0x42480000).
-    assert "fc::Mask<4095, -1, 0x42480000u>, false>;" in text and "fc::Mask<1023, -1, 0x0u>, false>;" in text
+    assert "fc::Mask<4095, -1, 0x42480000u>, false, false>;" in text and "fc::Mask<1023, -1, 0x0u>, false, false>;" in text
     exe = build_host_lookup(tmp_path, "fc_win.h", (
         "int main() { int c, sq, wl, wr; double sc;\n"
         '  while (std::scanf("%d %d %d %d %lf", &c, &sq, &wl, &wr, &sc) == 5)\n'

@@ -100,7 +100,7 @@ def test_templates_without_windows_say_so_and_variants_must_match_the_problem() 
 def test_a_plain_variant_renders_no_mask_and_a_masked_one_its_constants() -> None:
     h100 = load_profile("h100")
     plain = covering_sample("attn_fwd_wgmma", Problem(1, 8, 512, 512, 64), h100, seed=0)[0]
-    assert mask_type(plain) == "fc::NoMask" and "fc::NoMask, false>" in render(plain)
+    assert mask_type(plain) == "fc::NoMask" and "fc::NoMask, false, false>" in render(plain)
     masked = variant_from_params("attn_fwd_wgmma", Problem(1, 8, 512, 512, 64, window_left=4096, softcap=50.0),
                                  plain.params)
     assert mask_type(masked) == "fc::Mask<4096, -1, 0x42480000u>"  # 50.0f

@@ -53,7 +53,7 @@ def test_packed_and_dense_variants_are_different_kernels() -> None:
     # Rendered with the packed entry point (cumulative lengths after the descales) and launched so.
     source = render(packed)
     assert "(ATTN_FWD_PARAMS_PACKED)" in source and "ATTN_FWD_BODY_PACKED(TunerCfg)" in source
-    assert "fc::NoMask, true>" in source and "fc::NoMask, false>" in render(dense)
+    assert "fc::NoMask, true, false>" in source and "fc::NoMask, false, false>" in render(dense)
     assert launch_shape(packed).packed and not launch_shape(dense).packed
 
 

@@ -10,6 +10,7 @@ import pytest
 from tuner.assets import asset_dir
 from tuner.errors import TunerError
 from tuner.kernels.manifest import list_templates, load_manifest, load_manifest_file
+from tuner.kernels.variant import Variant, parse_variant_name
 
 
 def test_shipped_manifest_loads() -> None:
@@ -41,6 +42,7 @@ def _copy_template(tmp_path: Path) -> Path:
         (lambda t: t.replace("values = [32, 64, 128]\ndoc = \"query", "values = \"64\"\ndoc = \"query"), "values"),
         (lambda t: t.replace("{BLOCK_M}", "BM"), "name_format must contain {BLOCK_M}"),
         (lambda t: t + "\n[broken", "cannot read manifest"),
+        (lambda t: t.replace('[params.LAZY_RESCALE]\n', '[params.LAZY_RESCALE]\nabsent = 3\n'), "absent = 3 is not one"),
     ],
 )
 def test_broken_manifest_errors_name_file_and_field(tmp_path: Path, edit, message: str) -> None:
@@ -58,3 +60,15 @@ def test_source_hash_changes_with_the_template(tmp_path: Path) -> None:
     cu = tmp_path / "attn_fwd_mma.cu"
     cu.write_text(cu.read_text() + "\n// changed\n")
     assert load_manifest_file(path).source_hash != before
+
+
+def test_a_parameter_added_later_keeps_the_stored_variants_from_before_it() -> None:
+    """attn_fwd_wgmma's TWO_P (absent = false): a stored variant without it loads as TWO_P false, and a TWO_P false
+    variant's stored identity is the one it had before the parameter; a TWO_P true one names it."""
+    name = "attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_ov_pp"
+    old = parse_variant_name(name).stored_params()
+    assert "TWO_P" not in old
+    assert Variant.from_stored("attn_fwd_wgmma", old).params["TWO_P"] is False
+    two_p = parse_variant_name(name + "_2p")
+    assert two_p.stored_params()["TWO_P"] is True and Variant.from_stored("attn_fwd_wgmma", two_p.stored_params()) == two_p
+    assert load_manifest("attn_fwd_wgmma").with_absent({"TWO_P": True}) == {"TWO_P": True}

@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from tuner.assets import asset_dir
 from tuner.errors import TunerError
@@ -38,6 +38,9 @@ class ParamSpec:
     # How each value is spelled in the C++ instantiation, same order as values;
     # None: the value itself (an int, true/false). String values always have one.
     cxx: tuple[str | None, ...] = ()
+    # A parameter added to a template after variants of it were stored: the value they were built with. Left out
+    # of a variant's stored identity where it has it, filled in where a stored variant lacks it (Variant).
+    absent: ParamValue | None = None
 
     def label(self, value: ParamValue) -> str:
         return self.labels[self.values.index(value)]
@@ -105,6 +108,10 @@ class Manifest:
     def source(self) -> str:
         return self.source_path.read_text()
 
+    def with_absent(self, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Stored `params` with each parameter added since (ParamSpec.absent) at the value they were built with."""
+        return {**{n: s.absent for n, s in self.params.items() if s.absent is not None and n not in params}, **params}
+
 
 def _default_label(value: ParamValue) -> str:
     if isinstance(value, bool):
@@ -170,7 +177,10 @@ def load_manifest_file(path: Path) -> Manifest:
         if len(set(labels)) != len(labels) or not all(_IDENT.match("x" + lab) for lab in labels):
             raise TunerError(f"{where}: [params.{pname}] labels must be distinct identifier fragments")
         cxx = _cxx_spellings(spec, values, f"{where}: [params.{pname}]")
-        params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx)
+        absent = spec.get("absent")
+        if absent is not None and not any(type(absent) is type(v) and absent == v for v in values):
+            raise TunerError(f"{where}: [params.{pname}] absent = {absent!r} is not one of its values")
+        params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx, absent)
     config_args = tuple(_require(data, "config_args", list, where))
     for arg in config_args:
         if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask", "packed"):

@@ -64,7 +64,10 @@ class Variant:
 
     def stored_params(self) -> dict[str, ParamValue]:
         """Tunables plus the compiled-in problem features: the variant's identity in the store (a window,
-        a softcap and packing only where set, so a variant from before them keeps its identity)."""
+        a softcap and packing only where set, and a parameter added later only where it differs from the value
+        variants had before it, so a variant from before them keeps its identity)."""
+        specs = load_manifest(self.template).params
+        params = {k: v for k, v in self.params.items() if not _same_type(v, specs[k].absent)}
         features: dict[str, ParamValue] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal}
         if self.window_left >= 0:
             features["window_left"] = self.window_left
@@ -74,12 +77,12 @@ class Variant:
             features["softcap"] = self.softcap  # type: ignore[assignment] - a float feature, not a tunable
         if self.packed:
             features["packed"] = True
-        return {**self.params, **features}
+        return {**params, **features}
 
     @classmethod
     def from_stored(cls, template: str, stored: Mapping[str, ParamValue]) -> "Variant":
         """Inverse of stored_params (validated against the manifest)."""
-        params = {k: v for k, v in stored.items() if k not in _FEATURES}
+        params = load_manifest(template).with_absent({k: v for k, v in stored.items() if k not in _FEATURES})
         try:
             variant = cls(template, int(stored["head_dim"]), str(stored["dtype"]), bool(stored["causal"]), params,
                           int(stored.get("window_left", -1)), int(stored.get("window_right", -1)),

@@ -112,7 +112,7 @@ class WarmStart:
 
 def _tunables(params: dict[str, Any], manifest: Manifest) -> Optional[dict[str, Any]]:
     """The template's parameters of stored params, or None when recorded with an older manifest."""
-    out = {k: v for k, v in params.items() if k in manifest.params}
+    out = manifest.with_absent({k: v for k, v in params.items() if k in manifest.params})
     if set(out) != set(manifest.params) or any(v not in manifest.params[n].values for n, v in out.items()):
         return None
     return out
