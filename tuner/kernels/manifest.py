@@ -153,6 +153,24 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     return data[key]
 
 
+def _param_spec(pname: str, spec: dict[str, Any], where: str) -> ParamSpec:
+    """One [params.NAME] table, validated; errors name the manifest (`where`) and the parameter."""
+    if not _IDENT.match(pname):
+        raise TunerError(f"{where}: parameter name {pname!r} is not an identifier")
+    values = tuple(_require(spec, "values", list, f"{where} [params.{pname}]"))
+    if not values or not all(isinstance(v, (int, str)) for v in values):
+        raise TunerError(f"{where}: [params.{pname}] values must be a non-empty list of ints, bools or strings")
+    labels_map = spec.get("labels", {})
+    labels = tuple(str(labels_map.get(_value_key(v), _default_label(v))) for v in values)
+    if len(set(labels)) != len(labels) or not all(_IDENT.match("x" + lab) for lab in labels):
+        raise TunerError(f"{where}: [params.{pname}] labels must be distinct identifier fragments")
+    cxx = _cxx_spellings(spec, values, f"{where}: [params.{pname}]")
+    absent = spec.get("absent")
+    if absent is not None and not any(type(absent) is type(v) and absent == v for v in values):
+        raise TunerError(f"{where}: [params.{pname}] absent = {absent!r} is not one of its values")
+    return ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx, absent)
+
+
 def load_manifest_file(path: Path) -> Manifest:
     """Parse and validate one manifest; errors name the file and the field."""
     where = str(path)
@@ -165,22 +183,8 @@ def load_manifest_file(path: Path) -> Manifest:
     if not source_path.is_file():
         raise TunerError(f"{where}: source file {source_path.name} not found")
     feats = _require(data, "features", dict, where)
-    params: dict[str, ParamSpec] = {}
-    for pname, spec in _require(data, "params", dict, where).items():
-        if not _IDENT.match(pname):
-            raise TunerError(f"{where}: parameter name {pname!r} is not an identifier")
-        values = tuple(_require(spec, "values", list, f"{where} [params.{pname}]"))
-        if not values or not all(isinstance(v, (int, str)) for v in values):
-            raise TunerError(f"{where}: [params.{pname}] values must be a non-empty list of ints, bools or strings")
-        labels_map = spec.get("labels", {})
-        labels = tuple(str(labels_map.get(_value_key(v), _default_label(v))) for v in values)
-        if len(set(labels)) != len(labels) or not all(_IDENT.match("x" + lab) for lab in labels):
-            raise TunerError(f"{where}: [params.{pname}] labels must be distinct identifier fragments")
-        cxx = _cxx_spellings(spec, values, f"{where}: [params.{pname}]")
-        absent = spec.get("absent")
-        if absent is not None and not any(type(absent) is type(v) and absent == v for v in values):
-            raise TunerError(f"{where}: [params.{pname}] absent = {absent!r} is not one of its values")
-        params[pname] = ParamSpec(pname, values, str(spec.get("doc", "")), labels, cxx, absent)
+    params = {pname: _param_spec(pname, spec, where)
+              for pname, spec in _require(data, "params", dict, where).items()}
     config_args = tuple(_require(data, "config_args", list, where))
     for arg in config_args:
         if arg not in params and arg not in ("dtype", "head_dim", "causal", "mask", "packed"):
