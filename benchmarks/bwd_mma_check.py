@@ -18,16 +18,21 @@ variant that fails (wrong gradients, a compile error, a launch fault) prints FAI
 
 Needs torch, pycuda (the tuner's JIT path binds it to torch's context), nvcc, and the repository on PYTHONPATH:
     PYTHONPATH=$PWD python benchmarks/bwd_mma_check.py [--template attn_bwd_wgmma] [--rounds 5] [--no-check]
-        [--no-time] [--quick]
+        [--no-time] [--quick] [--cubins old=.ab/old]
+--cubins LABEL=DIR also times each variant's cubin from DIR (benchmarks/build_cubins.py run from another revision's
+checkout, which must take the same launch contract) in the same rounds, after comparing its gradients with this
+revision's, and prints each revision's per-round ratio against this one: an A/B across template revisions.
 Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from tuner.kernels.feasibility import covering_sample, feasible_space, supports_problem
@@ -125,8 +130,23 @@ def _sdpa_backward(q: Any, k: Any, v: Any, do: Any, causal: bool, backend: Any) 
     return lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
 
 
+def _revision(built: Any, folder: Path) -> BackwardKernel:
+    """The same variant from another template revision: <folder>/<name>.cubin (build_cubins.py, run from that
+    revision's checkout), launched with this revision's launch contract (threads, shared memory, parameter list:
+    compare revisions that share it)."""
+    cubin = folder / f"{built.variant.name}.cubin"
+    if not cubin.is_file():
+        raise FileNotFoundError(f"{cubin} (build it with benchmarks/build_cubins.py from the other checkout)")
+    return BackwardKernel(dataclasses.replace(built, compiled=dataclasses.replace(built.compiled, cubin_path=cubin)))
+
+
+def _max_rel_diff(a: tuple[Any, ...], b: tuple[Any, ...]) -> float:
+    """The largest relative L2 difference between two (dq, dk, dv) results."""
+    return max(float((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)) for x, y in zip(a, b))
+
+
 def time_shape(template: str, shape: str, names: list[str], rounds: int, profile: Any, hkv: int | None,
-               causal: bool) -> None:
+               causal: bool, cubins: dict[str, Path] | None = None) -> None:
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -155,6 +175,17 @@ def time_shape(template: str, shape: str, names: list[str], rounds: int, profile
             continue
         print(f"  {variant.name}: {kernel.registers} registers, {built.compiled.spill_bytes} B spilled")
         calls[variant.name] = call
+        for label, folder in (cubins or {}).items():  # the same variant from other template revisions, beside it
+            try:
+                other = _revision(built, folder)
+                other_call = (lambda kern: lambda: kern(q, k, v, o, lse, do, scale))(other)
+                diff = _max_rel_diff(other_call(), call())
+            except Exception as exc:  # reported, and left out of the timing
+                print(f"  FAIL {variant.name}@{label}: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            print(f"  {variant.name}@{label}: {other.registers} registers; gradients within {diff:.1e} of this "
+                  f"revision's")
+            calls[f"{variant.name}@{label}"] = other_call
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             calls[label] = _sdpa_backward(q, k, v, do, problem.causal, backend)
@@ -168,6 +199,9 @@ def time_shape(template: str, shape: str, names: list[str], rounds: int, profile
     for name, us in sorted(timed.items(), key=lambda kv: statistics.median(kv[1])):
         ratios = " ".join(f"{per_round_ratio(b_us, us):16.3f}" for b_us in base.values())
         print(f"  {name:56s} {statistics.median(us):10.1f} {ratios}")
+    for name in [n for n in timed if "@" in n]:  # each revision against this one, per round (> 1: this one faster)
+        this = name.split("@")[0]
+        print(f"  {this} against {name}: {per_round_ratio(timed[name], timed[this]):.3f}x")
 
 
 def main() -> int:
@@ -182,7 +216,11 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true", help="time causal problems")
     ap.add_argument("--template", default="attn_bwd_mma", choices=TEMPLATES, help="the backward template")
     ap.add_argument("--variants", nargs="*", help="tunables parts of our names to time (default: CANDIDATES)")
+    ap.add_argument("--cubins", action="append", default=[], metavar="LABEL=DIR",
+                    help="also time <variant>.cubin of DIR (build_cubins.py from another revision's checkout) in "
+                         "the same rounds, as <variant>@LABEL; repeatable")
     args = ap.parse_args()
+    cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
     profile = resolve_profile(args.gpu)
     ok = True
     if not args.no_check:
@@ -191,7 +229,7 @@ def main() -> int:
         for shape in args.shape or SHAPES:
             try:
                 time_shape(args.template, shape, args.variants or CANDIDATES[args.template], args.rounds, profile,
-                           args.hkv, args.causal)
+                           args.hkv, args.causal, cubins)
             except Exception as exc:  # e.g. a launch fault: reported, the run goes on to the next shape
                 print(f"FAIL timing {shape}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 ok = False
