@@ -90,7 +90,8 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
 }
 
 // DQ_WRITER: warp 1 + cw of the producer warpgroup adds consumer cw's dQ blocks of each tile, staged in shared
-// memory, to dq_accum (16-byte vector reductions, two rows a warp instruction), and hands the staging tiles back.
+// memory, to dq_accum (16-byte vector reductions, two rows a warp instruction; DQ_TILED: one bulk reduction of the
+// whole 16 KB block), and hands the staging tiles back.
 template <class C>
 __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int m_first,
                                          int m_end, int n_iters, int cw) {
@@ -104,16 +105,26 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
     for (int i = 0; i < PER; ++i) {
       const int blk = i * C::NWG + cw, mh = blk / (C::D / 64), c = blk % (C::D / 64);
       const float* stage = sm.dq_stage(cw * PER + i);
+      if constexpr (C::DQ_TILED) {  // the whole block, one bulk reduction (rows past Sq land in dq_accum's padding)
+        if (elect_one()) bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, 16384);
+      } else {
 #pragma unroll 4
-      for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
-        const int r = j * 2 + lane / 16, c4 = lane % 16, row = qt.m0 + mh * 64 + r;
-        const float4 v = *reinterpret_cast<const float4*>(stage + r * C::DQS_STRIDE + c4 * 4);
-        if (row < a.sq) red_add_v4(rows + (long long)row * C::D + c * 64 + c4 * 4, v);
+        for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
+          const int r = j * 2 + lane / 16, c4 = lane % 16, row = qt.m0 + mh * 64 + r;
+          const float4 v = *reinterpret_cast<const float4*>(stage + r * C::DQS_STRIDE + c4 * 4);
+          if (row < a.sq) red_add_v4(rows + (long long)row * C::D + c * 64 + c4 * 4, v);
+        }
       }
+    }
+    if constexpr (C::DQ_TILED) {  // the staging tiles read before they are handed back
+      bulk_commit();
+      bulk_wait_read<0>();
+      __syncwarp();
     }
     if (it + 1 < n_iters) named_arrive(C::DQ_FREE + cw, 160);  // the last hand-back would have no taker
     qt = next_query_tile(qt, m_first, m_end, C::BM);
   }
+  if constexpr (C::DQ_TILED) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
 }
 
 template <class C>

@@ -74,6 +74,7 @@ def test_head_dim_32_is_not_supported() -> None:
     ({"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": False}, 64, "BLOCK_M 128 spills"),
     ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": False, "DQ_WRITER": True}, 128,
      "the dQ writer is a warp of the producer warpgroup"),
+    ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": True, "DQ_WRITER": True}, 128, ""),
     ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": True}, 128, ""),
     ({"BLOCK_M": 64, "BLOCK_N": 128, "STAGES": 3, "DQ_BULK": False, "PRODUCER": True, "DQ_WRITER": True}, 128,
      "exceeds h100's 232448 B"),
@@ -90,8 +91,8 @@ def test_only_hopper_builds_it() -> None:
     # D64: every tiling but BLOCK_M 64 with BLOCK_N 128 (one dQ block for two warpgroups), in 1 or 2 stages, with
     # register reductions (3 x 2), and in bulk where each warpgroup has one dQ block (m64n64, m128n128: 2 x 2);
     # with a producer warpgroup (1 to 3 ring slots) all but m128n128 (two consumers at 240 registers): m128n64 x 3,
-    # m64n64 x 3 x 3 (register, bulk or writer reductions)
-    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 22
+    # m64n64 x 3 x 4 (register, bulk, writer or tiled writer reductions)
+    assert len(feasible_space(TEMPLATE, _problem(64), load_profile("h100"))) == 25
 
 
 @pytest.mark.nvcc

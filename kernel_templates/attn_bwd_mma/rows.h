@@ -10,6 +10,21 @@
 
 namespace fc {
 
+// Element (row, col) of (batch b, head h) in dQ's fp32 accumulator. Row-major [B, H, Sq, D]; or, where the template
+// says DQ_TILED, [B, H, Sq padded to ROW_PAD] in 64 x 64 blocks (row block, column block), each 4096 floats with
+// row r's 8-column group g at group g ^ (r % 8) (so a warp's staging stores to 8 rows hit distinct banks).
+template <class C>
+__device__ __forceinline__ long long dq_index(const BwdArgs& a, int b, int h, int row, int col) {
+  const long long bh = (long long)b * a.heads + h;
+  if constexpr (C::DQ_TILED) {
+    const int sq_pad = (a.sq + C::ROW_PAD - 1) / C::ROW_PAD * C::ROW_PAD;
+    const long long block = (bh * (sq_pad / 64) + row / 64) * (C::D / 64) + col / 64;
+    const int r = row % 64, c = col % 64;
+    return block * 4096 + r * 64 + (((c / 8) ^ (r % 8)) * 8) + c % 8;
+  }
+  return (bh * a.sq + row) * C::D + col;
+}
+
 // Per row r of (b, h), r < ROW_PAD-padded Sq: lse_log2 = lse * log2(e) (+inf where lse is -inf or r >= Sq: such a row
 // gets P = 0 everywhere), delta = sum_d dO * O (0 past Sq); dq_accum's row zeroed (r < Sq).
 template <class C>
@@ -29,7 +44,7 @@ __device__ __forceinline__ void bwd_dot_do_o(const BwdArgs& a) {
     const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
     for (int i = 0; i < 8; ++i) dot = fmaf(static_cast<float>(oe[i]), static_cast<float>(de[i]), dot);
-    float4* acc = reinterpret_cast<float4*>(a.dq_accum + (((long long)b * a.heads + h) * a.sq + row) * C::D + c);
+    float4* acc = reinterpret_cast<float4*>(a.dq_accum + dq_index<C>(a, b, h, row, c));  // 8 contiguous floats
     acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -51,7 +66,7 @@ __device__ __forceinline__ void bwd_dq_convert(const BwdArgs& a) {
   const int h = blockIdx.y, b = blockIdx.z;
   const int row = blockIdx.x * C::AUX_ROWS + (int)threadIdx.x / LANES, c = ((int)threadIdx.x % LANES) * 8;
   if (row >= a.sq) return;
-  const float4* acc = reinterpret_cast<const float4*>(a.dq_accum + (((long long)b * a.heads + h) * a.sq + row) * C::D + c);
+  const float4* acc = reinterpret_cast<const float4*>(a.dq_accum + dq_index<C>(a, b, h, row, c));
   const float4 x = acc[0], y = acc[1];
   const float s = a.scale;
   *reinterpret_cast<uint4*>(static_cast<T*>(a.dq) + b * a.dq_sb + h * a.dq_sh + row * a.dq_ss + c) =

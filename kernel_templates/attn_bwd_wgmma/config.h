@@ -33,6 +33,9 @@ struct BwdWgmmaConfig {
   // dQ writer); named barriers DQ_FULL + cw and DQ_FREE + cw hand each consumer's staging tiles over and back.
   static constexpr bool DQ_WRITER = DQ_WRITER_;
   static constexpr bool DQ_STAGED = DQ_BULK || DQ_WRITER;  // dQ's blocks pass through the staging tiles
+  // DQ_WRITER with DQ_BULK: dq_accum laid out in 64 x 64 blocks (dq_index), each 16 KB block one bulk reduction
+  // of its staging tile (which then has the same layout); the row kernels read and zero that layout.
+  static constexpr bool DQ_TILED = DQ_WRITER && DQ_BULK;
   static constexpr int DQ_FULL = 4, DQ_FREE = 6;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
@@ -62,7 +65,7 @@ struct BwdWgmmaConfig {
   static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
   // DQ_BULK or DQ_WRITER: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
   // stores to 8 rows hit distinct banks; each row 16-byte aligned for the bulk copy).
-  static constexpr int DQS_STRIDE = 72;
+  static constexpr int DQS_STRIDE = DQ_TILED ? 64 : 72;  // DQ_TILED: dense rows, 8-column groups swizzled
   static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
   static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
   static constexpr int OFF_BAR = OFF_DQS + (DQ_STAGED ? DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
@@ -74,7 +77,7 @@ struct BwdWgmmaConfig {
   static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
   static_assert(STAGES == 1 || STAGES == 2 || (PRODUCER && STAGES == 3), "1 or 2 ring slots (3 with a producer)");
   static_assert(DQ_BLOCKS % NWG == 0, "dQ's 64 x 64 blocks shared evenly by the warpgroups");
-  static_assert(!DQ_WRITER || (PRODUCER && !DQ_BULK), "the dQ writer is the producer warpgroup's");
+  static_assert(!DQ_WRITER || PRODUCER, "the dQ writer is the producer warpgroup's");
 
   // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
   static constexpr int AUX_THREADS = 128;

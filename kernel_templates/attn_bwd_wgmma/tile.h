@@ -133,7 +133,8 @@ __device__ __forceinline__ void stage_block(float* stage, const float* acc, int 
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
-      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + nb * 8 + 2 * t) =
+      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE +
+                                 (C::DQ_TILED ? (nb ^ g) : nb) * 8 + 2 * t) =  // DQ_TILED: dq_index's swizzle (r % 8 = g)
           make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
 }
 
@@ -189,6 +190,7 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
     if constexpr (C::DQ_WRITER) {
       if (i == 0) named_sync(C::DQ_FREE + wg, 160);  // the writer has read the previous tile's blocks
       stage_block<C>(stage + i * C::DQS_BYTES / 4, acc, warp_wg, g, t);
+      if constexpr (C::DQ_TILED) fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
       if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::DQ_FULL + wg, 160);
     } else if constexpr (C::DQ_BULK) {
       reduce_block_bulk<C>(dst, stage + i * C::DQS_BYTES / 4, acc, sq - (m0 + mh * 64), wg, warp_wg, g, t);

@@ -37,6 +37,7 @@ def test_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
                                   "attn_bwd_wgmma_d64_bf16_m64n64_s2_bulk_causal", "attn_bwd_wgmma_d128_bf16_m64n128_s2_p",
                                   "attn_bwd_wgmma_d128_fp16_m64n128_s2_bulk_p_causal",
                                   "attn_bwd_wgmma_d64_bf16_m128n64_s1_p", "attn_bwd_wgmma_d128_bf16_m64n128_s2_pw",
+                                  "attn_bwd_wgmma_d128_bf16_m64n128_s2_bulk_pw_causal", "attn_bwd_wgmma_d64_bf16_m64n64_s3_bulk_pw",
                                   "attn_bwd_wgmma_d64_fp16_m64n64_s3_pw_causal"])
 def test_named_tilings_at_training_shapes(name: str, gpu_profile) -> None:
     """The tilings a training shape would use, on a longer sequence (many query tiles per CTA, both ring slots)."""

@@ -65,6 +65,7 @@ class BackwardKernel:
         cuda_driver(device)  # torch's context on `device` (NoGpuError without a GPU), as BuiltKernel.load
         # A template with `tma_rows` takes TMA maps of q and do before the list (attn_bwd_wgmma), all three entries.
         self._tma_rows = res.get("tma_rows")
+        self._dq_tiled = bool(res.get("dq_tiled", 0))
         self._maps = TensorMapEncoder() if self._tma_rows else None
         kernels = [DriverKernel(cubin, entry, smem, ARG_FORMAT, 1, device)
                    for entry, smem in ((name, self.smem_bytes), (f"{name}_dot_do_o", 0), (f"{name}_dq_convert", 0))]
@@ -109,7 +110,8 @@ class BackwardKernel:
             return lambda: (dq.zero_(), dk.zero_(), dv.zero_())
         sq_pad = -(-sq // self.row_pad) * self.row_pad
         scratch = torch.empty(2, b, h, sq_pad, device=q.device, dtype=torch.float32)  # lse_log2, delta
-        dq_accum = torch.empty(b, h, sq, d, device=q.device, dtype=torch.float32)
+        # dQ's fp32 accumulator: [B, H, Sq, D], or in 64 x 64 blocks over the padded rows (manifest dq_tiled)
+        dq_accum = torch.empty(b, h, sq_pad if self._dq_tiled else sq, d, device=q.device, dtype=torch.float32)
         maps = () if self._maps is None else tuple(
             m for name, t in (("q", q), ("do", do)) for m in _split_map(self._maps.encode(name, t, self._tma_rows, 128)))
         args = maps + (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
