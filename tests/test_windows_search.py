@@ -162,3 +162,13 @@ def test_a_masked_variant_s_name_breaks_before_its_window_so_the_problem_keeps_i
     assert shown.replace("\n", "") == short_name(name)  # joined: the name `tuner render` takes
     plain = "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_causal"
     assert short_variant(plain) == short_name(plain)  # causal alone stays on one line
+
+
+def test_a_sampler_sunk_in_infeasible_points_is_given_a_feasible_one(recording, tmp_path) -> None:
+    """Seed 21's TPE asked only infeasible points of this mostly infeasible D256 space until the search gave up
+    with nothing measured; after INFEASIBLE_NUDGE of them in a row the loop now queues a feasible point."""
+    db = f"sqlite:///{tmp_path / 'out.db'}"
+    result = search(db, recording, "--window", "64,32", "--confirm", "0", "--seed", "21")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(run_tuner("--db", db, "results", "--format", "json").stdout)
+    assert sum(row["status"] == "ok" for row in rows) >= 1

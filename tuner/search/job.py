@@ -14,6 +14,7 @@ from tuner.store import Store
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
 MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
+INFEASIBLE_NUDGE = 25  # infeasible points in a row after which a feasible point is queued (ProblemSearch)
 MAX_UNMEASURABLE_STREAK = 100  # points in a row the backend could not measure (a replay not holding them)
 MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after which it stops (space exhausted)
 

@@ -31,12 +31,13 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.objective import figure, required_column
 from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
-from tuner.search.job import (DUPLICATE_WAIT_S, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK, MAX_UNMEASURABLE_STREAK,
-                              MEASURING, WAITING_FOR_WORKERS, Context, WorkerJob, lookahead_for, point)  # fmt: skip
+from tuner.search.job import (DUPLICATE_WAIT_S, INFEASIBLE_NUDGE, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK,
+                              MAX_UNMEASURABLE_STREAK, MEASURING, WAITING_FOR_WORKERS, Context, WorkerJob,
+                              lookahead_for, point)  # fmt: skip
 from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
                                    trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
-from tuner.search.samplers import distributions
+from tuner.search.samplers import FeasibleNudge, distributions
 from tuner.search.study import (ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_REPEAT, ATTR_SOURCE, ATTR_STATUS,
                                 ATTR_STORE_ID, ATTR_VARIANT, StudyInfo, counts_toward_budget)  # fmt: skip
 from tuner.status import TrialStatus
@@ -53,6 +54,7 @@ class ProblemSearch:
         self.distributions = distributions(self.manifest)
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
+        self._nudge = FeasibleNudge(info.template, self.problem, ctx.profile)
         self.unmeasurable_streak = 0  # points the backend could not measure since the last measured one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
         self._pending: deque[Pending] = deque()  # asked ahead, compiling
@@ -177,6 +179,8 @@ class ProblemSearch:
             self._store(trial, variant, TrialStatus.PRUNED, error=feasibility.reason,
                         smem_bytes=feasibility.smem_bytes or None)
             self._tell_pruned(trial, feasibility.reason, budgeted=False)
+            if self.infeasible_streak % INFEASIBLE_NUDGE == 0:
+                self._nudge(self.study, self.infeasible_streak)
             return None
         self.infeasible_streak = 0
         # Running trials first, the store second: a trial is stored before it is told,

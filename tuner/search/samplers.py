@@ -8,15 +8,18 @@ are (ints, bools, strings) and let the sampler treat them as categories.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 
 from tuner.errors import TunerError
+from tuner.kernels.feasibility import feasible_space
 from tuner.kernels.manifest import Manifest
 from tuner.kernels.variant import mask_suffix
 from tuner.problem import Problem
+from tuner.store.records import canonical_json
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 DEFAULT_SAMPLER = "tpe"  # `tuner replay-eval` compares it with the others (benchmarks/replay_eval/)
@@ -84,3 +87,22 @@ def _gp_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
         raise TunerError(f"--sampler gp needs optuna >= 3.6 (GPSampler); optuna {optuna.__version__} is installed")
     return cls(seed=seed)
 
+
+
+class FeasibleNudge:
+    """Queues a feasible point the study has not asked yet (ProblemSearch, after INFEASIBLE_NUDGE infeasible points
+    in a row). A sampler can sink into the infeasible part of a mostly infeasible space (a windowed D256 problem's
+    TPE, seed 21, asked 500 in a row) and the search would end with nothing measured. The point is chosen by the
+    study's name and the streak, so a seeded search repeats it; the feasible points are listed at the first nudge."""
+
+    def __init__(self, template: str, problem: Any, profile: Any) -> None:
+        self._space = (template, problem, profile)
+        self._points: list[dict] | None = None
+
+    def __call__(self, study: optuna.Study, streak: int) -> None:
+        if self._points is None:
+            self._points = [dict(v.params) for v in feasible_space(*self._space)]
+        asked = {canonical_json(t.params) for t in study.get_trials(deepcopy=False)}
+        fresh = [p for p in self._points if canonical_json(p) not in asked]
+        if fresh:
+            study.enqueue_trial(random.Random(f"{study.study_name}:{streak}").choice(fresh), skip_if_exists=True)
