@@ -63,7 +63,7 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<C>& sm, const BwdA
                         qt.m0, a.sq);
     load_tile<C, C::BM>(sm.dout + stage * C::Q_TILE, static_cast<const T*>(a.dout) + b * a.do_sb + qt.h * a.do_sh,
                         a.do_ss, qt.m0, a.sq);
-    const long long at = ((long long)b * a.heads + qt.h) * sq_pad + qt.m0;
+    const long long at = padded_row(a, b, qt.h, qt.m0, sq_pad);
     const int i = threadIdx.x;  // BM / 2 <= 64 <= THREADS 16-byte chunks
     if (i < C::BM / 4) cp_async_16(sm.lse + stage * C::BM + 4 * i, a.lse_log2 + at + 4 * i, true);
     else if (i < C::BM / 2) cp_async_16(sm.delta + stage * C::BM + 4 * (i - C::BM / 4), a.delta + at + 4 * (i - C::BM / 4), true);

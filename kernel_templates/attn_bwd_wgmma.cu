@@ -1,5 +1,7 @@
-// FlashAttention-3-style attention backward pass for Hopper (sm_90a): wgmma, cp.async loads into 128-byte swizzled
-// shared tiles. First version: correctness first (no warp specialisation, no TMA, one wgmma group in flight).
+// FlashAttention-3-style attention backward pass for Hopper (sm_90a): wgmma on 128-byte swizzled shared tiles, the
+// query tiles loaded by every thread (cp.async, one CTA barrier a tile) or by a producer warpgroup (PRODUCER: TMA
+// and bulk copies into an mbarrier ring); dQ reduced by the consumers (vector or, DQ_BULK, bulk reductions) or by
+// writer warps of the producer (DQ_WRITER; with DQ_BULK a 64 x 64-blocked accumulator, one bulk reduction a block).
 //
 // Three kernels, the sm_80 template's parameter list and row kernels (attn_bwd_mma/args.h, rows.h), launched in
 // order by tuner/runtime/backward_launch.py:
@@ -8,10 +10,10 @@
 //   <name>_dq_convert dQ = scale * accumulator, in the inputs' type.
 //
 // The main kernel keeps its K and V tiles in shared memory and loops over the query tiles (BLOCK_M rows: Q, dO,
-// lse and delta through a STAGES-deep cp.async ring) of every query head of its K/V head's GQA group whose rows see
+// lse and delta through a STAGES-deep ring) of every query head of its K/V head's GQA group whose rows see
 // some of its keys. Each consumer warpgroup owns 64 keys (the M of every wgmma but dQ's) and per tile computes
 // S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q, stores dS^T to shared memory, and computes its share of the
-// tile's dQ = dS K over all BN keys, added to the fp32 accumulator with vector reductions (attn_bwd_wgmma/tile.h).
+// tile's dQ = dS K over all BN keys, added to the fp32 accumulator (attn_bwd_wgmma/tile.h, consumer.h).
 // dK (times the scale) and dV go out once at the end, from registers.
 //
 // GQA as the sm_80 template: a CTA per K/V head loops over its group, dK and dV summed in registers (no fp32
@@ -42,7 +44,7 @@ __device__ __forceinline__ void load_query_tile(const WgSmem<C>& sm, const BwdAr
     load_rows<C, C::BM>(sm.q(st), static_cast<const T*>(a.q) + b * a.q_sb + qt.h * a.q_sh, a.q_ss, qt.m0, a.sq);
     load_rows<C, C::BM>(sm.dout(st), static_cast<const T*>(a.dout) + b * a.do_sb + qt.h * a.do_sh, a.do_ss, qt.m0,
                         a.sq);
-    const long long at = ((long long)b * a.heads + qt.h) * sq_pad + qt.m0;
+    const long long at = padded_row(a, b, qt.h, qt.m0, sq_pad);
     const int i = threadIdx.x;  // BM / 2 <= 64 < THREADS 16-byte chunks
     if (i < C::BM / 4) cp_async_16(sm.lse(st) + 4 * i, a.lse_log2 + at + 4 * i, true);
     else if (i < C::BM / 2) cp_async_16(sm.delta(st) + 4 * (i - C::BM / 4), a.delta + at + 4 * (i - C::BM / 4), true);
@@ -82,7 +84,7 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
       tma_load(smem_u32(sm.q(st)) + cb * C::BM * 128, &tq, full, cb * 64, qt.m0, qt.h, b);
       tma_load(smem_u32(sm.dout(st)) + cb * C::BM * 128, &tdo, full, cb * 64, qt.m0, qt.h, b);
     }
-    const long long at = ((long long)b * a.heads + qt.h) * sq_pad + qt.m0;
+    const long long at = padded_row(a, b, qt.h, qt.m0, sq_pad);
     bulk_load(sm.lse(st), a.lse_log2 + at, C::BM * 4, full);
     bulk_load(sm.delta(st), a.delta + at, C::BM * 4, full);
     qt = next_query_tile(qt, m_first, m_end, C::BM);
@@ -97,9 +99,9 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
                                          int m_end, int n_iters, int cw) {
   constexpr int PER = C::DQ_BLOCKS / C::NWG;
   const int lane = threadIdx.x % 32;
-  if (n_iters > 0) named_arrive(C::DQ_FREE + cw, 160);
+  if (n_iters > 0) named_arrive(C::DQ_FREE + cw, C::DQ_SYNC);
   for (int it = 0; it < n_iters; ++it) {
-    named_sync(C::DQ_FULL + cw, 160);
+    named_sync(C::DQ_FULL + cw, C::DQ_SYNC);
     float* rows = a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
@@ -121,7 +123,7 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
       bulk_wait_read<0>();
       __syncwarp();
     }
-    if (it + 1 < n_iters) named_arrive(C::DQ_FREE + cw, 160);  // the last hand-back would have no taker
+    if (it + 1 < n_iters) named_arrive(C::DQ_FREE + cw, C::DQ_SYNC);  // the last hand-back would have no taker
     qt = next_query_tile(qt, m_first, m_end, C::BM);
   }
   if constexpr (C::DQ_TILED) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
@@ -206,7 +208,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
     qt = next;
   }
   cp_async_wait<0>();
-  if constexpr (C::DQ_BULK) bulk_wait<0>();  // the shared staging tiles stay valid until the reductions are done
+  if constexpr (C::CONSUMER_BULK) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
 
   acc_to_global<C>(static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh, a.dk_ss, dk, a.scale, kb.key0, a.sk);
   acc_to_global<C>(static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh, a.dv_ss, dv, 1.f, kb.key0, a.sk);

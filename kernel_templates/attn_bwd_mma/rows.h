@@ -25,6 +25,11 @@ __device__ __forceinline__ long long dq_index(const BwdArgs& a, int b, int h, in
   return (bh * a.sq + row) * C::D + col;
 }
 
+// Row `row` of (batch b, head h) in the lse_log2 and delta vectors, whose rows are padded to ROW_PAD (sq_pad).
+__device__ __forceinline__ long long padded_row(const BwdArgs& a, int b, int h, int row, int sq_pad) {
+  return ((long long)b * a.heads + h) * sq_pad + row;
+}
+
 // Per row r of (b, h), r < ROW_PAD-padded Sq: lse_log2 = lse * log2(e) (+inf where lse is -inf or r >= Sq: such a row
 // gets P = 0 everywhere), delta = sum_d dO * O (0 past Sq); dq_accum's row zeroed (r < Sq).
 template <class C>
@@ -51,7 +56,7 @@ __device__ __forceinline__ void bwd_dot_do_o(const BwdArgs& a) {
 #pragma unroll
   for (int off = LANES / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffff, dot, off);
   if (row < sq_pad && c == 0) {
-    const long long at = ((long long)b * a.heads + h) * sq_pad + row;
+    const long long at = padded_row(a, b, h, row, sq_pad);
     const float l = row < a.sq ? a.lse[((long long)b * a.heads + h) * a.sq + row] : NEG_INF;
     a.lse_log2[at] = l == NEG_INF ? -NEG_INF : l * LOG2E;
     a.delta[at] = dot;

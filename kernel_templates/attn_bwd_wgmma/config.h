@@ -37,6 +37,8 @@ struct BwdWgmmaConfig {
   // of its staging tile (which then has the same layout); the row kernels read and zero that layout.
   static constexpr bool DQ_TILED = DQ_WRITER && DQ_BULK;
   static constexpr int DQ_FULL = 4, DQ_FREE = 6;
+  static constexpr int DQ_SYNC = 128 + 32;  // their threads: a consumer warpgroup and its writer warp
+  static constexpr bool CONSUMER_BULK = DQ_BULK && !DQ_WRITER;  // the consumers issue dQ's bulk reductions
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 

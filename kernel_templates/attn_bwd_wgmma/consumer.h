@@ -66,7 +66,7 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
 
   // DQ_BULK: the previous tile's bulk reductions have read this warpgroup's staging tiles (written again below,
   // after the barrier).
-  if constexpr (C::DQ_BULK && !C::DQ_WRITER) bulk_wait_read<0>();
+  if constexpr (C::CONSUMER_BULK) bulk_wait_read<0>();
   fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
   named_sync(1, C::NWG * 128);  // every warpgroup's dS^T: dQ's blocks read all of them
   // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).

@@ -122,10 +122,6 @@ __device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], u
   for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<C::D>::template rs<C::BF16>(acc, a[kk], desc_advance(dod, kk * 16 * 128), 1);
 }
 
-// A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
-// unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
-// fp32 per row, issued by one lane per warp for its 16 rows. The staging tile is written again only after the
-// issuing lanes' bulk_wait_read (in the next tile, before its dS^T barrier).
 // The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row).
 template <class C>
 __device__ __forceinline__ void stage_block(float* stage, const float* acc, int warp_wg, int g, int t) {
@@ -138,6 +134,10 @@ __device__ __forceinline__ void stage_block(float* stage, const float* acc, int 
           make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
 }
 
+// A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
+// unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
+// fp32 per row, issued by one lane per warp for its 16 rows. The staging tile is written again only after the
+// issuing lanes' bulk_wait_read (in the next tile, before its dS^T barrier).
 template <class C>
 __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, const float* acc, int rows, int wg,
                                                   int warp_wg, int g, int t) {
@@ -188,10 +188,10 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
     fence_regs<32>(acc);
     float* dst = dq_rows + (long long)(m0 + mh * 64) * C::D + c * 64;  // the block's first row
     if constexpr (C::DQ_WRITER) {
-      if (i == 0) named_sync(C::DQ_FREE + wg, 160);  // the writer has read the previous tile's blocks
+      if (i == 0) named_sync(C::DQ_FREE + wg, C::DQ_SYNC);  // the writer has read the previous tile's blocks
       stage_block<C>(stage + i * C::DQS_BYTES / 4, acc, warp_wg, g, t);
       if constexpr (C::DQ_TILED) fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
-      if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::DQ_FULL + wg, 160);
+      if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::DQ_FULL + wg, C::DQ_SYNC);
     } else if constexpr (C::DQ_BULK) {
       reduce_block_bulk<C>(dst, stage + i * C::DQS_BYTES / 4, acc, sq - (m0 + mh * 64), wg, warp_wg, g, t);
     } else {
