@@ -22,6 +22,7 @@ from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.shipped.cuda_driver import DriverKernel, TensorMapEncoder, stream_getter
 from tuner.runtime.shipped.input_checks import AttentionInputError, check_attention_tensors, check_strides
+from tuner.runtime.shipped.launcher import split_map, tma_arg_format
 from tuner.runtime.verify import torch_dtype
 
 # The parameter list every entry point takes (ATTN_BWD_PARAMS, kernel_templates/attn_bwd_mma/args.h): q, k, v, o,
@@ -31,21 +32,6 @@ ARG_FORMAT = "P" * 12 + "q" * 24 + "iiii" + "f"
 
 
 TMA_MAPS = 2  # q and do
-
-
-def _tma_format(kernel: DriverKernel, entry: str) -> str:
-    """ARG_FORMAT after the two tensor maps, with the padding the compiled entry expects before them (the maps are
-    64-byte aligned parameters; the offsets come from the driver, as the forward's launcher reads them)."""
-    offsets = kernel.param_offsets(TMA_MAPS + 1)
-    first = offsets[0]
-    if offsets != [first + 128 * i for i in range(TMA_MAPS + 1)]:
-        raise TunerError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
-    return (f"{first}x" if first else "") + "Q120s" * TMA_MAPS + ARG_FORMAT
-
-
-def _split_map(encoded: bytes) -> tuple[int, bytes]:
-    """A 128-byte tensor map as the format's Q120s fields (its address, the rest)."""
-    return int.from_bytes(encoded[:8], "little"), encoded[8:]
 
 
 class BackwardKernel:
@@ -71,7 +57,7 @@ class BackwardKernel:
                    for entry, smem in ((name, self.smem_bytes), (f"{name}_dot_do_o", 0), (f"{name}_dq_convert", 0))]
         if self._maps is not None:
             for kernel, entry in zip(kernels, (name, f"{name}_dot_do_o", f"{name}_dq_convert")):
-                kernel.use_format(_tma_format(kernel, entry))
+                kernel.use_format(tma_arg_format(kernel, entry, TMA_MAPS, ARG_FORMAT))
         self._main, self._pre, self._convert = kernels
         self.registers = self._main.registers
         self._device = device
@@ -113,7 +99,7 @@ class BackwardKernel:
         # dQ's fp32 accumulator: [B, H, Sq, D], or in 64 x 64 blocks over the padded rows (manifest dq_tiled)
         dq_accum = torch.empty(b, h, sq_pad if self._dq_tiled else sq, d, device=q.device, dtype=torch.float32)
         maps = () if self._maps is None else tuple(
-            m for name, t in (("q", q), ("do", do)) for m in _split_map(self._maps.encode(name, t, self._tma_rows, 128)))
+            m for name, t in (("q", q), ("do", do)) for m in split_map(self._maps.encode(name, t, self._tma_rows, 128)))
         args = maps + (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
                 scratch[0].data_ptr(), scratch[1].data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                 dv.data_ptr(), *(s for t in (q, k, v, o, do, dq, dk, dv) for s in t.stride()[:3]),

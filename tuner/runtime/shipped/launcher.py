@@ -68,8 +68,9 @@ def launch_grid(shape: LaunchShape, b: int, h: int, hkv: int, sq: int, sm_count:
     return (tiles, h, b)
 
 
-def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
-    """TMA_ARG_FORMAT with the padding the compiled kernel expects before its tensor maps.
+def tma_arg_format(kernel: DriverKernel, entry: str, maps: int = 3, rest: str = ARG_FORMAT + "ii") -> str:
+    """`maps` tensor maps (Q120s each: split_map) then `rest`, with the padding the compiled kernel expects before
+    the maps (default: the forward's TMA_ARG_FORMAT; the backward launcher passes its own).
 
     The arguments travel as one packed buffer, which must match the kernel's parameter offsets; a
     64-byte aligned tensor map may be placed after padding (48 bytes on sm_90, where parameters start
@@ -77,11 +78,16 @@ def tma_arg_format(kernel: DriverKernel, entry: str) -> str:
     """
     if not hasattr(libcuda(), "cuKernelGetParamInfo"):
         raise GpuUnavailableError("TMA kernels need a CUDA 12.4+ driver (cuKernelGetParamInfo is missing)")
-    offsets = kernel.param_offsets(4)  # the three tensor maps and the first pointer after them
+    offsets = kernel.param_offsets(maps + 1)  # the tensor maps and the first parameter after them
     first = offsets[0]
-    if offsets != [first, first + 128, first + 256, first + 384]:
+    if offsets != [first + 128 * i for i in range(maps + 1)]:
         raise GpuUnavailableError(f"{entry}: unexpected TMA kernel parameter layout {offsets}")
-    return (f"{first}x" if first else "") + TMA_ARG_FORMAT
+    return (f"{first}x" if first else "") + "Q120s" * maps + rest
+
+
+def split_map(encoded: bytes) -> tuple[int, bytes]:
+    """A 128-byte tensor map as its Q120s fields: the address (its first 8 bytes) and the rest."""
+    return int.from_bytes(encoded[:8], "little"), encoded[8:]
 
 
 def _pointers(descales: Any) -> tuple[int, int, int]:
@@ -296,8 +302,7 @@ class AttentionKernel:
                     tails = _bounded_put(self._map_cache, key, self._maps_for(q, k, v, page))
             if tails is None:  # a driver whose maps are not address + rest: full maps per call
                 mq, mk, mv = self._encode_maps(q, k, v, page)
-                args = (int.from_bytes(mq[:8], "little"), mq[8:], int.from_bytes(mk[:8], "little"), mk[8:],
-                        int.from_bytes(mv[:8], "little"), mv[8:])
+                args = (*split_map(mq), *split_map(mk), *split_map(mv))
             else:
                 args = (qp, tails[0], kp, tails[1], vp, tails[2])
             args += (qp, kp, vp, out.data_ptr(), lp, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
