@@ -41,6 +41,7 @@ from tuner.kernels.variant import Variant
 from tuner.problem import Problem, problem_from_shape
 from tuner.profiles import resolve_profile
 from tuner.runtime.backward_launch import BackwardKernel
+from tuner.runtime.backward_trial import fa4_backward
 from tuner.runtime.backward_verify import check_backward, forward_outputs
 from tuner.runtime.build import build_many
 from tuner.runtime.timing import interleaved_rounds, per_round_ratio, time_cuda
@@ -193,8 +194,11 @@ def time_shape(template: str, shape: str, names: list[str], rounds: int, profile
         except RuntimeError as exc:
             print(f"  {label}: unavailable ({str(exc).splitlines()[0][:120]})")
             calls.pop(label, None)
+    fa4 = fa4_backward(problem, {"q": q, "k": k, "v": v, "do": do, "scale": scale})
+    if fa4 is not None:  # FlashAttention-4's backward where it is installed, in the same rounds
+        calls["fa4"] = fa4.call
     timed = interleaved_rounds({n: (lambda f: lambda: time_cuda(f))(f) for n, f in calls.items()}, rounds)
-    base = {b: timed[b] for b in ("sdpa_cudnn", "sdpa_flash") if b in timed}
+    base = {b: timed[b] for b in ("sdpa_cudnn", "fa4", "sdpa_flash") if b in timed}
     print(f"  {'kernel':56s} {'median us':>10s} " + " ".join(f"{'vs ' + b:>16s}" for b in base))
     for name, us in sorted(timed.items(), key=lambda kv: statistics.median(kv[1])):
         ratios = " ".join(f"{per_round_ratio(b_us, us):16.3f}" for b_us in base.values())
