@@ -39,6 +39,9 @@ struct BwdWgmmaConfig {
   static constexpr int DQ_FULL = 4, DQ_FREE = 6;
   static constexpr int DQ_SYNC = 128 + 32;  // their threads: a consumer warpgroup and its writer warp
   static constexpr bool CONSUMER_BULK = DQ_BULK && !DQ_WRITER;  // the consumers issue dQ's bulk reductions
+  // The consumers read a tile's lse before issuing its S^T and dP^T wgmmas, except with the row-by-row dQ writer
+  // on causal tiles, whose consumers would spill the registers that holds.
+  static constexpr bool LSE_FIRST = !(DQ_WRITER && !DQ_BULK && CAUSAL);
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 
