@@ -73,7 +73,8 @@ __device__ __forceinline__ void acc_to_global(typename C::T* dst, long long stri
 // tile's wgmmas are done. Launched by one elected thread.
 template <class C>
 __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a,
-                                        int b, QueryTile qt, int m_first, int m_end, int n_iters, int sq_pad) {
+                                        int b, QueryTile qt, int m_first, int m_end, int n_iters) {
+  const int sq_pad = (a.sq + C::ROW_PAD - 1) / C::ROW_PAD * C::ROW_PAD;
   for (int it = 0; it < n_iters; ++it) {
     const int st = it % C::STAGES;
     if (it >= C::STAGES) mbar_wait(sm.q_empty(st), ((it / C::STAGES) & 1) ^ 1);
@@ -94,37 +95,47 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
 // DQ_WRITER: warp 1 + cw of the producer warpgroup adds consumer cw's dQ blocks of each tile, staged in shared
 // memory, to dq_accum (16-byte vector reductions, two rows a warp instruction; DQ_TILED: one bulk reduction of the
 // whole 16 KB block), and hands the staging tiles back.
-template <class C>
+template <class C, int CW>
 __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int m_first,
-                                         int m_end, int n_iters, int cw) {
+                                         int m_end, int n_iters) {
+  const int cw = CW >= 0 ? CW : (int)(threadIdx.x / 32) - 1;  // CW -1: the consumer is this warp's index - 1
   constexpr int PER = C::DQ_BLOCKS / C::NWG;
   const int lane = threadIdx.x % 32;
-  if (n_iters > 0) named_arrive(C::DQ_FREE + cw, C::DQ_SYNC);
-  for (int it = 0; it < n_iters; ++it) {
-    named_sync(C::DQ_FULL + cw, C::DQ_SYNC);
-    float* rows = a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D;
+  for (int buf = 0; buf < C::DQ_BUFS; ++buf)  // every set is free before the first tile
+    if (buf < n_iters) named_arrive(C::dq_free(cw, buf), C::DQ_SYNC);
+  // Unrolled by the sets, so that each set's barrier ids and staging tiles are immediates.
+  for (int it0 = 0; it0 < n_iters; it0 += C::DQ_BUFS) {
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int blk = i * C::NWG + cw, mh = blk / (C::D / 64), c = blk % (C::D / 64);
-      const float* stage = sm.dq_stage(cw * PER + i);
-      if constexpr (C::DQ_TILED) {  // the whole block, one bulk reduction (rows past Sq land in dq_accum's padding)
-        if (elect_one()) bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, 16384);
-      } else {
+    for (int buf = 0; buf < C::DQ_BUFS; ++buf) {  // tile it's set: its ring slot (DQ_BUFS 2 only with 2 slots)
+      const int it = it0 + buf;
+      if (it >= n_iters) break;
+      named_sync(C::dq_full(cw, buf), C::DQ_SYNC);
+      float* rows = a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        const int blk = i * C::NWG + cw, mh = blk / (C::D / 64), c = blk % (C::D / 64);
+        const float* stage = sm.dq_stage(cw * PER + i, buf);
+        if constexpr (C::DQ_TILED) {  // the whole block, one bulk reduction (rows past Sq land in the padding)
+          if (elect_one())
+            bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, 16384);
+        } else {
 #pragma unroll 4
-        for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
-          const int r = j * 2 + lane / 16, c4 = lane % 16, row = qt.m0 + mh * 64 + r;
-          const float4 v = *reinterpret_cast<const float4*>(stage + r * C::DQS_STRIDE + c4 * 4);
-          if (row < a.sq) red_add_v4(rows + (long long)row * C::D + c * 64 + c4 * 4, v);
+          for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
+            const int r = j * 2 + lane / 16, c4 = lane % 16, row = qt.m0 + mh * 64 + r;
+            const float4 v = *reinterpret_cast<const float4*>(stage + r * C::DQS_STRIDE + c4 * 4);
+            if (row < a.sq) red_add_v4(rows + (long long)row * C::D + c * 64 + c4 * 4, v);
+          }
         }
       }
+      if constexpr (C::DQ_TILED) {  // the staging tiles read before they are handed back
+        bulk_commit();
+        bulk_wait_read<0>();
+        __syncwarp();
+      }
+      // The set goes back for tile it + DQ_BUFS (a hand-back past the last tile would have no taker).
+      if (it + C::DQ_BUFS < n_iters) named_arrive(C::dq_free(cw, buf), C::DQ_SYNC);
+      qt = next_query_tile(qt, m_first, m_end, C::BM);
     }
-    if constexpr (C::DQ_TILED) {  // the staging tiles read before they are handed back
-      bulk_commit();
-      bulk_wait_read<0>();
-      __syncwarp();
-    }
-    if (it + 1 < n_iters) named_arrive(C::DQ_FREE + cw, C::DQ_SYNC);  // the last hand-back would have no taker
-    qt = next_query_tile(qt, m_first, m_end, C::BM);
   }
   if constexpr (C::DQ_TILED) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
 }
@@ -166,9 +177,17 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
     if (cw < 0) {
       if constexpr (C::NWG > 1) setmaxnreg_dec<C::PRODUCER_REGS>();
       const int warp = threadIdx.x / 32;
-      if (warp == 0 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters, sq_pad);
-      if constexpr (C::DQ_WRITER)
-        if (warp >= 1 && warp <= C::NWG) write_dq<C>(sm, a, b, qt, m_first, m_end, n_iters, warp - 1);
+      if (warp == 0 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters);
+      // DQ_TILED: each writer's consumer a template argument, so that its two sets' barrier ids and staging tiles
+      // are immediates (these warps run at 24 registers: held in registers, they spilled); the row-by-row writer
+      // takes it from the warp index (one copy of its code: two spilled).
+      if constexpr (C::DQ_TILED) {
+        if (warp == 1) write_dq<C, 0>(sm, a, b, qt, m_first, m_end, n_iters);
+        if constexpr (C::NWG > 1)
+          if (warp == 2) write_dq<C, 1>(sm, a, b, qt, m_first, m_end, n_iters);
+      } else if constexpr (C::DQ_WRITER) {
+        if (warp >= 1 && warp <= C::NWG) write_dq<C, -1>(sm, a, b, qt, m_first, m_end, n_iters);
+      }
       return;
     }
     if constexpr (C::NWG > 1) setmaxnreg_inc<C::CONSUMER_REGS>();
@@ -187,7 +206,8 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
       // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.
       const int st = it % C::STAGES;
       mbar_wait(sm.q_full(st), (it / C::STAGES) & 1);
-      consume_tile<C>(sm, a, kb, b, qt, st, sm.ds(0) + (it % 2) * C::NWG * C::DS_BYTES, scale_log2, dk, dv);
+      consume_tile<C>(sm, a, kb, b, qt, st, sm.ds(0) + (it % 2) * C::NWG * C::DS_BYTES, st % C::DQ_BUFS, scale_log2,
+                      dk, dv);
       if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(st));
     } else {
       // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
@@ -203,7 +223,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
       fence_proxy_async();
       __syncthreads();
       if constexpr (C::STAGES == 2) load_query_tile<C>(sm, a, b, next, (it + 1) % 2, sq_pad, it + 1 < n_iters);
-      consume_tile<C>(sm, a, kb, b, qt, it % C::STAGES, sm.ds(0), scale_log2, dk, dv);
+      consume_tile<C>(sm, a, kb, b, qt, it % C::STAGES, sm.ds(0), 0, scale_log2, dk, dv);
     }
     qt = next;
   }

@@ -30,13 +30,19 @@ struct BwdWgmmaConfig {
   static constexpr bool PRODUCER = PRODUCER_;
   // With a producer: the consumers stage dQ's blocks in shared memory and the producer warpgroup's warps 1..NWG
   // (one per consumer) add them to dq_accum with vector reductions, off the consumers' path (FlashAttention-3's
-  // dQ writer); named barriers DQ_FULL + cw and DQ_FREE + cw hand each consumer's staging tiles over and back.
+  // dQ writer); named barriers dq_full(cw, buf) and dq_free(cw, buf) hand each consumer's staging tiles over and
+  // back.
   static constexpr bool DQ_WRITER = DQ_WRITER_;
   static constexpr bool DQ_STAGED = DQ_BULK || DQ_WRITER;  // dQ's blocks pass through the staging tiles
   // DQ_WRITER with DQ_BULK: dq_accum laid out in 64 x 64 blocks (dq_index), each 16 KB block one bulk reduction
   // of its staging tile (which then has the same layout); the row kernels read and zero that layout.
   static constexpr bool DQ_TILED = DQ_WRITER && DQ_BULK;
-  static constexpr int DQ_FULL = 4, DQ_FREE = 6;
+  // DQ_TILED in a two-slot ring: a set of staging tiles per ring slot, so that a consumer stages tile j+1's blocks
+  // while the writer's bulk reductions still read tile j's (ncu, one set: 3.6% of the consumers' samples waited for
+  // them). The set is the slot: an index the loop already holds (a separate one spilled at D128).
+  static constexpr int DQ_BUFS = DQ_TILED && STAGES == 2 ? 2 : 1;
+  __device__ __forceinline__ static int dq_full(int cw, int buf) { return 4 + 2 * buf + cw; }  // ids 4 .. 7
+  __device__ __forceinline__ static int dq_free(int cw, int buf) { return 8 + 2 * buf + cw; }  // ids 8 .. 11
   static constexpr int DQ_SYNC = 128 + 32;  // their threads: a consumer warpgroup and its writer warp
   static constexpr bool CONSUMER_BULK = DQ_BULK && !DQ_WRITER;  // the consumers issue dQ's bulk reductions
   // The consumers read a tile's lse before issuing its S^T and dP^T wgmmas, except with the row-by-row dQ writer
@@ -73,7 +79,7 @@ struct BwdWgmmaConfig {
   static constexpr int DQS_STRIDE = DQ_TILED ? 64 : 72;  // DQ_TILED: dense rows, 8-column groups swizzled
   static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
   static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
-  static constexpr int OFF_BAR = OFF_DQS + (DQ_STAGED ? DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
+  static constexpr int OFF_BAR = OFF_DQS + (DQ_STAGED ? DQ_BUFS * DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
   // 1024 bytes of slack: the dynamic shared window is aligned up to 1024 in the kernel.
   static constexpr int SMEM_BYTES = 1024 + OFF_BAR + (PRODUCER ? 2 * STAGES * 8 : 0);  // = the manifest's
 

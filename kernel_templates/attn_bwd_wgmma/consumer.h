@@ -31,11 +31,11 @@ __device__ __forceinline__ KeyBlock key_block(const WgSmem<C>& sm, int n0, int c
 
 // Query tile qt (its Q, dO, lse and delta in ring slot st, landed and visible to wgmma) against the warpgroup's keys:
 // dK and dV accumulate in registers, dQ's blocks go to dq_accum. `ds`: the dS^T tiles this tile writes (every
-// warpgroup's, DS_BYTES apart). Returns with every wgmma of the tile complete (its ring slot may be refilled).
+// warpgroup's, DS_BYTES apart); `dq_buf`: its set of dQ staging tiles (< DQ_BUFS). Returns with every wgmma of the tile complete (its ring slot may be refilled).
 template <class C>
 __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs& a, const KeyBlock& kb, int b,
-                                             QueryTile qt, int st, uint8_t* ds, float scale_log2, float* dk,
-                                             float* dv) {
+                                             QueryTile qt, int st, uint8_t* ds, int dq_buf, float scale_log2,
+                                             float* dk, float* dv) {
   const uint32_t q_s = smem_u32(sm.q(st)), do_s = smem_u32(sm.dout(st));
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
@@ -75,7 +75,7 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   named_sync(1, C::NWG * 128);  // every warpgroup's dS^T: dQ's blocks read all of them
   // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).
   tile_dq<C>(mnmajor(smem_u32(ds), 64), kb.kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
-             sm.dq_stage(kb.cw * (C::DQ_BLOCKS / C::NWG)), qt.m0, a.sq, kb.cw, warp, lane, [&] {
+             sm.dq_stage(kb.cw * (C::DQ_BLOCKS / C::NWG), dq_buf), dq_buf, qt.m0, a.sq, kb.cw, warp, lane, [&] {
                wgmma_fence();
                issue_grad<C>(dk, da, mnmajor(q_s, C::BM));
                wgmma_commit();

@@ -68,8 +68,8 @@ struct WgSmem {
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __device__ __forceinline__ float* dq_stage(int blk) const {
-    return reinterpret_cast<float*>(base + C::OFF_DQS + blk * C::DQS_BYTES);
+  __device__ __forceinline__ float* dq_stage(int blk, int buf = 0) const {  // buf < DQ_BUFS
+    return reinterpret_cast<float*>(base + C::OFF_DQS + (buf * C::DQ_BLOCKS + blk) * C::DQS_BYTES);
   }
 };
 

@@ -161,12 +161,12 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
 // MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
 // reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile; DQ_WRITER: staged there for the
-// producer's writer warp, which hands the tiles back on DQ_FREE). `after_first`: issued right after the first
+// producer's writer warp, which hands the tiles back on dq_free; `buf`: the tile's set of staging tiles). `after_first`: issued right after the first
 // block's wgmmas (dK's), so that they run while that block's reductions go out: the first block waits with one
 // group still in flight, the later ones for all.
 template <class C, class AfterFirst>
-__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int m0, int sq,
-                                        int wg, int warp_wg, int lane, AfterFirst&& after_first) {
+__device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int buf, int m0,
+                                        int sq, int wg, int warp_wg, int lane, AfterFirst&& after_first) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < C::DQ_BLOCKS / C::NWG; ++i) {
@@ -188,10 +188,10 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
     fence_regs<32>(acc);
     float* dst = dq_rows + (long long)(m0 + mh * 64) * C::D + c * 64;  // the block's first row
     if constexpr (C::DQ_WRITER) {
-      if (i == 0) named_sync(C::DQ_FREE + wg, C::DQ_SYNC);  // the writer has read the previous tile's blocks
+      if (i == 0) named_sync(C::dq_free(wg, buf), C::DQ_SYNC);  // the writer has read what this set last held
       stage_block<C>(stage + i * C::DQS_BYTES / 4, acc, warp_wg, g, t);
       if constexpr (C::DQ_TILED) fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
-      if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::DQ_FULL + wg, C::DQ_SYNC);
+      if (i == C::DQ_BLOCKS / C::NWG - 1) named_arrive(C::dq_full(wg, buf), C::DQ_SYNC);
     } else if constexpr (C::DQ_BULK) {
       reduce_block_bulk<C>(dst, stage + i * C::DQS_BYTES / 4, acc, sq - (m0 + mh * 64), wg, warp_wg, g, t);
     } else {
