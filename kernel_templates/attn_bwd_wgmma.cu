@@ -75,15 +75,19 @@ __device__ __forceinline__ int first_query_row(int n0, const BwdArgs& a) {
   return rows.x / C::BM * C::BM;
 }
 
-// The tile after qt (next_query_tile), the next head's first row made again where the tiles wrap (once a head):
-// ctaid.x read by a volatile move, which ptxas cannot merge with the first computation. Held across the loop
-// instead, the row was one more register in causal consumers at 240 (and in the producer warpgroup at 24): spilled.
+// The tile after qt (next_query_tile). FIRST_ROW_AT_WRAP: the next head's first row made again where the tiles
+// wrap (once a head), from ctaid.x read by a volatile move that ptxas cannot merge with the first computation;
+// else m_first, held across the loop.
 template <class C>
-__device__ __forceinline__ QueryTile next_tile(QueryTile qt, int m_end, const BwdArgs& a) {
-  if (qt.m0 + C::BM < m_end) return QueryTile{qt.h, qt.m0 + C::BM};
-  unsigned x;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
-  return QueryTile{qt.h + 1, first_query_row<C>((int)x * C::BN, a)};
+__device__ __forceinline__ QueryTile next_tile(QueryTile qt, int m_first, int m_end, const BwdArgs& a) {
+  if constexpr (!C::FIRST_ROW_AT_WRAP) {
+    return next_query_tile(qt, m_first, m_end, C::BM);
+  } else {
+    if (qt.m0 + C::BM < m_end) return QueryTile{qt.h, qt.m0 + C::BM};
+    unsigned x;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+    return QueryTile{qt.h + 1, first_query_row<C>((int)x * C::BN, a)};
+  }
 }
 
 // PRODUCER: warpgroup 0 loads each query tile's Q and dO (TMA, rows past Sq zero-filled), lse_log2 and delta
@@ -91,7 +95,7 @@ __device__ __forceinline__ QueryTile next_tile(QueryTile qt, int m_end, const Bw
 // tile's wgmmas are done. Launched by one elected thread.
 template <class C>
 __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a,
-                                        int b, QueryTile qt, int m_end, int n_iters) {
+                                        int b, QueryTile qt, int m_first, int m_end, int n_iters) {
   const int sq_pad = (a.sq + C::ROW_PAD - 1) / C::ROW_PAD * C::ROW_PAD;
   for (int it = 0; it < n_iters; ++it) {
     const int st = it % C::STAGES;
@@ -106,7 +110,7 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
     const long long at = padded_row(a, b, qt.h, qt.m0, sq_pad);
     bulk_load(sm.lse(st), a.lse_log2 + at, C::BM * 4, full);
     bulk_load(sm.delta(st), a.delta + at, C::BM * 4, full);
-    qt = next_tile<C>(qt, m_end, a);
+    qt = next_tile<C>(qt, m_first, m_end, a);
   }
 }
 
@@ -114,8 +118,8 @@ __device__ __forceinline__ void produce(const WgSmem<C>& sm, const TmaDesc& tq, 
 // memory, to dq_accum (16-byte vector reductions, two rows a warp instruction; DQ_TILED: one bulk reduction of the
 // whole 16 KB block), and hands the staging tiles back.
 template <class C, int CW>
-__device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int m_end,
-                                         int n_iters) {
+__device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt, int m_first,
+                                         int m_end, int n_iters) {
   const int cw = CW >= 0 ? CW : (int)(threadIdx.x / 32) - 1;  // CW -1: the consumer is this warp's index - 1
   constexpr int PER = C::DQ_BLOCKS / C::NWG;
   const int lane = threadIdx.x % 32;
@@ -152,7 +156,7 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
       }
       // The set goes back for tile it + DQ_BUFS (a hand-back past the last tile would have no taker).
       if (it + C::DQ_BUFS < n_iters) named_arrive(C::dq_free(cw, buf), C::DQ_SYNC);
-      qt = next_tile<C>(qt, m_end, a);
+      qt = next_tile<C>(qt, m_first, m_end, a);
     }
   }
   if constexpr (C::DQ_TILED) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
@@ -177,7 +181,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const int m_begin = rows.x / C::BM;
   const int n_m = rows.y > rows.x ? (rows.y + C::BM - 1) / C::BM - m_begin : 0;
   const int n_iters = n_m * a.h_per_kv;
-  const int m_end = (m_begin + n_m) * C::BM;
+  const int m_first = m_begin * C::BM, m_end = (m_begin + n_m) * C::BM;
   QueryTile qt = query_tile(0, hk, a.h_per_kv, m_begin, max(n_m, 1), C::BM);
 
   load_rows<C, C::BN>(sm.k(), static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh, a.k_ss, n0, a.sk);
@@ -197,16 +201,16 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
     if (cw < 0) {
       if constexpr (C::NWG > 1) setmaxnreg_dec<C::PRODUCER_REGS>();
       const int warp = threadIdx.x / 32;
-      if (warp == 0 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_end, n_iters);
+      if (warp == 0 && elect_one()) produce<C>(sm, tq, tdo, a, b, qt, m_first, m_end, n_iters);
       // DQ_TILED: each writer's consumer a template argument, so that its two sets' barrier ids and staging tiles
       // are immediates (these warps run at 24 registers: held in registers, they spilled); the row-by-row writer
       // takes it from the warp index (one copy of its code: two spilled).
       if constexpr (C::DQ_TILED) {
-        if (warp == 1) write_dq<C, 0>(sm, a, b, qt, m_end, n_iters);
+        if (warp == 1) write_dq<C, 0>(sm, a, b, qt, m_first, m_end, n_iters);
         if constexpr (C::NWG > 1)
-          if (warp == 2) write_dq<C, 1>(sm, a, b, qt, m_end, n_iters);
+          if (warp == 2) write_dq<C, 1>(sm, a, b, qt, m_first, m_end, n_iters);
       } else if constexpr (C::DQ_WRITER) {
-        if (warp >= 1 && warp <= C::NWG) write_dq<C, -1>(sm, a, b, qt, m_end, n_iters);
+        if (warp >= 1 && warp <= C::NWG) write_dq<C, -1>(sm, a, b, qt, m_first, m_end, n_iters);
       }
       return;
     }
@@ -220,7 +224,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   const float scale_log2 = a.scale * LOG2E;
 
   for (int it = 0; it < n_iters; ++it) {
-    const QueryTile next = next_tile<C>(qt, m_end, a);
+    const QueryTile next = next_tile<C>(qt, m_first, m_end, a);
     if constexpr (C::PRODUCER) {
       // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
       // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.

@@ -48,6 +48,10 @@ struct BwdWgmmaConfig {
   // The consumers read a tile's lse before issuing its S^T and dP^T wgmmas, except with the row-by-row dQ writer
   // on causal tiles, whose consumers would spill the registers that holds.
   static constexpr bool LSE_FIRST = !(DQ_WRITER && !DQ_BULK && CAUSAL);
+  // Causal tiles at BLOCK_M 64 with a producer: the next head's first query row is made again where the tiles wrap
+  // (next_tile), not held across the loop, where it was one register too many (consumers at 240, the producer
+  // warpgroup at 24: spilled); elsewhere that branch spilled and the row is held.
+  static constexpr bool FIRST_ROW_AT_WRAP = CAUSAL && PRODUCER && BM == 64;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 
