@@ -90,18 +90,32 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
   }
 }
 
-// The thread's dS^T values (rounded to T) into the warpgroup's dS^T tile: 64 key rows of BM queries, swizzled.
+// The thread's dS^T values as A fragments (pack_a's registers) into the warpgroup's dS^T tile (64 key rows of BM queries, swizzled):
+// one stmatrix.x4 per 16 columns, whose four 8 x 8 matrices are the fragment's registers in order (rows 0-7 and
+// 8-15 of the warp's 16, columns 16kk .. 16kk + 7, then 16kk + 8 ..); lane l addresses row l % 8 of matrix l / 8.
+// (A 32-bit store per register pair made 16 stores and their swizzled addresses a tile.) BLOCK_M 128 keeps those
+// stores: with stmatrix its causal tile with bulk reductions spilled.
 template <class C>
 __device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int warp_wg, int lane) {
-  const int g = lane / 4, t = lane % 4;
+  using T = typename C::T;
+  if constexpr (C::BM == 64) {
+    const int r = warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), hi = lane / 16;
+    const uint32_t base = smem_u32(tile);
 #pragma unroll
-  for (int nb = 0; nb < C::BM / 8; ++nb)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp_wg * 16 + g + 8 * h;
-      *reinterpret_cast<uint32_t*>(tile + sw128_offset(r, nb, 64) + 4 * t) =
-          pack2<typename C::T>(ds[nb * 4 + 2 * h], ds[nb * 4 + 2 * h + 1]);
+    for (int kk = 0; kk < C::BM / 16; ++kk) {
+      const float* x = ds + 8 * kk;  // pack_a's registers of k-step kk
+      stmatrix_x4(base + sw128_offset(r, 2 * kk + hi, 64), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
+                  pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
     }
+  } else {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nb = 0; nb < C::BM / 8; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(tile + sw128_offset(warp_wg * 16 + g + 8 * h, nb, 64) + 4 * t) =
+            pack2<T>(ds[nb * 4 + 2 * h], ds[nb * 4 + 2 * h + 1]);
+  }
 }
 
 // A fragments of P^T or dS^T (rounded to T) from the accumulators, as the forward packs P: k-step kk of the
