@@ -61,20 +61,24 @@ using Cols = std::conditional_t<C::BM == 64, RegCols<C>, SmemCols>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
+// A partial tile's hidden scores are set to -inf first, in a branch of their own: tested inside the exp2 loop,
+// ptxas predicated the 64 compares and executed them on every tile (ncu, causal: ~250 instructions a tile).
 template <class C>
 __device__ __forceinline__ void p_tile(float* s, const Cols<C>& lse, bool partial, int key0, int q_pos0,
                                        int sk, float scale_log2) {
   const int t = threadIdx.x % 4;
+  if (partial) {
+#pragma unroll
+    for (int nb = 0; nb < C::BM / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (C::Keys::hidden(key0 + (i / 2) * 8, q_pos0 + nb * 8 + 2 * t + i % 2, sk)) s[nb * 4 + i] = -INFINITY;
+  }
 #pragma unroll
   for (int nb = 0; nb < C::BM / 8; ++nb) {
     const float2 l = lse[nb];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int e = nb * 4 + i;
-      float p = fast_exp2(fmaf(s[e], scale_log2, -(i % 2 ? l.y : l.x)));
-      if (partial && C::Keys::hidden(key0 + (i / 2) * 8, q_pos0 + nb * 8 + 2 * t + i % 2, sk)) p = 0.f;
-      s[e] = p;
-    }
+    for (int i = 0; i < 4; ++i) s[nb * 4 + i] = fast_exp2(fmaf(s[nb * 4 + i], scale_log2, -(i % 2 ? l.y : l.x)));
   }
 }
 
