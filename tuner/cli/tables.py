@@ -301,4 +301,16 @@ def export_lines(entries: list[dict[str, Any]]) -> list[str]:
                 line = "    "
             line += ("" if line.isspace() else " ") + note
         lines.append(line)
+        lines += _backward_lines(e)
     return lines
+
+
+def _backward_lines(entry: dict[str, Any]) -> list[str]:
+    """The entry's shipped backward, or why none ships (a package's entries say; a header's have no backward)."""
+    import textwrap
+
+    if "backward_note" not in entry:
+        return []
+    text = (f"backward: {entry['backward']['kernel']} ({entry['backward_note'].split(': ', 1)[-1]})"
+            if entry.get("backward") else f"backward: SDPA's ({entry['backward_note']})")
+    return textwrap.wrap(text, 80, initial_indent="    ", subsequent_indent="      ", break_on_hyphens=False)

@@ -199,7 +199,9 @@ def write_package(options: ExportOptions, name: str, profile: GpuProfile, manife
                 # The problem's mask compiled in (FlashAttention's window_size, -1 unbounded; softcap 0 off).
                 "window_left": k.variant.window_left, "window_right": k.variant.window_right,
                 "softcap": k.variant.softcap,
-                "launch": dataclasses.asdict(k.built.shape),
+                # A backward kernel's launch facts are its own (shipped/backward_kernel.BackwardShape).
+                "launch": k.backward if k.backward is not None else dataclasses.asdict(k.built.shape),
+                "pass": "backward" if k.backward is not None else "forward",
                 "min_compute_capability": list(load_manifest(k.variant.template).min_compute_capability),
                 "source": src_rel, "source_sha256": _sha(k.source.encode()),
                 "cubins": {arch: {"path": cubin_rel, "sha256": _sha(k.cubin)}},

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import tuner
 from tuner.errors import TunerError
+from tuner.export.backward_selection import attach_backwards, pick_backward
 from tuner.export.header import write_header
 from tuner.export.options import (
     FORMATS,
@@ -64,12 +65,15 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
         details = {r.id: store.trial_detail(r.id) for r in rows}  # one read per trial: its run and baselines
         runs = {r.run_id: details[r.id].run for r in rows}
         ratios = {r.id: sdpa_ratio(store, r, details[r.id].baselines) for r in rows}
+        # A package trains: each forward problem's confirmed backward winner ships where it beat SDPA's backward.
+        picks = [pick_backward(store, profile.name, r.problem) for r in rows] if options.format == "package" else []
     built: dict[str, ExportedKernel] = {}
     entries = []
     for row in rows:
         kernel = build_kernel(row, profile.nvcc_arch, options.allow_rebuild)
         built.setdefault(kernel.variant.name, kernel)
         entries.append(entry_of(row, kernel, runs[row.run_id], ratios[row.id]))
+    attach_backwards(entries, picks, profile.nvcc_arch, options.allow_rebuild, built)
     resolve_collisions(entries)
     manifest: dict[str, Any] = {
         "format": 1,
@@ -83,7 +87,8 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
         "gpu": {"profile": profile.name, "display_name": profile.display_name, "arch": profile.nvcc_arch,
                 "compute_capability": list(profile.compute_capability),
                 "gpu_names": sorted({r.gpu_name for r in rows})},
-        "templates": {t: {"source_hash": load_manifest(t).source_hash} for t in sorted({r.template for r in rows})},
+        "templates": {t: {"source_hash": load_manifest(t).source_hash}
+                      for t in sorted({k.variant.template for k in built.values()})},
         # The recordings replayed runs answered from (empty: every timing was measured on a GPU).
         "replayed_from": sorted({e["run"]["replayed_from"] for e in entries if e["run"]["replayed_from"]}),
         "kernels": {},

@@ -26,6 +26,7 @@ class ExportedKernel:
     built: BuiltKernel
     cubin: bytes
     rebuilt: bool  # the cubin differs from (or could not be checked against) the measured one
+    backward: Optional[dict[str, Any]] = None  # a backward kernel's launch facts (BackwardShape's fields)
 
     @property
     def variant(self) -> Variant:
@@ -49,7 +50,8 @@ def select_trials(store: Any, profile: GpuProfile, shapes: tuple[str, ...], dtyp
     other kernels (a problem measured only with older code keeps its best, exported if its cubin is unchanged)."""
     if dtype is not None and dtype not in DTYPES:
         raise TunerError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    # An export ships forward kernels: a backward problem's trials are not its (its backward is SDPA's).
+    # An export's entries are forward problems: a backward problem's confirmed winner ships beside its forward's
+    # (tuner.export.backward_selection), never as an entry of its own.
     wanted: list[tuple[TrialFilter, Optional[Problem]]] = [
         (TrialFilter(gpu=profile.name, kernel_pass=FORWARD, shape=(p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim),
                      dtype=p.dtype), p)

@@ -2,7 +2,8 @@
 
 Part of the runtime every export ships (this folder, copied whole). The path serves dense 16-bit calls without a
 window or softcap whose cell has a tuned forward kernel (not routed to SDPA) and a backward that runs on this device
-(backward.choose_backward); every other call keeps what attention() did before: SDPA for the whole call with
+(backward.choose_backward: the package's tuned backward kernel for the call's dispatch entry where it ships one,
+else SDPA's cuDNN or flash backward); every other call keeps what attention() did before: SDPA for the whole call with
 fallback="sdpa", an AttentionInputError without. Eager calls go through TunedAttention (an autograd Function).
 Under torch.compile, dense 16-bit calls without window or softcap whose inputs require grad go through the custom
 ops PACKAGE::attention_train (forward: out and lse) and PACKAGE::attention_train_backward, with fake
@@ -17,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import backward as _backward
+from . import backward as _backward, tuned_backward as _tuned
 from .choice import DTYPES, check_structure, choose_kernel
 from .dispatch import NO_MASK, Key
 from .input_checks import check_attention_tensors
@@ -70,7 +71,7 @@ def serves(q: Any, k: Any, v: Any, causal: bool, mask: tuple = NO_MASK) -> bool:
     """Whether a call whose inputs require grad takes the differentiable tuned path (else SDPA, as before)."""
     if mask != NO_MASK or isinstance(forward_kernel(q, k, v, causal), str):
         return False
-    return _backward.device_backward(q, causal, k.shape[2]).kind != _backward.SDPA
+    return _backward.device_backward(q, causal, k).kind != _backward.SDPA
 
 
 def _forward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> tuple:
@@ -91,10 +92,12 @@ def _forward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
 
 def _backward_of(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, causal: bool, scale: Optional[float]) -> tuple:
-    kind = _backward.device_backward(q, causal, k.shape[2]).kind
-    if kind == _backward.SDPA:  # compiled calls check the head dim; this is a pre-sm_80 card
+    choice = _backward.device_backward(q, causal, k)
+    if choice.kind == _backward.TUNED:  # dK and dV of K/V's own heads: the kernel sums each GQA group
+        return _tuned.run(str(choice.kernel), grad_out, q, k, v, out, lse, scale)
+    if choice.kind == _backward.SDPA:  # compiled calls check the head dim; this is a pre-sm_80 card
         raise GpuUnavailableError("SDPA's flash backward does not run on this device (compute capability 8.0+)")
-    return _backward.run_backward(kind, grad_out, q, k, v, out, lse, causal, scale)
+    return _backward.run_backward(choice.kind, grad_out, q, k, v, out, lse, causal, scale)
 
 
 class TunedAttention(torch.autograd.Function):
@@ -147,12 +150,13 @@ def backward_line(q: Any, k: Any, causal: bool, mask: tuple, form: str, choice: 
                "the call's cell is routed to SDPA (its tuned kernel measured slower there)"
                if choice.route == "sdpa" else None)
     if forward is None and form == "dense" and mask == NO_MASK and cc is not None and q.is_cuda:
-        return "  " + _backward.device_backward(q, causal, k.shape[2]).text()
+        return "  " + _backward.device_backward(q, causal, k).text()
     dims = q.shape if isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(k, torch.Tensor) else None
     return "  " + _backward.choose_backward(
         head_dim=dims[3] if dims else 0, causal=causal, seq_q=dims[2] if dims else 0,
         seq_k=k.shape[-2] if dims else 0, mask=mask, form=form, forward=forward or (None if dims else "no shapes"),
-        cc=cc, deterministic=torch.are_deterministic_algorithms_enabled()).text()
+        cc=cc, deterministic=torch.are_deterministic_algorithms_enabled(),
+        tuned=choice.entry.get("backward") if choice is not None and forward is None else None).text()
 
 
 def _sdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float]) -> tuple:
@@ -168,7 +172,7 @@ def _sdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 def _train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
     kernel = forward_kernel(q, k, v, causal)
-    if isinstance(kernel, str) or _backward.device_backward(q, causal, k.shape[2]).kind == _backward.SDPA:
+    if isinstance(kernel, str) or _backward.device_backward(q, causal, k).kind == _backward.SDPA:
         return _sdpa_forward(q, k, v, causal, scale)
     return _forward(kernel, q, k, v, scale)
 

@@ -8,19 +8,22 @@ directly: FlashAttention-2's (aten._scaled_dot_product_flash_attention_backward:
 faster on Hopper: its stats in the layout torch's own cuDNN forward writes them, found once per process by
 running that forward on a tiny input; its causal mask is top-left, so it serves causal calls only where Sq == Sk).
 Both want one K/V head per query head: k and v are expanded over the GQA group and dK, dV summed back.
-choose_backward() is the one place that decides; a tuned backward kernel plugs in there.
+A tuned backward kernel (an export's confirmed backward winner, faster than SDPA's where it was confirmed; see
+tuned_backward.py) runs instead where the package ships one for the call's dispatch entry and it loads here.
+choose_backward() is the one place that decides.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from .dispatch import NO_MASK
 
-CUDNN, FLASH, SDPA = "cudnn", "flash", "sdpa"
+CUDNN, FLASH, SDPA, TUNED = "cudnn", "flash", "sdpa", "tuned"
 NAMES = {CUDNN: "SDPA cuDNN backward on the tuned forward's O and lse",
-         FLASH: "SDPA flash backward (FlashAttention-2) on the tuned forward's O and lse"}
+         FLASH: "SDPA flash backward (FlashAttention-2) on the tuned forward's O and lse",
+         TUNED: "tuned backward kernel {kernel} on the tuned forward's O and lse"}
 CUDNN_MAX_HEAD_DIM = 128  # the head dims cuDNN's SDPA backward is used for here (64 and 128 are tested on an H200)
 FLASH_MAX_HEAD_DIM = 256
 
@@ -31,21 +34,25 @@ class BackwardChoice:
 
     kind: str
     reason: str
+    kernel: Optional[str] = None  # TUNED: the backward kernel (the package's kernels table names it)
 
     def text(self) -> str:
         if self.kind == SDPA:
             return f"backward: SDPA (the whole call, forward and backward), because {self.reason}"
-        return f"backward: {NAMES[self.kind]} (no forward recomputation): {self.reason}"
+        return f"backward: {NAMES[self.kind].format(kernel=self.kernel)} (no forward recomputation): {self.reason}"
 
 
 def choose_backward(*, head_dim: int, causal: bool, seq_q: int, seq_k: int, mask: tuple = NO_MASK,
                     form: str = "dense", forward: Optional[str] = None, cc: Optional[tuple[int, int]] = None,
-                    cudnn: Optional[str] = None, deterministic: bool = False) -> BackwardChoice:
+                    cudnn: Optional[str] = None, deterministic: bool = False,
+                    tuned: Optional[Mapping[str, Any]] = None, tuned_error: Optional[str] = None) -> BackwardChoice:
     """The backward of a call whose inputs require grad. `form`: "dense", or the call form no differentiable
     path takes ("seq_lens", "paged", "fp8", "fp8_cache"); `forward`: why the tuned forward does not serve the call
     (None: it does); `cc`: the device's compute capability (None: unknown, no device here); `cudnn`: why cuDNN's
     SDPA cannot run on this device and dtype (None: it runs, or unknown); `deterministic`: torch's deterministic
-    algorithms are on (cuDNN's SDPA backward has no deterministic mode)."""
+    algorithms are on (cuDNN's SDPA backward has no deterministic mode); `tuned`: the backward record of the call's
+    dispatch entry (its kernel, tuned problem and confirmed ratio to SDPA's backward; None: the package ships none
+    for it); `tuned_error`: why that kernel does not load on this device (None: it loads, or no device here)."""
     if form != "dense":
         return BackwardChoice(SDPA, {"seq_lens": "calls with seq_lens", "paged": "paged calls",
                                      "fp8": "FP8 (e4m3) calls", "fp8_cache": "FP8 KV-cache calls"}[form]
@@ -54,6 +61,33 @@ def choose_backward(*, head_dim: int, causal: bool, seq_q: int, seq_k: int, mask
         return BackwardChoice(SDPA, "sliding windows and softcaps have no differentiable tuned path")
     if forward is not None:
         return BackwardChoice(SDPA, forward)
+    not_tuned = None if tuned is None else _why_not_tuned(tuned, tuned_error, deterministic)
+    if tuned is not None and not_tuned is None:
+        return BackwardChoice(TUNED, tuned_reason(tuned, cc), str(tuned["kernel"]))
+    sdpa = _sdpa_backward(head_dim, causal, seq_q, seq_k, cc, cudnn, deterministic)
+    if not_tuned is None:
+        return sdpa
+    return BackwardChoice(sdpa.kind, f"{sdpa.reason}; not the tuned backward {tuned['kernel']}: {not_tuned}")
+
+
+def tuned_reason(tuned: Mapping[str, Any], cc: Optional[tuple[int, int]]) -> str:
+    """Why the tuned backward runs: its tuned problem and confirmed speed-up over SDPA's best backward."""
+    ratio = tuned.get("ratio_to_sdpa")
+    speed = f"{ratio:.2f}x SDPA's best backward" if isinstance(ratio, (int, float)) else "faster than SDPA's backward"
+    where = "" if cc is not None else " (no CUDA device here: where it loads)"
+    return (f"the package ships it for this call's dispatch entry, confirmed at {speed} on "
+            f"{tuned.get('problem_label', '?')} (trial {tuned.get('trial_id', '?')}){where}")
+
+
+def _why_not_tuned(tuned: Mapping[str, Any], tuned_error: Optional[str], deterministic: bool) -> Optional[str]:
+    if deterministic:
+        return "torch's deterministic algorithms are on, and it accumulates dQ with fp32 atomics"
+    return tuned_error
+
+
+def _sdpa_backward(head_dim: int, causal: bool, seq_q: int, seq_k: int, cc: Optional[tuple[int, int]],
+                   cudnn: Optional[str], deterministic: bool) -> BackwardChoice:
+    """SDPA's backward of a dense call the tuned forward serves: cuDNN's where it runs, else flash's."""
     if cc is not None and cc < (8, 0):
         return BackwardChoice(SDPA, f"SDPA's flash backward needs compute capability 8.0+ (this device: "
                                     f"{cc[0]}.{cc[1]})")
@@ -163,11 +197,21 @@ def run_backward(kind: str, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Te
     return dq, group_sum(dk, group), group_sum(dv, group)
 
 
-def device_backward(q: torch.Tensor, causal: bool, seq_k: int) -> BackwardChoice:
-    """choose_backward for a dense call the tuned forward serves, on q's device (its capability, cuDNN's form)."""
+def device_backward(q: torch.Tensor, causal: bool, k: torch.Tensor) -> BackwardChoice:
+    """choose_backward for a dense call the tuned forward serves, on q's device (its capability, whether the
+    package's tuned backward for the call loads there, cuDNN's form)."""
+    from . import tuned_backward as _tuned  # loaded with the package's kernels: not needed by the pure choice
+
     cc = torch.cuda.get_device_capability(q.get_device())
-    choice = choose_backward(head_dim=q.shape[-1], causal=causal, seq_q=q.shape[2], seq_k=seq_k, cc=cc,
-                             deterministic=torch.are_deterministic_algorithms_enabled())
+    tuned, tuned_error = _tuned.record_for(q, k, causal), None
+    if tuned is not None and not torch.are_deterministic_algorithms_enabled():
+        try:
+            _tuned.load_backward(str(tuned["kernel"]), q.get_device())
+        except RuntimeError as exc:  # GpuUnavailableError: this card, a failed load (remembered)
+            tuned_error = f"it does not load here ({exc})"
+    choice = choose_backward(head_dim=q.shape[-1], causal=causal, seq_q=q.shape[2], seq_k=k.shape[2], cc=cc,
+                             deterministic=torch.are_deterministic_algorithms_enabled(), tuned=tuned,
+                             tuned_error=tuned_error)
     if choice.kind == CUDNN:
         form = cudnn_stats_form(q)
         if isinstance(form, str):

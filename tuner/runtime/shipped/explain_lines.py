@@ -22,6 +22,7 @@ def choice_lines(choice: Any, mask: tuple, inputs: str = "", takes: str = "") ->
     if replayed:  # the manifest says so; so does explain(), the one place a user reads the timing
         lines.insert(2, f"  REPLAYED: that timing was answered from a recording ({replayed}) by `tuner search "
                         "--backend replay`, not measured on a GPU")
+    lines += backward_lines(e)
     if takes and choice.route != "sdpa":
         lines.append(f"  {takes}")
     if choice.cell is not None:
@@ -36,3 +37,17 @@ def choice_lines(choice: Any, mask: tuple, inputs: str = "", takes: str = "") ->
         lines.append(f"  routed to {ran}: the kernel measured {sdpa:.2f}x the best SDPA backend on its tuned "
                      "problem (cells below 0.98x run torch SDPA, so the export never makes a call slower)")
     return lines
+
+
+def backward_lines(entry: Any) -> list[str]:
+    """The entry's shipped backward (what a call whose inputs require grad runs after this forward, where it loads
+    on the device), or why it has none (an export before backward kernels says nothing)."""
+    tuned = entry.get("backward")
+    if isinstance(tuned, dict):
+        ratio = tuned.get("ratio_to_sdpa")
+        speed = f", {ratio:.2f}x SDPA's best backward" if isinstance(ratio, (int, float)) else ""
+        return [f"  backward kernel: {tuned.get('kernel')} (trial {tuned.get('trial_id')}, confirmed on "
+                f"{tuned.get('problem_label')}{speed})"]
+    if entry.get("backward_note"):
+        return [f"  backward kernel: none shipped, SDPA's backward serves training calls ({entry['backward_note']})"]
+    return []
