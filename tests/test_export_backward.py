@@ -226,3 +226,48 @@ def test_explain_names_the_forward_and_the_backward_kernel(exported) -> None:
     assert "tuned backward kernel" not in slow
     with torch.no_grad():  # an inference call: the entry's backward is still named, no backward line
         assert "backward kernel: attn_bwd_wgmma" in str(pkg.explain(*(t.detach() for t in (q, k, v))))
+
+
+# --- the shipped launcher's workspaces ----------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8), st.integers(1, 700), st.sampled_from([64, 128]),
+                          st.booleans()), min_size=1, max_size=6))
+def test_eager_calls_share_one_workspace_per_stream_grown_to_the_largest(calls) -> None:
+    """Views of the needed shapes (lse_log2 and delta over ROW_PAD-padded rows; dQ's accumulator, padded where it is
+    tiled), in one buffer per stream that never shrinks and is reused where it fits (no allocation in a training
+    loop at one shape)."""
+    import math
+
+    import torch
+
+    from tuner.runtime.shipped.backward_kernel import BackwardLauncher, BackwardShape
+
+    launcher = BackwardLauncher.__new__(BackwardLauncher)  # its workspace logic alone: no GPU, no cubin
+    launcher._workspaces = {}
+    largest = [0, 0]
+    for b, h, sq, d, tiled in calls:
+        launcher.shape = BackwardShape("bf16", d, 64, 128, 1, 128, 16, 128, 64, tiled)
+        before = {s: tuple(t.data_ptr() for t in bufs) for s, bufs in launcher._workspaces.items()}
+        scratch, accum = launcher._shared(torch.empty(b, h, sq, d), stream=7)
+        pad = -(-sq // 128) * 128
+        assert tuple(scratch.shape) == (2, b, h, pad) and tuple(accum.shape) == (b, h, pad if tiled else sq, d)
+        need = [scratch.numel(), accum.numel()]
+        grew = [n > m for n, m in zip(need, largest)]
+        largest = [max(n, m) for n, m in zip(need, largest)]
+        assert [t.numel() for t in launcher._workspaces[7]] == largest
+        if 7 in before and not any(grew):
+            assert tuple(t.data_ptr() for t in launcher._workspaces[7]) == before[7]
+        assert math.prod(scratch.shape) <= launcher._workspaces[7][0].numel()
+
+
+def test_the_tuners_backward_kernel_is_the_shipped_launcher_without_a_second_packing() -> None:
+    import inspect
+
+    from tuner.runtime import backward_launch
+    from tuner.runtime.shipped.backward_kernel import BackwardLauncher
+
+    assert issubclass(backward_launch.BackwardKernel, BackwardLauncher)
+    source = inspect.getsource(backward_launch)
+    assert "data_ptr" not in source and ".launch(" not in source

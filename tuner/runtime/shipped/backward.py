@@ -74,7 +74,7 @@ def tuned_reason(tuned: Mapping[str, Any], cc: Optional[tuple[int, int]]) -> str
     """Why the tuned backward runs: its tuned problem and confirmed speed-up over SDPA's best backward."""
     ratio = tuned.get("ratio_to_sdpa")
     speed = f"{ratio:.2f}x SDPA's best backward" if isinstance(ratio, (int, float)) else "faster than SDPA's backward"
-    where = "" if cc is not None else " (no CUDA device here: where it loads)"
+    where = "" if cc is not None else "; no CUDA device here: it runs where it loads"
     return (f"the package ships it for this call's dispatch entry, confirmed at {speed} on "
             f"{tuned.get('problem_label', '?')} (trial {tuned.get('trial_id', '?')}){where}")
 

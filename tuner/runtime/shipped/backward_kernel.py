@@ -25,7 +25,6 @@ from .launcher import split_map, tma_arg_format
 ARG_FORMAT = "P" * 12 + "q" * 24 + "iiii" + "f"
 TMA_MAPS = 2  # q and do
 TMA_SWIZZLE = 128
-WORKSPACE_LIMIT = 64  # eager workspaces kept per launcher (shapes x streams); more: start over
 
 
 @dataclass(frozen=True)
@@ -63,30 +62,26 @@ class BackwardLauncher:
         self._main, self._pre, self._convert = kernels
         self.registers = self._main.registers
         self._stream = stream_getter()
-        self._workspaces: dict[tuple, tuple[Any, Any]] = {}  # (stream, B, H, Sq, D) -> (lse_log2 + delta, dq_accum)
+        self._workspaces: dict[int, tuple[Any, Any]] = {}  # per stream: flat float32 buffers, grown to the largest
         self._captured: list[tuple[Any, Any]] = []  # workspaces of captured launches: a graph replays into them
 
     def __call__(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, scale: float | None = None,
                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
         """dq, dk, dv (laid out like q, k and v, or written into `grads`) for logical [B, H, S, D] tensors with any
-        strides whose head dim is contiguous; k and v [B, Hkv, Sk, D] (GQA: H a multiple of Hkv). The workspaces
-        are kept per stream and shape (no allocation on repeated eager calls); a launch being captured in a CUDA
-        graph gets its own, allocated in the capture and kept alive as long as this launcher."""
+        strides whose head dim is contiguous; k and v [B, Hkv, Sk, D] (GQA: H a multiple of Hkv). Eager calls share
+        one workspace per stream (their launches are ordered there), grown to the largest call's: no allocation on
+        repeated calls, and the memory of one call's, whatever the mix of shapes. A launch being captured in a CUDA
+        graph gets its own, allocated in the capture and kept alive as long as this launcher (the graph replays
+        into it)."""
         dq, dk, dv = self._checked(q, k, v, o, lse, do, grads)
         if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
         device = self._device_of(q)
-        capturing = capturing_on(device)
-        key = (self._stream(device), *q.shape)
-        space = None if capturing else self._workspaces.get(key)
-        if space is None:
+        if capturing_on(device):
             space = self._allocate(q)
-            if capturing:
-                self._captured.append(space)
-            else:
-                if len(self._workspaces) >= WORKSPACE_LIMIT:
-                    self._workspaces.clear()
-                self._workspaces[key] = space
+            self._captured.append(space)
+        else:
+            space = self._shared(q, self._stream(device))
         self._prepared(q, k, v, o, lse, do, scale, (dq, dk, dv), space)()
         return dq, dk, dv
 
@@ -120,17 +115,32 @@ class BackwardLauncher:
             check_strides(name, t)
         return dq, dk, dv
 
-    def _allocate(self, q: Any) -> tuple[Any, Any]:
-        """(lse_log2 and delta: float32 [2, B, H, Sq padded], dQ's fp32 accumulator: [B, H, Sq, D], or in 64 x 64
-        blocks over the padded rows where the manifest's dq_tiled says so)."""
-        import torch
-
+    def _sizes(self, q: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of (lse_log2 and delta: float32 [2, B, H, Sq padded], dQ's fp32 accumulator: [B, H, Sq, D], or
+        in 64 x 64 blocks over the padded rows where the manifest's dq_tiled says so)."""
         b, h, sq, d = q.shape
         pad = self.shape.lse_row_pad
         sq_pad = -(-sq // pad) * pad
-        scratch = torch.empty(2, b, h, sq_pad, device=q.device, dtype=torch.float32)
-        dq_accum = torch.empty(b, h, sq_pad if self.shape.dq_tiled else sq, d, device=q.device, dtype=torch.float32)
-        return scratch, dq_accum
+        return (2, b, h, sq_pad), (b, h, sq_pad if self.shape.dq_tiled else sq, d)
+
+    def _allocate(self, q: Any) -> tuple[Any, Any]:
+        import torch
+
+        return tuple(torch.empty(s, device=q.device, dtype=torch.float32) for s in self._sizes(q))  # type: ignore
+
+    def _shared(self, q: Any, stream: int) -> tuple[Any, Any]:
+        """Views of this stream's flat workspace buffers, which are replaced by larger ones when a call needs more
+        (a replaced buffer's memory returns to torch's allocator, stream-ordered: launches queued on this stream
+        finish with it before anything else there reuses it)."""
+        import torch
+
+        sizes = self._sizes(q)
+        have = self._workspaces.get(stream)
+        if have is None or any(buf.numel() < math.prod(s) for buf, s in zip(have, sizes)):
+            have = tuple(torch.empty(max(math.prod(s), buf.numel() if have else 0), device=q.device,
+                                     dtype=torch.float32) for s, buf in zip(sizes, have or (None, None)))
+            self._workspaces[stream] = have
+        return tuple(buf[:math.prod(s)].view(s) for buf, s in zip(have, sizes))  # type: ignore[return-value]
 
     def _device_of(self, q: Any) -> int:
         return q.device.index if q.device.index is not None else self._device
