@@ -271,3 +271,36 @@ def test_the_tuners_backward_kernel_is_the_shipped_launcher_without_a_second_pac
     assert issubclass(backward_launch.BackwardKernel, BackwardLauncher)
     source = inspect.getsource(backward_launch)
     assert "data_ptr" not in source and ".launch(" not in source
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("unknown_kernel", "names no backward kernel of the kernels table"),
+    ("forward_as_backward", "names no backward kernel of the kernels table"),
+    ("no_threads", "launch lacks positive integers"),
+    ("backward_as_forward", "is not a forward kernel"),
+])
+def test_a_package_whose_backward_record_is_broken_is_refused_on_import(exported, tmp_path, damage, why) -> None:
+    """A sealed manifest (past the hash check) whose backward records do not hold together: one IntegrityError."""
+    from tuner.export.package import seal
+
+    report = exported[0]
+    name = f"broken_{uuid.uuid4().hex[:8]}"
+    shutil.copytree(report.out / report.package, tmp_path / name)
+    path = tmp_path / name / "manifest.json"
+    m = json.loads(path.read_text())
+    m["package"] = name
+    entry = next(e for e in m["entries"] if e["backward"])
+    backward = m["kernels"][entry["backward"]["kernel"]]
+    if damage == "unknown_kernel":
+        entry["backward"]["kernel"] = "attn_bwd_nowhere"
+    elif damage == "forward_as_backward":
+        entry["backward"]["kernel"] = entry["kernel"]
+    elif damage == "no_threads":
+        del backward["launch"]["threads"]
+    else:
+        entry["kernel"] = entry["backward"]["kernel"]
+    path.write_text(json.dumps(m))
+    seal(tmp_path / name)
+    with pytest.raises(ImportError) as info:
+        _import(tmp_path, name)
+    assert type(info.value).__name__ == "IntegrityError" and why in str(info.value) and "\n" not in str(info.value)

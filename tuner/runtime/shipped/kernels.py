@@ -116,10 +116,34 @@ def _malformed(data: dict[str, Any]) -> Optional[str]:
             return (f"entry {i} is {'' if key.get('packed') else 'not '}for packed sequences, but its kernel "
                     f"{entry.get('kernel')!r} {'does not launch' if key.get('packed') else 'launches'} as one "
                     f"(launch packed)")
+        wrong = _bad_backward(data["kernels"], entry) if isinstance(key, dict) else None
+        if wrong:
+            return f"entry {i}'s {wrong}"
         if isinstance(key, dict) and str(key.get("dtype")).endswith("_kv_e4m3") and not launch.get("kv_fp8"):
             return (f"entry {i} is an FP8 KV cache's, but its kernel {entry.get('kernel')!r} does not launch as one "
                     f"(launch kv_fp8)")
     return _bad_digests(data.get("headers", {}), "headers", "header")
+
+
+BACKWARD_LAUNCH = ("head_dim", "block_n", "threads", "smem_bytes", "aux_threads", "aux_rows", "lse_row_pad")
+
+
+def _bad_backward(kernels: dict[str, Any], entry: dict[str, Any]) -> Optional[str]:
+    """What is wrong with an entry's kernels as to pass (None: nothing): its kernel a forward one; its backward
+    (absent or null before them: SDPA's) a backward kernel of the table whose launch facts are positive integers."""
+    if kernels.get(str(entry.get("kernel")), {}).get("pass", "forward") != "forward":
+        return f"kernel {entry.get('kernel')!r} is not a forward kernel"
+    record = entry.get("backward")
+    if record is None:
+        return None
+    meta = kernels.get(str(record.get("kernel"))) if isinstance(record, dict) else None
+    if not isinstance(meta, dict) or meta.get("pass") != "backward":
+        return f"backward {record!r} names no backward kernel of the kernels table"
+    launch = meta["launch"]
+    if not all(isinstance(launch.get(f), int) and not isinstance(launch.get(f), bool) and launch[f] > 0
+               for f in BACKWARD_LAUNCH) or not isinstance(launch.get("dtype"), str):
+        return f"backward kernel {record['kernel']}'s launch lacks positive integers {', '.join(BACKWARD_LAUNCH)}"
+    return None
 
 
 def _bad_digests(record: Any, name: str, item: str) -> Optional[str]:
