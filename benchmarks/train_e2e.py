@@ -103,10 +103,11 @@ def training_step(model: Any, ids: torch.Tensor, labels: torch.Tensor) -> Callab
 @contextlib.contextmanager
 def tuned_calls(pkg: Any) -> Iterator[collections.Counter]:
     """While open, counts what pkg's differentiable path ran: the tuned forward kernel ("forward") and each
-    backward kind on its O and lse ("backward cudnn", "backward flash"). A call routed to SDPA counts nothing."""
-    auto, bw = pkg._runtime.autograd, pkg._runtime.backward
+    backward kind on its O and lse ("backward cudnn", "backward flash", "backward tuned": the package's tuned
+    backward kernel). A call routed to SDPA counts nothing."""
+    auto, bw, tuned = pkg._runtime.autograd, pkg._runtime.backward, pkg._runtime.tuned_backward
     counts: collections.Counter = collections.Counter()
-    real_forward, real_backward = auto._forward, bw.run_backward
+    real_forward, real_backward, real_tuned = auto._forward, bw.run_backward, tuned.run
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         counts["forward"] += 1
@@ -116,11 +117,15 @@ def tuned_calls(pkg: Any) -> Iterator[collections.Counter]:
         counts[f"backward {kind}"] += 1
         return real_backward(kind, *args, **kwargs)
 
-    auto._forward, bw.run_backward = forward, backward
+    def tuned_backward(*args: Any, **kwargs: Any) -> Any:
+        counts["backward tuned"] += 1
+        return real_tuned(*args, **kwargs)
+
+    auto._forward, bw.run_backward, tuned.run = forward, backward, tuned_backward
     try:
         yield counts
     finally:
-        auto._forward, bw.run_backward = real_forward, real_backward
+        auto._forward, bw.run_backward, tuned.run = real_forward, real_backward, real_tuned
 
 
 def gradients(model: Any) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@
 One process, back to back (tuner.runtime.timing.time_cuda: L2 flushed between repetitions, no host wait),
 interleaved rounds (every row once per round, the median over rounds reported). Each row times
 out = attention(q, k, v); torch.autograd.grad(out, (q, k, v), dO): ours (the backward attention() chooses), ours
-with each SDPA backward forced on our O and lse, and torch SDPA under its default, flash and cuDNN backends (GQA
+with each SDPA backward forced on our O and lse (and the package's tuned backward, where it ships one), and torch SDPA under its default, flash and cuDNN backends (GQA
 through enable_gqa, or k and v expanded inside the timed call where a backend refuses it: the row says so).
 Problems: B8 H16 S2048 D128 bf16, and B1 H32 Hkv8 S16384 D128 bf16 causal. Without --package, a package is built
 the way tests/gpu/one_trial_export.py does: one trial per problem (the card's template; on sm_90 the wgmma tiles
@@ -114,7 +114,17 @@ def rows_for(pkg: object, problem: Problem) -> dict[str, object]:
             return bw.run_backward(kind, do, q, k, v, out, lse, problem.causal, None)
         return run
 
+    def forced_tuned(kernel):
+        def run(q, k, v, do):
+            out, lse = auto._forward(auto.forward_kernel(q, k, v, problem.causal), q, k, v, None)
+            return pkg._runtime.tuned_backward.run(kernel, do, q, k, v, out, lse, None)
+        return run
+
     rows = {"ours (attention(), its backward)": ours, "ours fwd + SDPA flash bwd": forced(bw.FLASH)}
+    q0, k0, _ = make_inputs(problem, seed=0)
+    shipped = pkg._runtime.tuned_backward.record_for(q0, k0, problem.causal)
+    if shipped is not None:  # the package's tuned backward for this problem's entry
+        rows[f"ours fwd + tuned bwd ({shipped['kernel']})"] = forced_tuned(shipped["kernel"])
     if torch.cuda.get_device_capability() >= (9, 0) and not isinstance(bw.cudnn_stats_form(make_inputs(
             problem, seed=0)[0]), str):
         rows["ours fwd + SDPA cuDNN bwd"] = forced(bw.CUDNN)

@@ -24,17 +24,28 @@ _failed: dict[tuple[str, int], str] = {}  # why a backward kernel cannot load on
 _loading = threading.Lock()
 
 
+_records: dict[tuple, Optional[Mapping[str, Any]]] = {}  # (dtype, D, causal, H, Hkv, Sq, Sk, B) -> record_for's
+CACHE_LIMIT = 4096
+
+
 def record_for(q: Any, k: Any, causal: bool) -> Optional[Mapping[str, Any]]:
     """The backward record of the dispatch entry a dense call's forward runs (None: the entry has none, no entry
-    serves the call, or its cell is routed to SDPA). Reads shapes and dtypes only."""
+    serves the call, or its cell is routed to SDPA). Reads shapes and dtypes only; remembered per shape (a
+    training step asks for every layer)."""
     if q.dtype not in DTYPES or q.dim() != 4 or k.dim() != 4:
         return None
     b, h, sq, d = q.shape
+    key = (q.dtype, d, bool(causal), h, k.shape[1], sq, k.shape[2], b)
+    if key in _records:
+        return _records[key]
     choice = table().choose(Key.of(DTYPES[q.dtype], d, causal, h, k.shape[1], sq, k.shape[2], batch=b))
-    if choice is None or choice.route == "sdpa":
-        return None
-    record = choice.entry.get("backward")
-    return record if isinstance(record, Mapping) and record.get("kernel") in _kernels.manifest()["kernels"] else None
+    record = None if choice is None or choice.route == "sdpa" else choice.entry.get("backward")
+    if not (isinstance(record, Mapping) and record.get("kernel") in _kernels.manifest()["kernels"]):
+        record = None
+    if len(_records) >= CACHE_LIMIT:  # many distinct shapes (ragged lengths): start over
+        _records.clear()
+    _records[key] = record
+    return record
 
 
 def load_backward(kernel: str, device: int) -> BackwardLauncher:
