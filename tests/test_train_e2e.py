@@ -13,7 +13,7 @@ import torch
 from benchmarks.train_e2e import (LLAMA_8B, compare_gradients, gradient_check, layer_problem, loss_row, markdown,
                                   parse_args, round_summary, training_step, tuned_calls)
 from tests.test_hf_training_route import _llama, fake_cuda_kernels  # noqa: F401 - the fixture, used by name
-from tuner.runtime.shipped import autograd, backward, hf
+from tuner.runtime.shipped import autograd, backward, hf, tuned_backward
 
 
 def test_defaults_are_the_issues_step() -> None:
@@ -91,19 +91,24 @@ def test_loss_row() -> None:
 def _fake_package() -> types.SimpleNamespace:
     autograd = types.SimpleNamespace(_forward=lambda kernel, *a: ("out", "lse"))
     backward = types.SimpleNamespace(run_backward=lambda kind, *a: (kind, "dk", "dv"))
-    return types.SimpleNamespace(_runtime=types.SimpleNamespace(autograd=autograd, backward=backward))
+    tuned = types.SimpleNamespace(run=lambda kernel, *a: (kernel, "dk", "dv"))
+    return types.SimpleNamespace(_runtime=types.SimpleNamespace(autograd=autograd, backward=backward,
+                                                                tuned_backward=tuned))
 
 
 def test_tuned_calls_counts_what_ran_and_puts_the_functions_back() -> None:
     pkg = _fake_package()
     real_forward, real_backward = pkg._runtime.autograd._forward, pkg._runtime.backward.run_backward
+    real_tuned = pkg._runtime.tuned_backward.run
     with tuned_calls(pkg) as counts:
         for _ in range(3):
             assert pkg._runtime.autograd._forward("kernel", 1, 2, 3, None) == ("out", "lse")
         assert pkg._runtime.backward.run_backward("cudnn", 0)[0] == "cudnn"
         pkg._runtime.backward.run_backward("flash", 0)
-    assert dict(counts) == {"forward": 3, "backward cudnn": 1, "backward flash": 1}
+        assert pkg._runtime.tuned_backward.run("attn_bwd_x", 0)[0] == "attn_bwd_x"
+    assert dict(counts) == {"forward": 3, "backward cudnn": 1, "backward flash": 1, "backward tuned": 1}
     assert pkg._runtime.autograd._forward is real_forward and pkg._runtime.backward.run_backward is real_backward
+    assert pkg._runtime.tuned_backward.run is real_tuned
     with pytest.raises(RuntimeError), tuned_calls(pkg):
         raise RuntimeError("a failed step")
     assert pkg._runtime.autograd._forward is real_forward
@@ -143,7 +148,8 @@ def test_gradient_check_switches_one_model_and_counts_the_tuned_calls(fake_cuda_
     model = _llama("sdpa")
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
-    pkg = types.SimpleNamespace(_runtime=types.SimpleNamespace(autograd=autograd, backward=backward))
+    pkg = types.SimpleNamespace(_runtime=types.SimpleNamespace(autograd=autograd, backward=backward,
+                                                               tuned_backward=tuned_backward))
     check = gradient_check(model, pkg, name, training_step(model, ids, labels), control=False)
     layers = model.config.num_hidden_layers
     assert len(fake_cuda_kernels) == layers  # the SDPA step reached none: only ours did
