@@ -345,20 +345,29 @@ def load_kernel(kernel: str, device: int) -> AttentionKernel:
     load there (this card's compute capability or shared memory, no nvcc or a failed JIT compile, the driver
     refusing the module) raises GpuUnavailableError, which fallback="sdpa" takes; the failure is remembered, so
     later calls fall back without trying again (nvcc is not re-run on every call)."""
-    loaded = _loaded.get((kernel, device))
-    if loaded is not None:
-        return loaded
+    return load_once(_loaded, _failed, kernel, device, _load)
+
+
+def load_once(loaded: dict, failed: dict, kernel: str, device: int, load: Any,
+              remembered: tuple = (RuntimeError,)) -> Any:
+    """`load(kernel, device)` once per process, kernel and device, kept in `loaded` (any thread may call). A
+    failure of the `remembered` kinds (GpuUnavailableError among them) is kept in `failed` and raised as
+    GpuUnavailableError, then and on every later call; others (a ValueError: bad input) are not remembered."""
+    got = loaded.get((kernel, device))
+    if got is not None:
+        return got
     with _loading:
-        if (kernel, device) in _failed:
-            raise GpuUnavailableError(_failed[(kernel, device)])
-        if (kernel, device) not in _loaded:
+        if (kernel, device) in failed:
+            raise GpuUnavailableError(failed[(kernel, device)])
+        if (kernel, device) not in loaded:
             try:
-                _loaded[(kernel, device)] = _load(kernel, device)
-            except RuntimeError as exc:  # GpuUnavailableError included; ValueErrors (bad input) are not remembered
-                _failed[(kernel, device)] = (str(exc) if isinstance(exc, GpuUnavailableError)
-                                             else f"{kernel} does not load on cuda:{device}: {exc}")
-                raise GpuUnavailableError(_failed[(kernel, device)]) from None
-    return _loaded[(kernel, device)]
+                loaded[(kernel, device)] = load(kernel, device)
+            except remembered as exc:
+                why = exc if isinstance(exc, RuntimeError) else repr(exc)
+                failed[(kernel, device)] = (str(exc) if isinstance(exc, GpuUnavailableError)
+                                            else f"{kernel} does not load on cuda:{device}: {why}")
+                raise GpuUnavailableError(failed[(kernel, device)]) from None
+    return loaded[(kernel, device)]
 
 
 def _load(kernel: str, device: int) -> AttentionKernel:
@@ -375,9 +384,14 @@ def _load(kernel: str, device: int) -> AttentionKernel:
     smem = meta["launch"]["smem_bytes"]
     if limit and smem > limit:
         raise RuntimeError(f"{kernel} needs {smem} B shared memory per block; cuda:{device} allows {limit} B")
+    return AttentionKernel(machine_code(meta, cc), meta["entry"], LaunchShape(**meta["launch"]), device)
+
+
+def machine_code(meta: dict, cc: tuple[int, int]) -> bytes:
+    """A kernels-table entry's cubin for a card of capability `cc`: the shipped one for its arch, else the shipped
+    source compiled here."""
     arch = cubin_arch_for(meta["cubins"], cc)
     if arch:  # checked again: the file may have changed since import
-        cubin = verified_bytes(meta["cubins"][arch]["path"], meta["cubins"][arch]["sha256"])
-    else:  # the source is checked like a cubin: it is what the JIT turns into machine code
-        cubin = _jit_cubin(verified_bytes(meta["source"], meta["source_sha256"]).decode(), cc)
-    return AttentionKernel(cubin, meta["entry"], LaunchShape(**meta["launch"]), device)
+        return verified_bytes(meta["cubins"][arch]["path"], meta["cubins"][arch]["sha256"])
+    # the source is checked like a cubin: it is what the JIT turns into machine code
+    return _jit_cubin(verified_bytes(meta["source"], meta["source_sha256"]).decode(), cc)

@@ -8,7 +8,6 @@ trial, confirmed µs, ratio to SDPA's best backward), and the kernel itself in t
 its launch facts under "launch"). A call whose entry has none keeps SDPA's backward (backward.choose_backward).
 """
 
-import threading
 from typing import Any, Mapping, Optional
 
 import torch
@@ -21,7 +20,6 @@ from .launcher import AttentionInputError, GpuUnavailableError
 
 _loaded: dict[tuple[str, int], BackwardLauncher] = {}
 _failed: dict[tuple[str, int], str] = {}  # why a backward kernel cannot load on a device, once found
-_loading = threading.Lock()
 
 
 _records: dict[tuple, Optional[Mapping[str, Any]]] = {}  # (dtype, D, causal, H, Hkv, Sq, Sk, B) -> record_for's
@@ -51,20 +49,8 @@ def record_for(q: Any, k: Any, causal: bool) -> Optional[Mapping[str, Any]]:
 def load_backward(kernel: str, device: int) -> BackwardLauncher:
     """The backward kernel loaded for `device` (once per process and device). One that cannot load there raises
     GpuUnavailableError, remembered (later calls take SDPA's backward without trying again)."""
-    loaded = _loaded.get((kernel, device))
-    if loaded is not None:
-        return loaded
-    with _loading:
-        if (kernel, device) in _failed:
-            raise GpuUnavailableError(_failed[(kernel, device)])
-        if (kernel, device) not in _loaded:
-            try:
-                _loaded[(kernel, device)] = _load(kernel, device)
-            except (RuntimeError, TypeError, KeyError) as exc:  # GpuUnavailableError included; a bad launch record
-                _failed[(kernel, device)] = (str(exc) if isinstance(exc, GpuUnavailableError)
-                                             else f"{kernel} does not load on cuda:{device}: {exc!r}")
-                raise GpuUnavailableError(_failed[(kernel, device)]) from None
-    return _loaded[(kernel, device)]
+    # TypeError, KeyError: a bad launch record
+    return _kernels.load_once(_loaded, _failed, kernel, device, _load, (RuntimeError, TypeError, KeyError))
 
 
 def _load(kernel: str, device: int) -> BackwardLauncher:
@@ -74,12 +60,7 @@ def _load(kernel: str, device: int) -> BackwardLauncher:
     if cc < need:
         raise GpuUnavailableError(f"{kernel} needs compute capability {need[0]}.{need[1]}+, cuda:{device} has "
                                   f"{cc[0]}.{cc[1]}")
-    arch = _kernels.cubin_arch_for(meta["cubins"], cc)
-    if arch:
-        cubin = _kernels.verified_bytes(meta["cubins"][arch]["path"], meta["cubins"][arch]["sha256"])
-    else:  # as a forward kernel: the shipped source compiled where nvcc is installed
-        cubin = _kernels._jit_cubin(_kernels.verified_bytes(meta["source"], meta["source_sha256"]).decode(), cc)
-    return BackwardLauncher(cubin, meta["entry"], BackwardShape(**meta["launch"]), device)
+    return BackwardLauncher(_kernels.machine_code(meta, cc), meta["entry"], BackwardShape(**meta["launch"]), device)
 
 
 def run(kernel: str, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
