@@ -50,7 +50,11 @@ SDPA_KERNEL = re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)
 
 
 def load_package(path: str) -> Any:
+    """The package exported to `path`: its importable folder (OUT/NAME) or the export's --out folder (OUT, which
+    holds pyproject.toml and NAME/)."""
     folder = Path(path).resolve()
+    if (folder / "pyproject.toml").is_file() and (folder / folder.name / "__init__.py").is_file():
+        folder = folder / folder.name
     sys.path.insert(0, str(folder.parent))
     return importlib.import_module(folder.name)
 

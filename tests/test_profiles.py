@@ -24,6 +24,7 @@ from tuner.profiles import (
     list_profiles,
     load_profile,
     load_profile_file,
+    offline_profile,
     profile_from_dict,
     profile_names,
     resolve_profile,
@@ -330,6 +331,15 @@ def test_auto_picks_matching_profile():
     assert resolve_profile("auto", detected=H200).name == "h200"
     assert resolve_profile("AUTO", detected=A100).name == "a100"
     assert resolve_profile("auto", detected=L4).name == "l4"
+
+
+def test_offline_commands_take_auto_on_a_gpu_host_and_a_named_profile_on_any_host():
+    """`tuner export --gpu auto` on the card that searched (session 25 found it refused 'auto')."""
+    assert offline_profile("auto", detected=H200).name == "h200"
+    assert offline_profile("h100", detected=H200).name == "h100"  # exports are often built on another host
+    assert offline_profile("l4", detected=None).name == "l4"
+    with pytest.raises(NoGpuError):
+        offline_profile("auto", detected=None)
 
 
 def test_auto_without_gpu_is_no_gpu_error():

@@ -31,7 +31,7 @@ from tuner.kernels.feasibility import Feasibility, default_template, space_repor
 from tuner.kernels.render import render_standalone
 from tuner.kernels.variant import Variant
 from tuner.problem import problem_from_shape
-from tuner.profiles import list_profiles, load_profile, resolve_profile
+from tuner.profiles import list_profiles, offline_profile
 
 
 class ProfilesFormat(str, Enum):
@@ -69,8 +69,7 @@ def space_command(
 ) -> None:
     """List the variants of a template that fit a problem on a GPU (no GPU needed)."""
     fmt = output_format(fmt, ("table", "json"))
-    # Offline: a named profile is used whatever card this machine has; only "auto" looks at it.
-    profile = resolve_profile(gpu) if gpu.strip().lower() == "auto" else load_profile(gpu)
+    profile = offline_profile(gpu)
     problem = problem_from_shape(shape, dtype=dtype, causal=causal, heads_kv=hkv, layout=layout, lengths=lengths,
                                  window=window_option(window), softcap=softcap)
     template = template or default_template(profile, [problem])

@@ -68,7 +68,7 @@ def profile_command(
 
 
 def export_command(
-    gpu: Annotated[str, typer.Option(help="GPU profile whose best trials to export (h100, h200, a100, l4).")],
+    gpu: Annotated[str, typer.Option(help="GPU profile whose best trials to export (h100, h200, a100, l4; auto: the card present).")],
     out: Annotated[str, typer.Option(help="Folder to write (a pip-installable package, or a header).")],
     shape: Annotated[Optional[list[str]], typer.Option(help="Tuned problem B,H,S,D or B,H,Sq,Sk,D (repeatable).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every problem tuned for --gpu (the default without --shape).")] = False,

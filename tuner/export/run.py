@@ -37,7 +37,7 @@ from tuner.export.selection import (
 from tuner.export.staging import clear_dead_staging
 from tuner.kernels.compiler import BASE_OPTIONS, nvcc_version
 from tuner.kernels.manifest import load_manifest
-from tuner.profiles import load_profile
+from tuner.profiles import offline_profile
 from tuner.store import open_store
 
 __all__ = ["ExportOptions", "ExportReport", "export"]
@@ -51,7 +51,7 @@ def export(options: ExportOptions, progress: Optional[Callable[[dict[str, Any]],
     """
     if options.format not in FORMATS:
         raise TunerError(f"unknown export format {options.format!r}; expected one of {', '.join(FORMATS)}")
-    profile = load_profile(options.gpu)
+    profile = offline_profile(options.gpu)
     if options.check:
         if options.format != "package":
             raise TunerError("--check measures an importable package: it needs --format package")

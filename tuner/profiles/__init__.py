@@ -7,7 +7,8 @@ detect.py finds the GPU present and picks the profile for it.
 """
 
 from tuner.profiles.catalog import list_profiles, load_profile, profile_names
-from tuner.profiles.detect import AUTO, DetectedGpu, detect_gpu, resolve_profile, visible_gpu_count
+from tuner.profiles.detect import (AUTO, DetectedGpu, detect_gpu, offline_profile, resolve_profile,
+                                   visible_gpu_count)
 from tuner.profiles.profile import REQUIRED_KEYS, GpuProfile, load_profile_file, profile_from_dict
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "list_profiles",
     "load_profile",
     "load_profile_file",
+    "offline_profile",
     "profile_from_dict",
     "profile_names",
     "resolve_profile",

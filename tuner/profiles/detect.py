@@ -173,3 +173,11 @@ def _warn_sm_count(profile: GpuProfile, detected: DetectedGpu) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def offline_profile(name: str, *, detected: DetectedGpu | None = _UNSET) -> GpuProfile:
+    """The profile for an offline command's `--gpu name` (export, variants): a named profile whatever card this
+    machine has (exports are often built on another host); only 'auto' looks at the GPU present."""
+    if name.strip().lower() == AUTO:
+        return resolve_profile(name, detected=detected)
+    return load_profile(name)
