@@ -139,7 +139,7 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
         const float* stage = sm.dq_stage(cw * PER + i, buf);
         if constexpr (C::DQ_TILED) {  // the whole block, one bulk reduction (rows past Sq land in the padding)
           if (elect_one())
-            bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, 16384);
+            bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, C::DQS_BYTES);
         } else {
 #pragma unroll 4
           for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
@@ -170,7 +170,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   // The warpgroup index broadcast from lane 0, so that ptxas can prove it warp-uniform and keeps the warpgroup's
   // shared-memory descriptors on the uniform datapath (else two R2UR and an add per wgmma). Not at BLOCK_M 128:
   // it spilled there.
-  const int wg = C::BM == 64 ? __shfl_sync(0xffffffff, threadIdx.x / 128, 0) : threadIdx.x / 128;
+  const int wg = C::WG_BROADCAST ? __shfl_sync(0xffffffff, threadIdx.x / 128, 0) : threadIdx.x / 128;
   const int cw = C::PRODUCER ? wg - 1 : wg;  // consumer warpgroup (-1: the producer)
   const int hk = blockIdx.y, b = blockIdx.z;
   const int n0 = blockIdx.x * C::BN;
