@@ -13,7 +13,9 @@
 // lse and delta through a STAGES-deep ring) of every query head of its K/V head's GQA group whose rows see
 // some of its keys. Each consumer warpgroup owns 64 keys (the M of every wgmma but dQ's) and per tile computes
 // S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q, stores dS^T to shared memory, and computes its share of the
-// tile's dQ = dS K over all BN keys, added to the fp32 accumulator (attn_bwd_wgmma/tile.h, consumer.h).
+// tile's dQ = dS K over all BN keys, added to the fp32 accumulator (attn_bwd_wgmma/tile.h, consumer.h). At BLOCK_M
+// 80 (D128, the tiled dQ writer) each warpgroup computes dQ^T = K^T dS^T for its 64 of D instead (wgmma's M is 64,
+// so 80 queries cannot be dQ's M), from dS stored queries x keys, into transposed 80 x 64 blocks of the accumulator.
 // dK (times the scale) and dV go out once at the end, from registers.
 //
 // GQA as the sm_80 template: a CTA per K/V head loops over its group, dK and dV summed in registers (no fp32

@@ -5,6 +5,8 @@
 //   dQ += dS K                        (SS: every warpgroup's dS^T stored to shared memory, read MN-major as A; K
 //                                      read MN-major as B; the CTA's 64 x 64 blocks shared by the warpgroups,
 //                                      added to dq_accum with fp32 vector reductions)
+//   BLOCK_M 80 (DQ_T): dQ^T = K^T dS^T     (SS: K read MN-major as A, M = the warpgroup's 64 of D; dS stored
+//                                      queries x keys by stmatrix.trans, read K-major as B, N = the 80 queries)
 // Accumulator element e of a 64 x N wgmma tile held by a thread: 8-column block e / 4, row half (e / 2) % 2
 // (+8 rows), column pair e % 2; rows warp * 16 + lane / 4 (warp within the warpgroup), columns 2 (lane % 4).
 #pragma once
