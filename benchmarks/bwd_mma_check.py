@@ -79,6 +79,9 @@ CANDIDATES = {
     "attn_bwd_wgmma": ["m64n128_s2", "m64n128_s1", "m64n64_s2", "m128n128_s2", "m128n64_s2"],
 }
 SHAPES = ["8,16,2048,128", "16,16,2048,64"]
+# Checked on every case where feasible, --quick too (whose two covering variants may miss a tiling that only one
+# point of the space takes, e.g. BLOCK_M 80).
+ALWAYS_CHECKED = {"attn_bwd_wgmma": ["m64n128_s2_bulk_pw", "m80n128_s2_bulk_pw"]}
 
 
 def run_checks(template: str, profile: Any, quick: bool) -> bool:
@@ -86,6 +89,9 @@ def run_checks(template: str, profile: Any, quick: bool) -> bool:
     for i, problem in enumerate(CASES):
         why = supports_problem(load_manifest(template), problem)
         variants = [] if why else covering_sample(template, problem, profile, seed=i)[: 2 if quick else None]
+        if variants:
+            named = _feasible_named(template, problem, ALWAYS_CHECKED.get(template, []), profile)
+            variants += [v for v in named if v not in variants]
         if not variants:
             print(f"skip {problem.label} {problem.layout}: {why or 'no feasible variant on ' + profile.name}")
             continue
@@ -104,6 +110,14 @@ def run_checks(template: str, profile: Any, quick: bool) -> bool:
                     failed.append(f"{problem.label} {c.variant}")
     print(f"\nchecks: {total - len(failed)}/{total} ok" + ("" if not failed else "; failed:\n  " + "\n  ".join(failed)))
     return not failed
+
+
+def _feasible_named(template: str, problem: Problem, names: list[str], profile: Any) -> list[Variant]:
+    """The feasible variants among `names` (tunables parts of names, e.g. m64n128_s2), silently."""
+    feasible = {v.name: v for v in feasible_space(template, problem, profile)}
+    full = (f"{template}_d{problem.head_dim}_{problem.dtype}_{short}" + ("_causal" if problem.causal else "")
+            for short in names)
+    return [feasible[name] for name in full if name in feasible]
 
 
 def _variants(template: str, problem: Problem, names: list[str], profile: Any) -> list[Variant]:

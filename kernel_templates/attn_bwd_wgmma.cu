@@ -13,7 +13,9 @@
 // lse and delta through a STAGES-deep ring) of every query head of its K/V head's GQA group whose rows see
 // some of its keys. Each consumer warpgroup owns 64 keys (the M of every wgmma but dQ's) and per tile computes
 // S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q, stores dS^T to shared memory, and computes its share of the
-// tile's dQ = dS K over all BN keys, added to the fp32 accumulator (attn_bwd_wgmma/tile.h, consumer.h).
+// tile's dQ = dS K over all BN keys, added to the fp32 accumulator (attn_bwd_wgmma/tile.h, consumer.h). At BLOCK_M
+// 80 (D128, the tiled dQ writer) each warpgroup computes dQ^T = K^T dS^T for its 64 of D instead (wgmma's M is 64,
+// so 80 queries cannot be dQ's M), from dS stored queries x keys, into transposed 80 x 64 blocks of the accumulator.
 // dK (times the scale) and dV go out once at the end, from registers.
 //
 // GQA as the sm_80 template: a CTA per K/V head loops over its group, dK and dV summed in registers (no fp32
@@ -139,7 +141,7 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
         const float* stage = sm.dq_stage(cw * PER + i, buf);
         if constexpr (C::DQ_TILED) {  // the whole block, one bulk reduction (rows past Sq land in the padding)
           if (elect_one())
-            bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, 16384);
+            bulk_reduce_add_f32(a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0 + mh * 64, c * 64), stage, C::DQS_BYTES);
         } else {
 #pragma unroll 4
           for (int j = 0; j < 32; ++j) {  // 64 rows of 16 float4, lanes along a row
@@ -170,7 +172,7 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   // The warpgroup index broadcast from lane 0, so that ptxas can prove it warp-uniform and keeps the warpgroup's
   // shared-memory descriptors on the uniform datapath (else two R2UR and an add per wgmma). Not at BLOCK_M 128:
   // it spilled there.
-  const int wg = C::BM == 64 ? __shfl_sync(0xffffffff, threadIdx.x / 128, 0) : threadIdx.x / 128;
+  const int wg = C::WG_BROADCAST ? __shfl_sync(0xffffffff, threadIdx.x / 128, 0) : threadIdx.x / 128;
   const int cw = C::PRODUCER ? wg - 1 : wg;  // consumer warpgroup (-1: the producer)
   const int hk = blockIdx.y, b = blockIdx.z;
   const int n0 = blockIdx.x * C::BN;

@@ -21,6 +21,8 @@ REACHED: dict[str, tuple[int, int, int]] = {
     "attn_bwd_wgmma_d128_bf16_m64n128_s2_bulk_pw_causal": (572, 0, 1752),
     "attn_bwd_wgmma_d64_fp16_m64n64_s2_bulk_pw_causal": (501, 0, 1232),
     "attn_bwd_wgmma_d64_bf16_m128n128_s2": (947, 32, 1544),
+    # BLOCK_M 80 (dQ^T = K^T dS^T, FlashAttention-3's D128 tile): 461 for 80 query rows, against 497 for 64.
+    "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw": (461, 0, 1840),
 }
 
 

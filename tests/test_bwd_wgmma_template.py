@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel_builds import needs_nvcc
-from tuner.kernels.feasibility import check, enumerate_space, feasible_space, supports_problem
+from tuner.kernels.feasibility import check, enumerate_space, feasible_space, resources, supports_problem
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.render import render
 from tuner.kernels.variant import Variant, parse_variant_name
@@ -83,6 +83,32 @@ def test_feasibility_rejects_what_the_kernel_cannot_take(params: dict, head_dim:
     verdict = check(Variant(TEMPLATE, head_dim, "bf16", True, params), _problem(head_dim, causal=True),
                     load_profile("h100"))
     assert bool(verdict) == (not reason) and reason in verdict.reason
+
+
+_BM80 = {"BLOCK_M": 80, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER": True, "DQ_WRITER": True}
+
+
+@pytest.mark.parametrize("change, head_dim, causal, reason", [
+    ({}, 128, False, ""),
+    ({}, 128, True, "causal tiles stay at BLOCK_M 64"),
+    ({}, 64, False, "BLOCK_M 80 computes dQ^T"),
+    ({"DQ_BULK": False}, 128, False, "BLOCK_M 80 computes dQ^T"),
+    ({"STAGES": 3}, 128, False, "BLOCK_M 80 computes dQ^T"),
+    ({"BLOCK_N": 64}, 128, False, "BLOCK_M 80 computes dQ^T"),
+])
+def test_block_m_80_is_feasible_only_with_the_tiled_writer_at_d128(change: dict, head_dim: int, causal: bool,
+                                                                  reason: str) -> None:
+    verdict = check(Variant(TEMPLATE, head_dim, "bf16", causal, {**_BM80, **change}),
+                    _problem(head_dim, causal=causal), load_profile("h100"))
+    assert bool(verdict) == (not reason) and reason in verdict.reason
+
+
+def test_block_m_80_pads_rows_to_its_tile() -> None:
+    """lse / delta rows and the tiled dq_accum padded to whole 80-row tiles (its bulk loads and blocks never cross
+    a head); 224 KB of shared memory plus the 1 KB alignment slack."""
+    res = resources(Variant(TEMPLATE, 128, "bf16", False, _BM80))
+    assert (res["lse_row_pad"], res["tma_rows"], res["dq_tiled"], res["threads"]) == (80, 80, 1, 384)
+    assert res["smem_bytes"] == 1024 + 229376 + 1280 + 32
 
 
 def test_only_hopper_builds_it() -> None:

@@ -20,6 +20,7 @@ struct BwdConfig {
   static constexpr int BN = BLOCK_N_;  // keys per CTA
   static constexpr int NUM_WARPS = NUM_WARPS_;
   static constexpr bool DQ_TILED = false;  // dq_accum row-major (rows.h's dq_index)
+  static constexpr bool DQ_T = false;  // nor in transposed blocks
   static constexpr Swizzle SWIZZLE = SWIZZLE_;
   static constexpr int STAGES = STAGES_;  // cp.async buffers of the Q / dO / lse / delta tiles
   static constexpr bool CAUSAL = CAUSAL_;

@@ -22,6 +22,14 @@ struct BwdWgmmaConfig {
   static constexpr int BN = BLOCK_N_;  // keys per CTA
   static constexpr int STAGES = STAGES_;  // ring slots of the Q / dO / lse / delta tiles
   static constexpr bool CAUSAL = CAUSAL_;
+  // BLOCK_M 80 (FlashAttention-3's D128 tile; wgmma's M is 64, so dQ cannot keep the queries as M): each warpgroup
+  // computes dQ^T = K^T dS^T for its 64 of D (M = D, N = the 80 queries, K = the CTA's keys), from dS stored
+  // queries x keys (stmatrix.trans of its dS^T into its 64-key column block of one 80-row tile), and dq_accum's
+  // blocks are 80 queries x 64 D stored D-major (the dQ^T fragment's rows): dq_index, the row kernels and the
+  // lse / delta row padding follow. Only with the tiled dQ writer (DQ_TILED), two consumers, D 128.
+  static constexpr bool DQ_T = BM == 80;
+  // The warpgroup index broadcast from lane 0 (uniform descriptors), except at BLOCK_M 128 where it spilled.
+  static constexpr bool WG_BROADCAST = BM != 128;
   // dQ's blocks reduced into dq_accum by the TMA unit (cp.reduce.async.bulk, a row of 64 fp32 per instruction,
   // from a staging tile in shared memory), else by each thread's vector reductions from registers.
   static constexpr bool DQ_BULK = DQ_BULK_;
@@ -40,7 +48,8 @@ struct BwdWgmmaConfig {
   // DQ_TILED in a two-slot ring: a set of staging tiles per ring slot, so that a consumer stages tile j+1's blocks
   // while the writer's bulk reductions still read tile j's (ncu, one set: 3.6% of the consumers' samples waited for
   // them). The set is the slot: an index the loop already holds (a separate one spilled at D128).
-  static constexpr int DQ_BUFS = DQ_TILED && STAGES == 2 ? 2 : 1;
+  // BLOCK_M 80: one set (a second, 40 KB, is past the 227 KB of shared memory).
+  static constexpr int DQ_BUFS = DQ_TILED && STAGES == 2 && !DQ_T ? 2 : 1;
   __device__ __forceinline__ static int dq_full(int cw, int buf) { return 4 + 2 * buf + cw; }  // ids 4 .. 7
   __device__ __forceinline__ static int dq_free(int cw, int buf) { return 8 + 2 * buf + cw; }  // ids 8 .. 11
   static constexpr int DQ_SYNC = 128 + 32;  // their threads: a consumer warpgroup and its writer warp
@@ -62,7 +71,8 @@ struct BwdWgmmaConfig {
   static constexpr int PRODUCER_REGS = 24;
   static constexpr int CONSUMER_REGS = 240;
   static_assert(!PRODUCER || NWG == 1 || 128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= 65536, "register split");
-  static constexpr int DQ_BLOCKS = BM / 64 * (D / 64);  // a query tile's 64 x 64 blocks of dQ, shared by the NWG
+  // A query tile's dQ blocks, shared by the NWG: 64 x 64 (BLOCK_M 80: all 80 rows x 64 D, transposed).
+  static constexpr int DQ_BLOCKS = (DQ_T ? 1 : BM / 64) * (D / 64);
 
   // Shared tiles, 16-bit, in the 128-byte swizzle wgmma reads (column blocks of 64 elements, each R rows x 128
   // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8)); every tile a multiple of 1024 bytes, so each swizzle
@@ -70,7 +80,7 @@ struct BwdWgmmaConfig {
   static constexpr int SWB = 128;
   static constexpr int Q_BYTES = BM * D * 2;  // Q or dO tile
   static constexpr int KV_BYTES = BN * D * 2;
-  static constexpr int DS_BYTES = 64 * BM * 2;  // one warpgroup's dS^T: 64 keys x BM queries
+  static constexpr int DS_BYTES = 64 * BM * 2;  // one warpgroup's dS^T: 64 keys x BM queries (DQ_T: BM rows x 64 keys)
   static constexpr int DS_SETS = PRODUCER ? 2 : 1;  // PRODUCER: a set per tile parity (no CTA barrier per tile)
   static constexpr int OFF_V = KV_BYTES;
   static constexpr int OFF_Q = 2 * KV_BYTES;
@@ -80,7 +90,8 @@ struct BwdWgmmaConfig {
   static constexpr int OFF_DELTA = OFF_LSE + STAGES * BM * 4;
   // DQ_BULK or DQ_WRITER: a staging tile per dQ block, 64 rows of 64 fp32 at a 72-float stride (a quarter-warp's 8-byte
   // stores to 8 rows hit distinct banks; each row 16-byte aligned for the bulk copy).
-  static constexpr int DQS_STRIDE = DQ_TILED ? 64 : 72;  // DQ_TILED: dense rows, 8-column groups swizzled
+  // DQ_TILED: dense rows, 8-column groups swizzled; DQ_T: rows of D, 80 queries each.
+  static constexpr int DQS_STRIDE = DQ_T ? 80 : DQ_TILED ? 64 : 72;
   static constexpr int DQS_BYTES = 64 * DQS_STRIDE * 4;
   static constexpr int OFF_DQS = OFF_DELTA + STAGES * BM * 4;
   static constexpr int OFF_BAR = OFF_DQS + (DQ_STAGED ? DQ_BUFS * DQ_BLOCKS * DQS_BYTES : 0);  // PRODUCER: q_full, q_empty
@@ -88,7 +99,10 @@ struct BwdWgmmaConfig {
   static constexpr int SMEM_BYTES = 1024 + OFF_BAR + (PRODUCER ? 2 * STAGES * 8 : 0);  // = the manifest's
 
   static_assert(BN % 64 == 0 && BN <= 192, "64 keys per consumer warpgroup, at most 3");
-  static_assert(BM % 64 == 0 && BM <= 128, "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks)");
+  static_assert((BM % 64 == 0 && BM <= 128) || BM == 80,
+                "BLOCK_M: 64 or 128 (wgmma N, dS^T in whole swizzle column blocks), or 80 (dQ transposed)");
+  static_assert(!DQ_T || (DQ_TILED && NWG == 2 && D == 128 && STAGES == 2),
+                "BLOCK_M 80: the tiled dQ writer, two consumer warpgroups, D 128, two ring slots");
   static_assert(D % 64 == 0 && D <= 128, "head dim 64 or 128 (whole 128-byte swizzle rows)");
   static_assert(STAGES == 1 || STAGES == 2 || (PRODUCER && STAGES == 3), "1 or 2 ring slots (3 with a producer)");
   static_assert(DQ_BLOCKS % NWG == 0, "dQ's 64 x 64 blocks shared evenly by the warpgroups");
@@ -97,7 +111,7 @@ struct BwdWgmmaConfig {
   // The per-row kernels (attn_bwd_mma/rows.h, shared with the sm_80 template).
   static constexpr int AUX_THREADS = 128;
   static constexpr int AUX_ROWS = AUX_THREADS / (D / 8);
-  static constexpr int ROW_PAD = 128;
+  static constexpr int ROW_PAD = DQ_T ? 80 : 128;  // lse / delta rows (and DQ_TILED's dq_accum) padded to whole tiles
 };
 
 }  // namespace fc

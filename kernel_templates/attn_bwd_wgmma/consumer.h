@@ -57,14 +57,27 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   const int q_pos0 = qt.m0 + a.sk - a.sq;  // the tile's first query, aligned to the keys (bottom-right causal)
   const bool partial = C::Keys::partial(kb.n0, C::BN, q_pos0, q_pos0 + C::BM - 1, a.sk);
   p_tile<C>(s, lse, partial, kb.key0, q_pos0, a.sk, scale_log2);
-  pack_a<C>(pa, s);
-  const Cols<C> delta = Cols<C>::at(sm.delta(st));  // before dV's wgmmas, for the same reason
-  wgmma_fence();
-  issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
-  wgmma_commit();
-  wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
-  fence_regs<C::BM / 2>(dp);
-  ds_tile<C>(dp, s, delta);
+  if constexpr (C::DQ_T) {
+    // BLOCK_M 80: dS^T before P^T is packed and dV's wgmmas issued (FlashAttention-3's order), so that P^T's fp32
+    // values and their A fragments are never live together (S^T, dP^T, dK and dV hold 208 registers; both spilled).
+    const Cols<C> delta = Cols<C>::at(sm.delta(st));
+    wgmma_wait<0>();  // dP^T
+    fence_regs<C::BM / 2>(dp);
+    ds_tile<C>(dp, s, delta);
+    pack_a<C>(pa, s);
+    wgmma_fence();
+    issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
+    wgmma_commit();
+  } else {
+    pack_a<C>(pa, s);
+    const Cols<C> delta = Cols<C>::at(sm.delta(st));  // before dV's wgmmas, for the same reason
+    wgmma_fence();
+    issue_grad<C>(dv, pa, mnmajor(do_s, C::BM));
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
+    fence_regs<C::BM / 2>(dp);
+    ds_tile<C>(dp, s, delta);
+  }
   store_ds<C>(ds + kb.cw * C::DS_BYTES, dp, warp, lane);
   pack_a<C>(da, dp);
 
@@ -74,12 +87,16 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   fence_proxy_async();  // dS^T's generic stores, before wgmma reads them
   named_sync(1, C::NWG * 128);  // every warpgroup's dS^T: dQ's blocks read all of them
   // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).
-  tile_dq<C>(mnmajor(smem_u32(ds), 64), kb.kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
-             sm.dq_stage(kb.cw * (C::DQ_BLOCKS / C::NWG), dq_buf), dq_buf, qt.m0, a.sq, kb.cw, warp, lane, [&] {
-               wgmma_fence();
-               issue_grad<C>(dk, da, mnmajor(q_s, C::BM));
-               wgmma_commit();
-             });
+  const auto issue_dk = [&] {
+    wgmma_fence();
+    issue_grad<C>(dk, da, mnmajor(q_s, C::BM));
+    wgmma_commit();
+  };
+  if constexpr (C::DQ_T)
+    tile_dq_t<C>(kmajor(smem_u32(ds)), kb.kd_mn, sm.dq_stage(kb.cw), kb.cw, warp, lane, issue_dk);
+  else
+    tile_dq<C>(mnmajor(smem_u32(ds), 64), kb.kd_mn, a.dq_accum + ((long long)b * a.heads + qt.h) * a.sq * C::D,
+               sm.dq_stage(kb.cw * (C::DQ_BLOCKS / C::NWG), dq_buf), dq_buf, qt.m0, a.sq, kb.cw, warp, lane, issue_dk);
   // dK and dV's wgmmas, which read this tile's Q and dO ring slot. Waited for here, not at the next tile's start:
   // across the loop's back edge ptxas serialised every wgmma (C7515).
   wgmma_wait<0>();

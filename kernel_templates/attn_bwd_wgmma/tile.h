@@ -5,6 +5,8 @@
 //   dQ += dS K                        (SS: every warpgroup's dS^T stored to shared memory, read MN-major as A; K
 //                                      read MN-major as B; the CTA's 64 x 64 blocks shared by the warpgroups,
 //                                      added to dq_accum with fp32 vector reductions)
+//   BLOCK_M 80 (DQ_T): dQ^T = K^T dS^T     (SS: K read MN-major as A, M = the warpgroup's 64 of D; dS stored
+//                                      queries x keys by stmatrix.trans, read K-major as B, N = the 80 queries)
 // Accumulator element e of a 64 x N wgmma tile held by a thread: 8-column block e / 4, row half (e / 2) % 2
 // (+8 rows), column pair e % 2; rows warp * 16 + lane / 4 (warp within the warpgroup), columns 2 (lane % 4).
 #pragma once
@@ -56,6 +58,8 @@ struct SmemCols {
   __device__ __forceinline__ static SmemCols at(const float* values) { return SmemCols{values + 2 * (threadIdx.x % 4)}; }
   __device__ __forceinline__ float2 operator[](int nb) const { return *reinterpret_cast<const float2*>(p + nb * 8); }
 };
+// BLOCK_M 80 reads both from shared memory too (their 20 registers each, or lse's alone, spilled beside S^T, dP^T,
+// dK and dV).
 template <class C>
 using Cols = std::conditional_t<C::BM == 64, RegCols<C>, SmemCols>;
 
@@ -99,10 +103,22 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
 // 8-15 of the warp's 16, columns 16kk .. 16kk + 7, then 16kk + 8 ..); lane l addresses row l % 8 of matrix l / 8.
 // (A 32-bit store per register pair made 16 stores and their swizzled addresses a tile.) BLOCK_M 128 keeps those
 // stores: with stmatrix its causal tile with bulk reductions spilled.
+// DQ_T (BLOCK_M 80): stored transposed (stmatrix.trans), queries x keys: the warpgroup's tile is its 64-key column
+// block of the 80-row dS tile; matrix l / 8 of k-step kk is queries 16kk + 8 ((l / 8) / 2) .. + 7 (its rows in
+// memory) by keys 8 ((l / 8) % 2) .. + 7 of the warp's 16.
 template <class C>
 __device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int warp_wg, int lane) {
   using T = typename C::T;
-  if constexpr (C::BM == 64) {
+  if constexpr (C::DQ_T) {
+    const int m = lane / 8, q = 8 * (m / 2) + lane % 8, chunk = 2 * warp_wg + m % 2;
+    const uint32_t base = smem_u32(tile);
+#pragma unroll
+    for (int kk = 0; kk < C::BM / 16; ++kk) {
+      const float* x = ds + 8 * kk;
+      stmatrix_x4_trans(base + sw128_offset(16 * kk + q, chunk, C::BM), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
+                        pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+    }
+  } else if constexpr (C::BM == 64) {
     const int r = warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), hi = lane / 16;
     const uint32_t base = smem_u32(tile);
 #pragma unroll
@@ -150,6 +166,42 @@ __device__ __forceinline__ void stage_block(float* stage, const float* acc, int 
       *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE +
                                  (C::DQ_TILED ? (nb ^ g) : nb) * 8 + 2 * t) =  // DQ_TILED: dq_index's swizzle (r % 8 = g)
           make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+}
+
+// DQ_T: the thread's dQ^T accumulators (a warpgroup's 64 columns of D x 80 queries) into its staging tile, line d
+// (a column of dQ) of 80 floats, dq_index's swizzle of the 8-query groups ((d / 2) % 2 = (g / 2) % 2).
+template <class C>
+__device__ __forceinline__ void stage_block_t(float* stage, const float* acc, int warp_wg, int g, int t) {
+  const int sw = (g / 2) % 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int nb = 0; nb < C::BM / 8; ++nb)
+      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + (nb ^ sw) * 8 + 2 * t) =
+          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+}
+
+// DQ_T: the warpgroup's dQ^T block (its 64 columns of D x the tile's 80 queries) = K^T dS^T over the CTA's BN keys,
+// A = the K tile read MN-major (`kd`: column block wg), B = the dS tile (queries x keys, K-major: `dsd`, a 64-key
+// column block DS_BYTES after the other), staged for the writer warp (one bulk reduction of the block). As tile_dq:
+// `after_first` (dK's wgmmas) issued behind it, so that they run while the block is staged.
+template <class C, class AfterFirst>
+__device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stage, int wg, int warp_wg, int lane,
+                                          AfterFirst&& after_first) {
+  float acc[C::BM / 2];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk)
+    Wgmma<C::BM>::template ss<C::BF16, 0, 1>(acc, desc_advance(kd, wg * C::BN * 128 + kk * 16 * 128),
+                                             desc_advance(dsd, (kk / 4) * C::DS_BYTES + (kk % 4) * 32), kk > 0);
+  wgmma_commit();
+  after_first();
+  wgmma_wait<1>();
+  fence_regs<C::BM / 2>(acc);
+  named_sync(C::dq_free(wg, 0), C::DQ_SYNC);  // the writer has read what the staging tile last held
+  stage_block_t<C>(stage, acc, warp_wg, lane / 4, lane % 4);
+  fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
+  named_arrive(C::dq_full(wg, 0), C::DQ_SYNC);
 }
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA

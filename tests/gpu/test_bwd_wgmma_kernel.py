@@ -38,12 +38,36 @@ def test_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
                                   "attn_bwd_wgmma_d128_fp16_m64n128_s2_bulk_p_causal",
                                   "attn_bwd_wgmma_d64_bf16_m128n64_s1_p", "attn_bwd_wgmma_d128_bf16_m64n128_s2_pw",
                                   "attn_bwd_wgmma_d128_bf16_m64n128_s2_bulk_pw_causal", "attn_bwd_wgmma_d64_bf16_m64n64_s3_bulk_pw",
-                                  "attn_bwd_wgmma_d64_fp16_m64n64_s3_pw_causal"])
+                                  "attn_bwd_wgmma_d64_fp16_m64n64_s3_pw_causal",
+                                  "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw", "attn_bwd_wgmma_d128_fp16_m80n128_s2_bulk_pw"])
 def test_named_tilings_at_training_shapes(name: str, gpu_profile) -> None:
     """The tilings a training shape would use, on a longer sequence (many query tiles per CTA, both ring slots)."""
     if tuple(gpu_profile.compute_capability) < (9, 0):
         pytest.skip(f"{TEMPLATE} is sm_90a only")
     v = parse_variant_name(name)
     problem = Problem(2, 4, 2048, 2048, v.head_dim, dtype=v.dtype, causal=v.causal, heads_kv=2)
+    checks = check_backward(problem, [v], gpu_profile)
+    assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
+
+
+# BLOCK_M 80 (dQ transposed, dq_accum in transposed 80 x 64 blocks, lse / delta rows padded to 80): lengths around
+# its tile (a partial last tile, whole tiles, S = 1), Sq != Sk both ways, GQA with odd lengths, BSHD strides.
+BM80_PROBLEMS = [
+    Problem(1, 2, 1, 1, 128, dtype="bf16"),
+    Problem(1, 2, 81, 81, 128, dtype="bf16"),
+    Problem(1, 2, 160, 160, 128),
+    Problem(1, 2, 79, 333, 128, dtype="bf16"),
+    Problem(1, 2, 333, 79, 128),
+    Problem(2, 8, 1000, 999, 128, dtype="bf16", heads_kv=2),
+    Problem(2, 6, 241, 250, 128, heads_kv=3),
+    Problem(2, 4, 200, 190, 128, dtype="bf16", layout="bshd"),
+]
+
+
+@pytest.mark.parametrize("problem", BM80_PROBLEMS, ids=_id)
+def test_block_m_80_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
+    if tuple(gpu_profile.compute_capability) < (9, 0):
+        pytest.skip(f"{TEMPLATE} is sm_90a only")
+    v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw")
     checks = check_backward(problem, [v], gpu_profile)
     assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
