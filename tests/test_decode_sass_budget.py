@@ -1,0 +1,69 @@
+"""The decode template's instruction budget (issue 37 item 3): its main loop split into what every tile runs and
+the conditional blocks (thread 0's refill, the paged path, the partial tile's mask, the last tile's zeroed V
+rows), found in the SASS; and held where this revision brought it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.kernel_builds import compile_clean, needs_nvcc, sass
+from tuner.kernels.decode_budget import MASK, PAGED, REFILL, ZERO_V, decode_budget
+
+# A cut-down decode loop: the wait, a last-tile block (a signed division, a store of zeros), the S mma, a mask
+# block, thread 0's refill holding the paged path (table read, copy), its dense copy, the back branch; EXIT
+# and the wait's retry stub after it.
+LISTING = """
+        Function : k
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   I2F.U32.RP R9, R8 ;
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R14+UR15+0x11000], R13 ;
+        /*0030*/              @!P0 BRA 0x01c0 ;
+        /*0040*/              @!P1 BRA 0x0090 ;
+        /*0050*/                   IABS R54, R12 ;
+        /*0060*/                   I2F.RP R55, R54 ;
+        /*0070*/                   MUFU.RCP R55, R55 ;
+        /*0080*/                   STS.128 [R55+UR15], RZ ;
+        /*0090*/                   HMMA.16816.F32.BF16 R52, R100, R108, RZ ;
+        /*00a0*/              @!P2 BRA 0x00c0 ;
+        /*00b0*/                   FSEL R12, R12, -INF , !P6 ;
+        /*00c0*/              @P3 BRA 0x0180 ;
+        /*00d0*/                   SYNCS.ARRIVE.TRANS64 RZ, [R53+UR9+0x10000], R52 ;
+        /*00e0*/              @!P4 BRA 0x0130 ;
+        /*00f0*/                   LDG.E R54, desc[UR30][R12.64] ;
+        /*0100*/                   R2UR UR29, R54 ;
+        /*0110*/                   UTMALDG.4D [UR24], [UR40] ;
+        /*0120*/                   BRA 0x0170 ;
+        /*0130*/                   UMOV UR17, UR25 ;
+        /*0140*/                   UTMALDG.4D [UR16], [UR38] ;
+        /*0150*/                   UTMALDG.4D [UR16], [UR38] ;
+        /*0160*/                   NOP ;
+        /*0170*/                   NOP ;
+        /*0180*/                   UIADD3 UR32, UR32, 0x1, URZ ;
+        /*0190*/              @!P5 BRA 0x0020 ;
+        /*01a0*/                   STG.E desc[UR50][R4.64], R8 ;
+        /*01b0*/                   EXIT ;
+        /*01c0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R14+UR15+0x11000], R13 ;
+        /*01d0*/              @!P0 BRA 0x01c0 ;
+        /*01e0*/                   BRA 0x0040 ;
+"""
+
+
+def test_the_loop_splits_into_every_tiles_code_and_named_blocks() -> None:
+    budget = decode_budget(LISTING)
+    assert (budget.loop.start, budget.loop.end) == (0x20, 0x190)
+    assert [(b.label, b.start, b.end) for b in budget.blocks] == [
+        (ZERO_V, 0x50, 0x80), (MASK, 0xB0, 0xB0), (REFILL, 0xD0, 0x170)]
+    refill = budget.blocks[2]
+    assert [(b.label, b.start, b.end) for b in refill.children] == [(PAGED, 0xF0, 0x120)]
+    assert refill.own == {"SYNCS": 1, "BRA": 1, "UMOV": 1, "UTMALDG": 2, "NOP": 2}  # the dense copies
+    assert budget.every_tile == {"SYNCS": 1, "BRA": 5, "HMMA": 1, "UIADD3": 1}
+    assert sum(budget.every_tile.values()) + sum(b.total for b in budget.blocks) == budget.loop.total
+
+
+def test_divisions_are_counted_in_the_loop_and_per_call() -> None:
+    budget = decode_budget(LISTING)
+    assert (budget.loop_divisions, budget.loop_signed) == (1, 1)
+    assert (budget.call_divisions, budget.call_signed) == (1, 0)  # the unsigned one before the loop
+    assert sum(budget.prologue.values()) == 2 and budget.epilogue == {"STG": 1, "EXIT": 1}  # no retry stub
