@@ -64,19 +64,26 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
   }
 }
 
-// V rows from `first` to the tile's end set to zero (every thread a share of the 16-byte chunks). TMA fills
-// rows past the tensor (or a table's -1 entries) with zeros, but rows past a batch row's own length come from
-// the cache: masked (P = 0), yet a NaN or Inf there would poison O through 0 * NaN in P V. Then the fence: the
+// V rows from `first` to the tile's end set to zero. TMA fills rows past the tensor (or a table's -1 entries)
+// with zeros, but rows past a batch row's own length come from the cache: masked (P = 0), yet a NaN or Inf there
+// would poison O through 0 * NaN in P V. Each thread owns one 16-byte chunk column (which box, which chunk: a
+// split by compile-time powers of two) and walks down the rows, so no division by the runtime row count; the
+// 128-byte swizzle only permutes chunks within a row, and every chunk of a row is zeroed. Then the fence: the
 // slot is refilled by TMA (the async proxy) after these generic-proxy writes.
 template <class C>
 __device__ __forceinline__ void zero_v_rows(unsigned char* tile, int first) {
-  constexpr int CHUNKS = C::KVLayout::ROW_BYTES / 16;  // a row's 16-byte chunks within one 128-byte box
-  const int rows = C::BN - first;  // first >= 1: a tile is only loaded when it holds one of the row's keys
-  for (int i = threadIdx.x; i < rows * CHUNKS * (C::D / C::KVLayout::COLS); i += C::THREADS) {
-    const int c = i % CHUNKS, r = first + (i / CHUNKS) % rows, box = i / (CHUNKS * rows);
-    *reinterpret_cast<uint4*>(tile + box * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES + c * 16) =
-        make_uint4(0u, 0u, 0u, 0u);
-  }
+  using KL = typename C::KVLayout;
+  constexpr int CHUNKS = KL::ROW_BYTES / 16;                  // a row's 16-byte chunks within one 128-byte box
+  constexpr int ROW_CHUNKS = CHUNKS * (C::D / KL::COLS);      // a key row's chunks over all its boxes
+  static_assert(C::THREADS % ROW_CHUNKS == 0, "the threads cover whole rows in each pass");
+  constexpr int ROWS_PER_PASS = C::THREADS / ROW_CHUNKS;
+  const unsigned tid = threadIdx.x;
+  unsigned char* col = tile + (tid / CHUNKS) % (C::D / KL::COLS) * KL::BOX_BYTES + tid % CHUNKS * 16;
+  // first >= 1: a tile is only loaded when it holds one of the row's keys. Once a call (the row's last tile):
+  // not unrolled, a few instructions in the loop's code rather than ~70.
+#pragma unroll 1
+  for (int r = first + (int)(tid / ROW_CHUNKS); r < C::BN; r += ROWS_PER_PASS)
+    *reinterpret_cast<uint4*>(col + r * KL::ROW_BYTES) = make_uint4(0u, 0u, 0u, 0u);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
