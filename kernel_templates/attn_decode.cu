@@ -107,8 +107,8 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int split = (int)blockIdx.x % C::SPLITS;  // the CTA's rank in its cluster
-  const int m0 = ((int)blockIdx.x / C::SPLITS) * C::BM;
+  const int split = (int)(blockIdx.x % C::SPLITS);  // the CTA's rank in its cluster (unsigned: masks, shifts)
+  const int m0 = (int)(blockIdx.x / C::SPLITS) * C::BM;
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = a.h_per_kv;
   const int rows = group * a.sq;
@@ -123,10 +123,10 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 #pragma unroll
     for (int s = 0; s < C::STAGES; ++s) mbar_init(bars + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#pragma unroll
-    for (int s = 0; s < C::STAGES; ++s)
-      if (s < n_tiles)
-        issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
+    // Not unrolled: each issue_kv holds the paged path (~300 instructions), and this runs once a call.
+#pragma unroll 1
+    for (int s = 0; s < min(C::STAGES, n_tiles); ++s)
+      issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
   }
   // An FP8 cache: Q goes in as fp16 times 2^e (kv_fp8.h), and K's scale and 2^-e join the softmax scale.
   float scale = a.scale;
