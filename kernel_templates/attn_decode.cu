@@ -153,10 +153,12 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   st.init();
   const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, scale);
 
+  // Tile j's ring slot (j % STAGES) and its barrier's phase ((j / STAGES) & 1), advanced with j: no division
+  // at three stages, no shifts and masks at two or four.
+  uint32_t slot = 0, phase = 0;
   for (int j = 0; j < n_tiles; ++j) {
-    const int slot = j % C::STAGES;
-    mbar_wait(bars + 8 * slot, (j / C::STAGES) & 1);  // K_j and V_j have landed
-    const uint32_t slot_bytes = (uint32_t)slot * C::KV_TILE_BYTES;
+    mbar_wait(bars + 8 * slot, phase);  // K_j and V_j have landed
+    const uint32_t slot_bytes = slot * C::KV_TILE_BYTES;
     if ((j0 + j + 1) * C::BN > sk) {  // the tile with the row's last key: zero V past it (see zero_v_rows)
       zero_v_rows<C>(smem_raw + C::Q_BYTES + C::STAGES * C::KV_TILE_BYTES + slot_bytes, sk - (j0 + j) * C::BN);
       __syncthreads();
@@ -165,6 +167,7 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
     __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
     if (tid == 0 && j + C::STAGES < n_tiles)
       issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg);
+    if (++slot == C::STAGES) slot = 0, phase ^= 1;
   }
 
   __syncthreads();  // every warp is done with the K/V ring (all its loads waited for), which the merge reuses
