@@ -135,6 +135,37 @@ struct CtaPartial {
   float* l;    // [BM]
 };
 
+// One warp's share of one O row (its element pair r of every n8 tile, times `factor`) stored to (first) or added
+// into the row's fp32 sums in shared memory, 16 bytes at a time where the dims allow it.
+template <class C>
+__device__ __forceinline__ void add_o_row(float* dst_row, const float (&acc)[C::DT][4], int r, float factor, int t,
+                                          bool first) {
+  auto put = [&](auto* dst, auto mine) {
+    if (first) {
+      *dst = mine;
+    } else {
+      auto sum = *dst;
+      sum.x += mine.x, sum.y += mine.y;
+      if constexpr (sizeof(mine) == 16) sum.z += mine.z, sum.w += mine.w;
+      *dst = sum;
+    }
+  };
+  if constexpr (C::KV_FP8) {  // the dims are permuted (o_col): tiles 4q .. 4q+3's element e are four adjacent dims
+#pragma unroll
+    for (int q = 0; q < C::DT / 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        put(reinterpret_cast<float4*>(dst_row + o_col<C>(4 * q, t, e)),
+            make_float4(acc[4 * q][2 * r + e] * factor, acc[4 * q + 1][2 * r + e] * factor,
+                        acc[4 * q + 2][2 * r + e] * factor, acc[4 * q + 3][2 * r + e] * factor));
+  } else {
+#pragma unroll
+    for (int dt = 0; dt < C::DT; ++dt)
+      put(reinterpret_cast<float2*>(dst_row + dt * 8 + 2 * t),
+          make_float2(acc[dt][2 * r] * factor, acc[dt][2 * r + 1] * factor));
+  }
+}
+
 template <class C>
 __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned char* smem_raw, const TilePlace& at,
                                                      int warp, int rows) {
@@ -187,25 +218,7 @@ __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned 
         for (int r = 0; r < 2; ++r) {
           const int row = mt * 16 + g + r * 8;
           if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
-#pragma unroll
-          for (int dt = 0; dt < C::DT; ++dt) {
-            const float2 mine = make_float2(st.acc_o[mt][dt][2 * r] * factor[mt][r],
-                                            st.acc_o[mt][dt][2 * r + 1] * factor[mt][r]);
-            if constexpr (C::KV_FP8) {  // the accumulators' dims are permuted (o_col): two scalar stores
-              float* d0 = s_acc + row * C::D + o_col<C>(dt, t, 0);
-              float* d1 = s_acc + row * C::D + o_col<C>(dt, t, 1);
-              *d0 = w == 0 ? mine.x : *d0 + mine.x;
-              *d1 = w == 0 ? mine.y : *d1 + mine.y;
-            } else {
-              float2* dst = reinterpret_cast<float2*>(s_acc + row * C::D + dt * 8 + 2 * t);
-              if (w == 0) {
-                *dst = mine;
-              } else {
-                const float2 sum = *dst;
-                *dst = make_float2(sum.x + mine.x, sum.y + mine.y);
-              }
-            }
-          }
+          add_o_row<C>(s_acc + row * C::D, st.acc_o[mt], r, factor[mt][r], t, w == 0);
         }
     }
     __syncthreads();
