@@ -209,18 +209,22 @@ __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned 
         s_l[row] = l_all;
       }
     }
+  auto add_rows = [&](bool first) {
 #pragma unroll
-  for (int w = 0; w < C::NUM_WARPS; ++w) {
-    if (warp == w) {
+    for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = mt * 16 + g + r * 8;
-          if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
-          add_o_row<C>(s_acc + row * C::D, st.acc_o[mt], r, factor[mt][r], t, w == 0);
-        }
-    }
+      for (int r = 0; r < 2; ++r) {
+        const int row = mt * 16 + g + r * 8;
+        if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
+        add_o_row<C>(s_acc + row * C::D, st.acc_o[mt], r, factor[mt][r], t, first);
+      }
+  };
+  // Warp 0 stores, then the others add in turn: two copies of the code, not one a warp (the turns not unrolled).
+  if (warp == 0) add_rows(true);
+  __syncthreads();
+#pragma unroll 1
+  for (int w = 1; w < C::NUM_WARPS; ++w) {
+    if (warp == w) add_rows(false);
     __syncthreads();
   }
   return CtaPartial<C>{s_acc, s_m, s_l};
