@@ -67,3 +67,42 @@ def test_divisions_are_counted_in_the_loop_and_per_call() -> None:
     assert (budget.loop_divisions, budget.loop_signed) == (1, 1)
     assert (budget.call_divisions, budget.call_signed) == (1, 0)  # the unsigned one before the loop
     assert sum(budget.prologue.values()) == 2 and budget.epilogue == {"STG": 1, "EXIT": 1}  # no retry stub
+
+
+# Static instructions reached (session 25, sm_90a, nvcc 13.0): the main loop, what every tile runs on every warp
+# (the loop less its conditional blocks), and the per-call code before and after the loop. Before (main at
+# 477bfbe): loop 1018, 1080, 1052, 1087; every tile 316, 319, 485, 391; before the loop 1198, 1266, 1113,
+# 1235; after it 599, 599, 1144, 1669; 5 (6 causal) runtime divisions and 23 (26) IABS in the loop. The steps:
+# the last tile's V rows zeroed without dividing by the row count (its block 313 -> 20), the packed rows' and
+# the tile counts' divisions unsigned, the prologue's ring fill not unrolled, the ring's slot and phase advanced
+# with the tile, a K/V address one XOR on the lane's base, the FP8 merge in 16-byte pieces, the warps' merge in
+# two copies of the code (not one a warp).
+REACHED: dict[str, tuple[int, int, int, int]] = {
+    "attn_decode_d128_bf16_m16n64_w2_sp2_s2": (704, 298, 842, 594),  # the B8 Sk8192 bf16 winner
+    "attn_decode_d128_bf16_m16n64_w2_sp2_s2_causal": (757, 303, 895, 594),
+    "attn_decode_d128_bf16_kv_e4m3_m16n128_w4_sp2_s2": (748, 475, 865, 663),  # the FP8-cache winner
+    "attn_decode_d128_bf16_m32n64_w4_sp8_s2": (770, 374, 877, 1232),  # the page-16 winner
+}
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(REACHED))
+def test_the_decode_loop_stays_within_its_instruction_budget(name: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """No signed division in the loop (a causal mask keeps one unsigned division of the row index by the
+    group, on partial tiles only), no YIELD, and no more than 2% over what this revision reached: the loop,
+    every tile's code, and the per-call code on either side of it."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    budget = decode_budget(sass(compile_clean(name).cubin, tmp_path), name)
+    loop, every_tile, before, after = REACHED[name]
+    assert budget.loop_signed == 0, budget.loop.counts
+    assert budget.loop_divisions == (1 if name.endswith("_causal") else 0), budget.loop.counts
+    assert budget.loop.counts["YIELD"] == 0 and budget.call_signed == 0
+    assert budget.loop.total <= loop * 1.02, (budget.loop.total, loop)
+    assert sum(budget.every_tile.values()) <= every_tile * 1.02, budget.every_tile
+    assert sum(budget.prologue.values()) <= before * 1.02, budget.prologue
+    assert sum(budget.epilogue.values()) <= after * 1.02, budget.epilogue
+    assert [b.label for b in budget.blocks] == [ZERO_V, MASK, REFILL]
+    assert [b.label for b in budget.blocks[2].children] == [PAGED]
+    assert budget.blocks[0].total <= 30  # the last tile's zeroing: a short loop, no division
