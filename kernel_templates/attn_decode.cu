@@ -23,10 +23,33 @@
 
 namespace fc {
 
-// Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread).
+// Page-table entries are read PAGE_PREFETCH at a time before their copies are issued: one memory latency per
+// PAGE_PREFETCH pages, not one a page (the issuing thread also computes: with 16-row pages, four dependent reads a
+// tile stalled its warp, and the CTA behind it, for ~20% of an FP8 cache's time). A few registers, not BN / 16:
+// every decode kernel holds them, dense ones too.
+constexpr int PAGE_PREFETCH = 4;
+struct PageIds {
+  int id[PAGE_PREFETCH];
+};
+
+// The pages holding tile j's (absolute) rows r0, r0 + box, ... (those below BN; box = min(BN, page)). A tile's
+// rows past the table's capacity (masked keys) read its last page.
+template <class C>
+__device__ __forceinline__ PageIds page_ids(const Paging& pg, int b, int j, int r0) {
+  const int* table = pg.table + (long long)b * pg.per_seq;
+  const int box = min(C::BN, 1 << pg.page_shift);
+  PageIds out;
+#pragma unroll
+  for (int i = 0; i < PAGE_PREFETCH; ++i)
+    if (r0 + i * box < C::BN) out.id[i] = table[min((j * C::BN + r0 + i * box) >> pg.page_shift, pg.per_seq - 1)];
+  return out;
+}
+
+// Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread). A paged
+// cache: `first` holds page_ids(pg, b, j, 0), read by the caller ahead of time.
 template <class C>
 __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, uint32_t sk, uint32_t sv,
-                                         uint32_t bar, int j, int hk, int b, const Paging& pg) {
+                                         uint32_t bar, int j, int hk, int b, const Paging& pg, const PageIds& first) {
   mbar_expect_tx(bar, 2 * C::KV_TILE_BYTES);
   if (pg.table == nullptr) {
 #pragma unroll
@@ -36,29 +59,20 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
     }
     return;
   }
-  const int* table = pg.table + (long long)b * pg.per_seq;
   const int box = min(C::BN, 1 << pg.page_shift);
-  // Table entries are read PREFETCH at a time before their copies are issued: one memory latency per PREFETCH
-  // pages, not one a page (this thread also computes: with 16-row pages, four dependent reads a tile stalled
-  // its warp, and the CTA behind it, for ~20% of an FP8 cache's time). A few registers, not BN / 16: every
-  // decode kernel holds them, dense ones too.
-  constexpr int PREFETCH = 4;
 #pragma unroll 1
-  for (int r0 = 0; r0 < C::BN; r0 += PREFETCH * box) {
-    int page[PREFETCH];
+  for (int r0 = 0; r0 < C::BN; r0 += PAGE_PREFETCH * box) {
+    const PageIds page = r0 == 0 ? first : page_ids<C>(pg, b, j, r0);
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)  // a tile's rows past the table's capacity (masked keys) read its last page
-      if (r0 + i * box < C::BN) page[i] = table[min((j * C::BN + r0 + i * box) >> pg.page_shift, pg.per_seq - 1)];
-#pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) {
+    for (int i = 0; i < PAGE_PREFETCH; ++i) {
       const int r = r0 + i * box;
       if (r >= C::BN) break;
       const int row = (j * C::BN + r) & ((1 << pg.page_shift) - 1);
 #pragma unroll
       for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
         const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
-        tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page[i]);  // a page id out of range: zeros
-        tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page[i]);
+        tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page.id[i]);  // a page id out of range: zeros
+        tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page.id[i]);
       }
     }
   }
@@ -125,8 +139,12 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     // Not unrolled: each issue_kv holds the paged path (~300 instructions), and this runs once a call.
 #pragma unroll 1
-    for (int s = 0; s < min(C::STAGES, n_tiles); ++s)
-      issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
+    for (int s = 0; s < min(C::STAGES, n_tiles); ++s) {
+      PageIds first;
+      if (pg.table != nullptr) first = page_ids<C>(pg, b, j0 + s, 0);
+      issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg,
+                  first);
+    }
   }
   // An FP8 cache: Q goes in as fp16 times 2^e (kv_fp8.h), and K's scale and 2^-e join the softmax scale.
   float scale = a.scale;
@@ -163,10 +181,15 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
       zero_v_rows<C>(smem_raw + C::Q_BYTES + C::STAGES * C::KV_TILE_BYTES + slot_bytes, sk - (j0 + j) * C::BN);
       __syncthreads();
     }
+    // The refill's first page-table entries are read before this tile's math, which hides their latency: read
+    // after it, they delayed every refill by a memory round trip, with the whole CTA waiting at the next barrier.
+    const bool refill = tid == 0 && j + C::STAGES < n_tiles;
+    PageIds next;
+    if (refill && pg.table != nullptr) next = page_ids<C>(pg, b, j0 + j + C::STAGES, 0);
     decode_tile<C>(st, at, q_rb, q_cb, k_rb + slot_bytes, k_cb, v_rb + slot_bytes, v_cb, (j0 + j) * C::BN);
     __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
-    if (tid == 0 && j + C::STAGES < n_tiles)
-      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg);
+    if (refill)
+      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg, next);
     if (++slot == C::STAGES) slot = 0, phase ^= 1;
   }
 

@@ -63,6 +63,7 @@ class DecodeBudget:
 
 PAGED = "paged: table reads, a copy per page"
 REFILL = "refill: the ring's K/V copies (thread 0)"
+PAGE_READS = "paged: the next refill's table reads, ahead of the math"
 ZERO_V = "last tile: V rows past the keys zeroed"
 MASK = "partial tile: the mask"
 
@@ -72,6 +73,8 @@ def label(instrs: list[Instr]) -> str:
     ops = {i.opcode for i in instrs}
     if "UTMALDG" in ops:
         return PAGED if "LDG" in ops else REFILL
+    if "LDG" in ops:  # the loop reads nothing else from global memory
+        return PAGE_READS
     if "STS" in ops and not ops & {"HMMA", "LDSM"}:
         return ZERO_V
     if any(i.opcode == "FSEL" and "-INF" in i.text for i in instrs):
