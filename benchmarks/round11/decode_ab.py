@@ -1,15 +1,16 @@
-"""The decode template's instruction budget on the GPU (issue 37 item 3): the same decode variants built from an
-older template revision (--old: cubins from build_cubins.py) and from this checkout, timed interleaved in one
-process with SDPA, each verified against the fp32 reference first.
+"""The decode template's instruction budget on the GPU (issue 37 item 3): the same decode variants built from
+older template revisions (--old LABEL=DIR, repeatable: cubins from build_cubins.py) and from this checkout, timed
+interleaved in one process with SDPA, each verified against the fp32 reference first.
 
 Cases: the bf16 B8 winner at Sk 8192 and at a short Sk 1024, the same on a ragged batch (per-row lengths: the
 partial tile's mask and the last tile's zeroed V rows run), the paged-16 winner on 16-row pages, the FP8-cache
 winner, and a causal Sq 4 step (the mask's row positions). Ratios are medians of per-round ratios: old / new > 1
 means the new build is faster.
 
-    PYTHONPATH=/path/to/old/checkout python benchmarks/build_cubins.py --out .ab/decode_old \\
+    PYTHONPATH=/path/to/old/checkout python benchmarks/build_cubins.py --out .ab/decode_main \\
         $(python benchmarks/round11/decode_ab.py --list)
-    python benchmarks/round11/decode_ab.py --old .ab/decode_old [--rounds 7] [--json decode_ab.jsonl]
+    python benchmarks/round11/decode_ab.py --old main=.ab/decode_main [--old LABEL=DIR ...] [--rounds 7] \\
+        [--json decode_ab.jsonl]
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _call(kernel: Any, p: Problem, page: int, q: Any, k: Any, v: Any, descales: 
     return call
 
 
-def run_case(label: str, name: str, p: Problem, page: int, old: Path, rounds: int, l2_bytes: int) -> dict[str, Any]:
+def run_case(label: str, name: str, p: Problem, page: int, olds: dict[str, Path], rounds: int,
+             l2_bytes: int) -> dict[str, Any]:
     from tuner.runtime.baselines import available_baselines
     from tuner.runtime.build import build, launch_shape
     from tuner.runtime.shipped.launcher import AttentionKernel
@@ -85,10 +87,11 @@ def run_case(label: str, name: str, p: Problem, page: int, old: Path, rounds: in
     q, k, v, ds, expected = _inputs(p)
     descales = (None, ds.k, ds.v) if ds is not None else None
     var = parse_variant_name(name)
-    new = build(var, "sm_90a").load()
-    before = AttentionKernel((old / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
+    kernels = {"new": build(var, "sm_90a").load()}
+    for tag, folder in olds.items():
+        kernels[tag] = AttentionKernel((folder / f"{name}.cubin").read_bytes(), name, launch_shape(var), 0)
     calls: dict[str, Callable[[], Any]] = {}
-    for tag, kernel in (("new", new), ("old", before)):
+    for tag, kernel in kernels.items():
         call = _call(kernel, p, page, q, k, v, descales, expected, f"{name}@{tag}")
         calls[tag] = lambda call=call: time_cuda(call, l2_bytes=l2_bytes)
     if not page:  # SDPA reads a dense cache (a ragged batch as a mask; an FP8 cache dequantised beforehand)
@@ -97,9 +100,10 @@ def run_case(label: str, name: str, p: Problem, page: int, old: Path, rounds: in
     times = interleaved_rounds(calls, rounds)
     res = {"case": label, "variant": name, "problem": p.label, "page": page, "rounds": rounds,
            "us": {n: statistics.median(t) for n, t in times.items()},
-           "old_over_new": per_round_ratio(times["old"], times["new"]),
-           "baseline_over_new": {n: per_round_ratio(t, times["new"]) for n, t in times.items() if n not in ("new", "old")}}
-    print(f"  new {res['us']['new']:.1f} us, old {res['us']['old']:.1f} us, old/new {res['old_over_new']:.3f}"
+           "old_over_new": {tag: per_round_ratio(times[tag], times["new"]) for tag in olds},
+           "baseline_over_new": {n: per_round_ratio(t, times["new"]) for n, t in times.items() if n not in kernels}}
+    print(f"  new {res['us']['new']:.1f} us"
+          + "".join(f", {tag} {res['us'][tag]:.1f} us ({r:.3f}x)" for tag, r in res["old_over_new"].items())
           + "".join(f", {n} {res['us'][n]:.1f} us ({r:.3f}x)" for n, r in res["baseline_over_new"].items()),
           flush=True)
     return res
@@ -107,7 +111,8 @@ def run_case(label: str, name: str, p: Problem, page: int, old: Path, rounds: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", type=Path, help="folder of <variant>.cubin built from the older revision")
+    ap.add_argument("--old", action="append", default=[], metavar="LABEL=DIR",
+                    help="<variant>.cubin built from an older revision (build_cubins.py); repeatable")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="append each case's result as one JSON line")
     ap.add_argument("--list", action="store_true", help="print the variants (for build_cubins.py) and stop")
@@ -115,8 +120,9 @@ def main() -> None:
     if args.list:
         print(" ".join(sorted({name for _, name, _, _ in CASES})))
         return
-    if args.old is None:
-        raise SystemExit("--old DIR is required (cubins from benchmarks/build_cubins.py run in the older checkout)")
+    olds = {label: Path(folder) for label, _, folder in (o.partition("=") for o in args.old)}
+    if not olds or not all(olds):
+        raise SystemExit("--old LABEL=DIR is required (cubins from benchmarks/build_cubins.py in an older checkout)")
     import torch
 
     from tuner.profiles import resolve_profile
@@ -124,15 +130,16 @@ def main() -> None:
 
     cuda_driver(0)
     l2 = resolve_profile("auto").l2_bytes
-    rows = [run_case(label, name, p, page, args.old, args.rounds, l2) for label, name, p, page in CASES]
+    rows = [run_case(label, name, p, page, olds, args.rounds, l2) for label, name, p, page in CASES]
     print(f"\n{torch.cuda.get_device_name(0)}, {args.rounds} interleaved rounds, L2 flushed before each repetition\n")
-    print("| case | variant | old µs | new µs | old / new | SDPA best µs | SDPA best / new |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | variant | new µs | " + " | ".join(f"{t} µs | {t} / new" for t in olds)
+          + " | SDPA best µs | SDPA best / new |")
+    print("|---|---|---|" + "---|---|" * len(olds) + "---|---|")
     for r in rows:
         base = min(r["baseline_over_new"], key=lambda n: r["us"][n], default=None)
         sdpa = f"{r['us'][base]:.1f} | {r['baseline_over_new'][base]:.3f}x" if base else "- | -"
-        print(f"| {r['case']} | {r['variant'][12:]} | {r['us']['old']:.1f} | {r['us']['new']:.1f} | "
-              f"{r['old_over_new']:.3f}x | {sdpa} |")
+        print(f"| {r['case']} | {r['variant'][12:]} | {r['us']['new']:.1f} | "
+              + " | ".join(f"{r['us'][t]:.1f} | {r['old_over_new'][t]:.3f}x" for t in olds) + f" | {sdpa} |")
     if args.json:
         with args.json.open("a") as f:
             for r in rows:
