@@ -23,10 +23,33 @@
 
 namespace fc {
 
-// Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread).
+// Page-table entries are read PAGE_PREFETCH at a time before their copies are issued: one memory latency per
+// PAGE_PREFETCH pages, not one a page (the issuing thread also computes: with 16-row pages, four dependent reads a
+// tile stalled its warp, and the CTA behind it, for ~20% of an FP8 cache's time). A few registers, not BN / 16:
+// every decode kernel holds them, dense ones too.
+constexpr int PAGE_PREFETCH = 4;
+struct PageIds {
+  int id[PAGE_PREFETCH];
+};
+
+// The pages holding tile j's (absolute) rows r0, r0 + box, ... (those below BN; box = min(BN, page)). A tile's
+// rows past the table's capacity (masked keys) read its last page.
+template <class C>
+__device__ __forceinline__ PageIds page_ids(const Paging& pg, int b, int j, int r0) {
+  const int* table = pg.table + (long long)b * pg.per_seq;
+  const int box = min(C::BN, 1 << pg.page_shift);
+  PageIds out;
+#pragma unroll
+  for (int i = 0; i < PAGE_PREFETCH; ++i)
+    if (r0 + i * box < C::BN) out.id[i] = table[min((j * C::BN + r0 + i * box) >> pg.page_shift, pg.per_seq - 1)];
+  return out;
+}
+
+// Tile j (absolute) of K and V into ring slot `slot`, completing on the slot's mbarrier (one thread). A paged
+// cache: `first` holds page_ids(pg, b, j, 0), read by the caller ahead of time.
 template <class C>
 __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, uint32_t sk, uint32_t sv,
-                                         uint32_t bar, int j, int hk, int b, const Paging& pg) {
+                                         uint32_t bar, int j, int hk, int b, const Paging& pg, const PageIds& first) {
   mbar_expect_tx(bar, 2 * C::KV_TILE_BYTES);
   if (pg.table == nullptr) {
 #pragma unroll
@@ -36,47 +59,45 @@ __device__ __forceinline__ void issue_kv(const TmaDesc& tk, const TmaDesc& tv, u
     }
     return;
   }
-  const int* table = pg.table + (long long)b * pg.per_seq;
   const int box = min(C::BN, 1 << pg.page_shift);
-  // Table entries are read PREFETCH at a time before their copies are issued: one memory latency per PREFETCH
-  // pages, not one a page (this thread also computes: with 16-row pages, four dependent reads a tile stalled
-  // its warp, and the CTA behind it, for ~20% of an FP8 cache's time). A few registers, not BN / 16: every
-  // decode kernel holds them, dense ones too.
-  constexpr int PREFETCH = 4;
 #pragma unroll 1
-  for (int r0 = 0; r0 < C::BN; r0 += PREFETCH * box) {
-    int page[PREFETCH];
+  for (int r0 = 0; r0 < C::BN; r0 += PAGE_PREFETCH * box) {
+    const PageIds page = r0 == 0 ? first : page_ids<C>(pg, b, j, r0);
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)  // a tile's rows past the table's capacity (masked keys) read its last page
-      if (r0 + i * box < C::BN) page[i] = table[min((j * C::BN + r0 + i * box) >> pg.page_shift, pg.per_seq - 1)];
-#pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) {
+    for (int i = 0; i < PAGE_PREFETCH; ++i) {
       const int r = r0 + i * box;
       if (r >= C::BN) break;
       const int row = (j * C::BN + r) & ((1 << pg.page_shift) - 1);
 #pragma unroll
       for (int cb = 0; cb < C::D / C::KVLayout::COLS; ++cb) {
         const uint32_t off = cb * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES;
-        tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page[i]);  // a page id out of range: zeros
-        tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page[i]);
+        tma_load(sk + off, &tk, bar, cb * C::KVLayout::COLS, row, hk, page.id[i]);  // a page id out of range: zeros
+        tma_load(sv + off, &tv, bar, cb * C::KVLayout::COLS, row, hk, page.id[i]);
       }
     }
   }
 }
 
-// V rows from `first` to the tile's end set to zero (every thread a share of the 16-byte chunks). TMA fills
-// rows past the tensor (or a table's -1 entries) with zeros, but rows past a batch row's own length come from
-// the cache: masked (P = 0), yet a NaN or Inf there would poison O through 0 * NaN in P V. Then the fence: the
+// V rows from `first` to the tile's end set to zero. TMA fills rows past the tensor (or a table's -1 entries)
+// with zeros, but rows past a batch row's own length come from the cache: masked (P = 0), yet a NaN or Inf there
+// would poison O through 0 * NaN in P V. Each thread owns one 16-byte chunk column (which box, which chunk: a
+// split by compile-time powers of two) and walks down the rows, so no division by the runtime row count; the
+// 128-byte swizzle only permutes chunks within a row, and every chunk of a row is zeroed. Then the fence: the
 // slot is refilled by TMA (the async proxy) after these generic-proxy writes.
 template <class C>
 __device__ __forceinline__ void zero_v_rows(unsigned char* tile, int first) {
-  constexpr int CHUNKS = C::KVLayout::ROW_BYTES / 16;  // a row's 16-byte chunks within one 128-byte box
-  const int rows = C::BN - first;  // first >= 1: a tile is only loaded when it holds one of the row's keys
-  for (int i = threadIdx.x; i < rows * CHUNKS * (C::D / C::KVLayout::COLS); i += C::THREADS) {
-    const int c = i % CHUNKS, r = first + (i / CHUNKS) % rows, box = i / (CHUNKS * rows);
-    *reinterpret_cast<uint4*>(tile + box * C::KVLayout::BOX_BYTES + r * C::KVLayout::ROW_BYTES + c * 16) =
-        make_uint4(0u, 0u, 0u, 0u);
-  }
+  using KL = typename C::KVLayout;
+  constexpr int CHUNKS = KL::ROW_BYTES / 16;                  // a row's 16-byte chunks within one 128-byte box
+  constexpr int ROW_CHUNKS = CHUNKS * (C::D / KL::COLS);      // a key row's chunks over all its boxes
+  static_assert(C::THREADS % ROW_CHUNKS == 0, "the threads cover whole rows in each pass");
+  constexpr int ROWS_PER_PASS = C::THREADS / ROW_CHUNKS;
+  const unsigned tid = threadIdx.x;
+  unsigned char* col = tile + (tid / CHUNKS) % (C::D / KL::COLS) * KL::BOX_BYTES + tid % CHUNKS * 16;
+  // first >= 1: a tile is only loaded when it holds one of the row's keys. Once a call (the row's last tile):
+  // not unrolled, a few instructions in the loop's code rather than ~70.
+#pragma unroll 1
+  for (int r = first + (int)(tid / ROW_CHUNKS); r < C::BN; r += ROWS_PER_PASS)
+    *reinterpret_cast<uint4*>(col + r * KL::ROW_BYTES) = make_uint4(0u, 0u, 0u, 0u);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
@@ -100,8 +121,8 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int split = (int)blockIdx.x % C::SPLITS;  // the CTA's rank in its cluster
-  const int m0 = ((int)blockIdx.x / C::SPLITS) * C::BM;
+  const int split = (int)(blockIdx.x % C::SPLITS);  // the CTA's rank in its cluster (unsigned: masks, shifts)
+  const int m0 = (int)(blockIdx.x / C::SPLITS) * C::BM;
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = a.h_per_kv;
   const int rows = group * a.sq;
@@ -116,10 +137,14 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 #pragma unroll
     for (int s = 0; s < C::STAGES; ++s) mbar_init(bars + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#pragma unroll
-    for (int s = 0; s < C::STAGES; ++s)
-      if (s < n_tiles)
-        issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg);
+    // Not unrolled: each issue_kv holds the paged path (~300 instructions), and this runs once a call.
+#pragma unroll 1
+    for (int s = 0; s < min(C::STAGES, n_tiles); ++s) {
+      PageIds first;
+      if (pg.table != nullptr) first = page_ids<C>(pg, b, j0 + s, 0);
+      issue_kv<C>(tk, tv, sK + s * C::KV_TILE_BYTES, sV + s * C::KV_TILE_BYTES, bars + 8 * s, j0 + s, hk, b, pg,
+                  first);
+    }
   }
   // An FP8 cache: Q goes in as fp16 times 2^e (kv_fp8.h), and K's scale and 2^-e join the softmax scale.
   float scale = a.scale;
@@ -146,18 +171,26 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   st.init();
   const TilePlace at = tile_place<C>(m0, group, rows, diag, n_end, key_base, g, t, scale);
 
+  // Tile j's ring slot (j % STAGES) and its barrier's phase ((j / STAGES) & 1), advanced with j: no division
+  // at three stages, no shifts and masks at two or four.
+  uint32_t slot = 0, phase = 0;
   for (int j = 0; j < n_tiles; ++j) {
-    const int slot = j % C::STAGES;
-    mbar_wait(bars + 8 * slot, (j / C::STAGES) & 1);  // K_j and V_j have landed
-    const uint32_t slot_bytes = (uint32_t)slot * C::KV_TILE_BYTES;
+    mbar_wait(bars + 8 * slot, phase);  // K_j and V_j have landed
+    const uint32_t slot_bytes = slot * C::KV_TILE_BYTES;
     if ((j0 + j + 1) * C::BN > sk) {  // the tile with the row's last key: zero V past it (see zero_v_rows)
       zero_v_rows<C>(smem_raw + C::Q_BYTES + C::STAGES * C::KV_TILE_BYTES + slot_bytes, sk - (j0 + j) * C::BN);
       __syncthreads();
     }
+    // The refill's first page-table entries are read before this tile's math, which hides their latency: read
+    // after it, they delayed every refill by a memory round trip, with the whole CTA waiting at the next barrier.
+    const bool refill = tid == 0 && j + C::STAGES < n_tiles;
+    PageIds next;
+    if (refill && pg.table != nullptr) next = page_ids<C>(pg, b, j0 + j + C::STAGES, 0);
     decode_tile<C>(st, at, q_rb, q_cb, k_rb + slot_bytes, k_cb, v_rb + slot_bytes, v_cb, (j0 + j) * C::BN);
     __syncthreads();  // every warp is done with the slot: refill it with tile j + STAGES
-    if (tid == 0 && j + C::STAGES < n_tiles)
-      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg);
+    if (refill)
+      issue_kv<C>(tk, tv, sK + slot_bytes, sV + slot_bytes, bars + 8 * slot, j0 + j + C::STAGES, hk, b, pg, next);
+    if (++slot == C::STAGES) slot = 0, phase ^= 1;
   }
 
   __syncthreads();  // every warp is done with the K/V ring (all its loads waited for), which the merge reuses

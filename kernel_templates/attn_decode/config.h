@@ -21,8 +21,12 @@ struct TmaTile {
   __device__ static __forceinline__ uint32_t chunk_bytes(int row0, int chunk0) {
     return (uint32_t)((chunk0 ^ (row0 & 7)) << 4);
   }
+  // row_base is a multiple of 128 (the tile's rows start on the swizzle's 1024-byte period, rows are 128 bytes
+  // apart) and cb < 128, so row_base + cb carries nothing into bits 4-6, which the column XOR flips, and adding
+  // multiples of 128 after it commutes with the XOR: one XOR per column on the lane's base (once per tile), not an
+  // XOR and an add.
   __device__ static __forceinline__ uint32_t addr(uint32_t row_base, uint32_t cb, int dr, int dc) {
-    return row_base + (dc / COLS) * BOX_BYTES + dr * ROW_BYTES + (cb ^ (uint32_t)((dc % COLS) * EB));
+    return ((row_base + cb) ^ (uint32_t)((dc % COLS) * EB)) + (dc / COLS) * BOX_BYTES + dr * ROW_BYTES;
   }
 };
 

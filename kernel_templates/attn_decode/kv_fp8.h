@@ -18,6 +18,7 @@
 #include "../common/warp_tile.h"
 #include "../common/attn_args.h"
 #include "../common/utils.h"
+#include "rows.h"
 
 namespace fc {
 
@@ -63,7 +64,7 @@ __device__ __forceinline__ float load_packed_q_fp16(half* sQ, const AttnArgs& a,
   using T = typename C::T;
   constexpr int CHUNKS = C::D / 16;  // 16 columns (two 16-byte loads) a step
   auto row_ptr = [&](int gr) {
-    const int p = gr / a.h_per_kv, h = hk * a.h_per_kv + gr % a.h_per_kv;
+    const int p = row_position(gr, a.h_per_kv), h = hk * a.h_per_kv + row_head(gr, a.h_per_kv);
     return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + p * a.q_ss;
   };
   float mx = 0.f;

@@ -11,6 +11,7 @@
 #include "../common/utils.h"
 #include "config.h"
 #include "kv_fp8.h"
+#include "rows.h"
 
 namespace fc {
 
@@ -34,11 +35,13 @@ struct CtaKeys {
 template <class C>
 __device__ __forceinline__ CtaKeys key_range(int sk, int sq, int group, int m0, int split) {
   const int rows = group * sq, diag = sk - sq;
-  const int p_lo = m0 / group + diag, p_hi = (min(rows, m0 + C::BM) - 1) / group + diag;
+  // min(rows, m0 + BM) >= 1: the grid's row blocks start below rows
+  const int p_lo = row_position(m0, group) + diag, p_hi = row_position(min(rows, m0 + C::BM) - 1, group) + diag;
   const int n_end = C::Keys::end(p_hi, sk);
-  const int t0 = C::Keys::first(p_lo) / C::BN;
-  const int tiles_all = max(0, (n_end + C::BN - 1) / C::BN - t0);
-  const int per_split = (tiles_all + C::SPLITS - 1) / C::SPLITS;
+  // Unsigned (shifts, no sign fix-ups): first() and n_end are >= 0, tiles_all too.
+  const int t0 = (int)((unsigned)C::Keys::first(p_lo) / C::BN);
+  const int tiles_all = max(0, (int)((unsigned)(n_end + C::BN - 1) / C::BN) - t0);
+  const int per_split = (int)((unsigned)(tiles_all + C::SPLITS - 1) / C::SPLITS);
   const int j0 = split * per_split;
   return CtaKeys{n_end, t0 + j0, max(0, min(tiles_all, j0 + per_split) - j0)};
 }
@@ -55,7 +58,7 @@ __device__ __forceinline__ void load_packed_q(typename C::T* sQ, const AttnArgs&
     const int gr = r0 + r;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (gr < rows) {
-      const int p = gr / a.h_per_kv, h = hk * a.h_per_kv + gr % a.h_per_kv;
+      const int p = row_position(gr, a.h_per_kv), h = hk * a.h_per_kv + row_head(gr, a.h_per_kv);
       val = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + p * a.q_ss + c);
     }
     *reinterpret_cast<uint4*>(sQ + C::QLayout::offset(r, c)) = val;
@@ -72,7 +75,8 @@ struct TilePlace {
 template <class C>
 __device__ __forceinline__ TilePlace tile_place(int m0, int group, int rows, int diag, int n_end, int key_base,
                                                 int g, int t, float scale) {
-  return TilePlace{m0, group, diag, m0 / group, (min(rows, m0 + C::BM) - 1) / group, n_end, key_base, g, t,
+  return TilePlace{m0, group, diag, row_position(m0, group), row_position(min(rows, m0 + C::BM) - 1, group), n_end,
+                   key_base, g, t,
                    C::Cap::softmax_scale(scale) * LOG2E, C::Cap::pre_scale(scale)};
 }
 
@@ -103,7 +107,7 @@ __device__ __forceinline__ void decode_tile(WarpState<C>& st, const TilePlace& a
   // ---- masks: keys past the end, and outside each row's causal limit or window
   if (C::Keys::partial(n0, C::BN, at.p_first + at.diag, at.p_last + at.diag, at.n_end))
     warp_mask<typename C::Keys>(acc_s, n0 + at.key_base, g, t, at.n_end,
-                                [&](int row) { return (at.m0 + row) / at.group + at.diag; });
+                                [&](int row) { return row_position(at.m0 + row, at.group) + at.diag; });
 
   // ---- online softmax, then O += P V
 #pragma unroll
@@ -130,6 +134,37 @@ struct CtaPartial {
   float* m;    // [BM]
   float* l;    // [BM]
 };
+
+// One warp's share of one O row (its element pair r of every n8 tile, times `factor`) stored to (first) or added
+// into the row's fp32 sums in shared memory, 16 bytes at a time where the dims allow it.
+template <class C>
+__device__ __forceinline__ void add_o_row(float* dst_row, const float (&acc)[C::DT][4], int r, float factor, int t,
+                                          bool first) {
+  auto put = [&](auto* dst, auto mine) {
+    if (first) {
+      *dst = mine;
+    } else {
+      auto sum = *dst;
+      sum.x += mine.x, sum.y += mine.y;
+      if constexpr (sizeof(mine) == 16) sum.z += mine.z, sum.w += mine.w;
+      *dst = sum;
+    }
+  };
+  if constexpr (C::KV_FP8) {  // the dims are permuted (o_col): tiles 4q .. 4q+3's element e are four adjacent dims
+#pragma unroll
+    for (int q = 0; q < C::DT / 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        put(reinterpret_cast<float4*>(dst_row + o_col<C>(4 * q, t, e)),
+            make_float4(acc[4 * q][2 * r + e] * factor, acc[4 * q + 1][2 * r + e] * factor,
+                        acc[4 * q + 2][2 * r + e] * factor, acc[4 * q + 3][2 * r + e] * factor));
+  } else {
+#pragma unroll
+    for (int dt = 0; dt < C::DT; ++dt)
+      put(reinterpret_cast<float2*>(dst_row + dt * 8 + 2 * t),
+          make_float2(acc[dt][2 * r] * factor, acc[dt][2 * r + 1] * factor));
+  }
+}
 
 template <class C>
 __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned char* smem_raw, const TilePlace& at,
@@ -174,36 +209,22 @@ __device__ __forceinline__ CtaPartial<C> merge_warps(WarpState<C>& st, unsigned 
         s_l[row] = l_all;
       }
     }
+  auto add_rows = [&](bool first) {
 #pragma unroll
-  for (int w = 0; w < C::NUM_WARPS; ++w) {
-    if (warp == w) {
+    for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = mt * 16 + g + r * 8;
-          if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
-#pragma unroll
-          for (int dt = 0; dt < C::DT; ++dt) {
-            const float2 mine = make_float2(st.acc_o[mt][dt][2 * r] * factor[mt][r],
-                                            st.acc_o[mt][dt][2 * r + 1] * factor[mt][r]);
-            if constexpr (C::KV_FP8) {  // the accumulators' dims are permuted (o_col): two scalar stores
-              float* d0 = s_acc + row * C::D + o_col<C>(dt, t, 0);
-              float* d1 = s_acc + row * C::D + o_col<C>(dt, t, 1);
-              *d0 = w == 0 ? mine.x : *d0 + mine.x;
-              *d1 = w == 0 ? mine.y : *d1 + mine.y;
-            } else {
-              float2* dst = reinterpret_cast<float2*>(s_acc + row * C::D + dt * 8 + 2 * t);
-              if (w == 0) {
-                *dst = mine;
-              } else {
-                const float2 sum = *dst;
-                *dst = make_float2(sum.x + mine.x, sum.y + mine.y);
-              }
-            }
-          }
-        }
-    }
+      for (int r = 0; r < 2; ++r) {
+        const int row = mt * 16 + g + r * 8;
+        if (at.m0 + row >= rows) continue;  // padding rows (e.g. 12 of 16 at Sq 1, group 4) are never read
+        add_o_row<C>(s_acc + row * C::D, st.acc_o[mt], r, factor[mt][r], t, first);
+      }
+  };
+  // Warp 0 stores, then the others add in turn: two copies of the code, not one a warp (the turns not unrolled).
+  if (warp == 0) add_rows(true);
+  __syncthreads();
+#pragma unroll 1
+  for (int w = 1; w < C::NUM_WARPS; ++w) {
+    if (warp == w) add_rows(false);
     __syncthreads();
   }
   return CtaPartial<C>{s_acc, s_m, s_l};
@@ -240,9 +261,9 @@ __device__ __forceinline__ void finish_rows(const AttnArgs& a, int b, int hk, in
       o8[4] += hi.x * w, o8[5] += hi.y * w, o8[6] += hi.z * w, o8[7] += hi.w * w;
     }
     // An FP8 cache's V scale (real V = stored x scale) multiplies O once, here.
-    const float v_scale = C::KV_FP8 ? a.v_descale[(long long)b * (heads / group) + hk] : 1.f;
+    const float v_scale = C::KV_FP8 ? a.v_descale[(long long)b * row_position(heads, group) + hk] : 1.f;
     const float inv = l_all > 0.f ? v_scale / l_all : 0.f;
-    const int p = gr / group, h = hk * group + gr % group;
+    const int p = row_position(gr, group), h = hk * group + row_head(gr, group);
     uint4 packed;
     packed.x = pack2<T>(o8[0] * inv, o8[1] * inv);
     packed.y = pack2<T>(o8[2] * inv, o8[3] * inv);
