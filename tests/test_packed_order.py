@@ -61,6 +61,16 @@ inline uint32_t __ballot_sync(uint32_t, bool p) {
   return m;
 }
 inline int __reduce_add_sync(uint32_t, int v) { return warp_sum(v); }
+inline int __reduce_max_sync(uint32_t, int v) {
+  const int lane = threadIdx.x % 32;
+  ++votes_taken[lane];
+  lane_values[lane] = v;
+  warp_barrier->arrive_and_wait();
+  int m = lane_values[0];
+  for (int l = 1; l < 32; ++l) m = std::max(m, lane_values[l]);
+  warp_barrier->arrive_and_wait();
+  return m;
+}
 #include "common/mask.h"
 #include "attn_fwd_wgmma/tile_scheduler.h"
 
@@ -71,7 +81,7 @@ struct Cfg {
   using Keys = fc::KeyWindow<fc::NoMask, CAUSAL_>;
 };
 
-// Prints, per CTA: "L x last_busy" and per item "I x r b h m0 n_tiles"; "X" where lanes disagreed.
+// Prints, per CTA: "L x last_busy votes" (the warp votes of its walks) and per item "I x r b h m0 n_tiles"; "X" where lanes disagreed.
 template <bool CAUSAL>
 void run(int grid, int heads, std::vector<int> cu_q, std::vector<int> cu_k, int max_q, int max_k) {
   fc::AttnArgs a{};
@@ -104,7 +114,7 @@ void run(int grid, int heads, std::vector<int> cu_q, std::vector<int> cu_k, int 
     bool agree = true;
     for (int l = 1; l < 32; ++l) agree &= seen[l] == seen[0] && last[l] == last[0] && votes_taken[l] == votes_taken[0];
     if (!agree) std::printf("X %d\n", x);
-    std::printf("L %d %d\n", x, last[0]);
+    std::printf("L %d %d %d\n", x, last[0], votes_taken[0]);
     for (size_t k = 0; k < seen[0].size(); k += 6)
       std::printf("I %d %d %d %d %d %d %d\n", x, seen[0][k], seen[0][k + 1], seen[0][k + 2], seen[0][k + 3],
                   seen[0][k + 4], seen[0][k + 5]);
@@ -137,6 +147,7 @@ CASES = [
     (True, 31, 2, [_rng.randint(1, 900) for _ in range(70)], None),
     (False, 31, 2, [_rng.randint(1, 900) for _ in range(70)], None),
     (True, 8, 1, [1, 1], None),
+    (False, 6, 2, [5, 300, 1], None, 100000),  # max_seqlen_q overstated: no level walked above the longest
     (True, 132, 32, _issue_lengths(), None),
 ]
 
@@ -150,11 +161,11 @@ def _cumulative(lengths: list[int]) -> list[int]:
 
 def _program() -> str:
     calls = []
-    for causal, grid, heads, lens_q, lens_k in CASES:
+    for causal, grid, heads, lens_q, lens_k, *max_q in CASES:
         lens_k = lens_k or lens_q
         cu_q, cu_k = _cumulative(lens_q), _cumulative(lens_k)
         calls.append(f"  run<{'true' if causal else 'false'}>({grid}, {heads}, {{{', '.join(map(str, cu_q))}}}, "
-                     f"{{{', '.join(map(str, cu_k))}}}, {max(lens_q)}, {max(lens_k)});")
+                     f"{{{', '.join(map(str, cu_k))}}}, {max_q[0] if max_q else max(lens_q)}, {max(lens_k)});")
     return SHIMS + "\n".join(calls) + "\n}\n"
 
 
@@ -167,7 +178,7 @@ def runs(tmp_path_factory) -> list[dict]:
                             str(folder / "check.cpp")], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     out = subprocess.run([str(folder / "check")], capture_output=True, text=True, timeout=600, check=True).stdout
-    results, current = [], {"items": [], "last": {}, "disagree": []}
+    results, current = [], {"items": [], "last": {}, "votes": {}, "disagree": []}
     for line in out.splitlines():
         kind, *fields = line.split()
         values = list(map(int, fields))
@@ -175,16 +186,17 @@ def runs(tmp_path_factory) -> list[dict]:
             current["items"].append(tuple(values))
         elif kind == "L":
             current["last"][values[0]] = values[1]
+            current["votes"][values[0]] = values[2]
         elif kind == "X":
             current["disagree"].append(values[0])
         else:
             results.append(current)
-            current = {"items": [], "last": {}, "disagree": []}
+            current = {"items": [], "last": {}, "votes": {}, "disagree": []}
     return results
 
 
 def _case(index: int) -> tuple[bool, int, int, list[int], list[int]]:
-    causal, grid, heads, lens_q, lens_k = CASES[index]
+    causal, grid, heads, lens_q, lens_k, *_ = CASES[index]
     return causal, grid, heads, lens_q, lens_k or lens_q
 
 
@@ -228,6 +240,12 @@ def test_some_items_have_no_keys_and_some_ctas_no_items(runs) -> None:
     """The cases reach the edges the kernel must survive: an item whose rows see no key, a CTA without items."""
     assert any(n_tiles == 0 for *_, n_tiles, _ in runs[3]["items"])
     assert {x for x, *_ in runs[8]["items"]} == {0, 1}
+
+
+def test_an_overstated_max_seqlen_adds_no_level_to_walk(runs) -> None:
+    """Case 9 (max_seqlen_q 100000 for sequences of at most 300 rows): each CTA's walks vote about as often as
+    with the true longest sequence's 3 levels; walking the 782 levels max_seqlen_q gives would take thousands."""
+    assert max(runs[9]["votes"].values()) <= 40, runs[9]["votes"]
 
 
 def test_the_issue_37_problem_is_dealt_within_one_percent_of_the_ideal_makespan(runs) -> None:

@@ -11,8 +11,8 @@
 // (greedy over 132 SMs, item cost its key tiles + 0.3): within 1% of the ideal makespan where striding the
 // longest sequence's units was 20% over, and no empty item is enumerated (with them the snake is 8-20% over).
 //
-// Item i -> (level, sequence, head) without a table: a walk's i only grows (it starts over for the next walk),
-// so each caller keeps the level it is in, that level's first item and its count. A level's sequences are
+// Item i -> (level, sequence, head) without a table: a walk's i only grows, so each caller keeps the level it
+// is in, that level's first item and its count. A level's sequences are
 // counted, and its k-th found, with one warp ballot per 32 sequences: every lane of a calling warp calls (the
 // producer's loader warps walk whole, and one lane of each issues the loads).
 #pragma once
@@ -24,10 +24,12 @@ namespace fc {
 template <class C>
 struct PackedOrder {
   const AttnArgs& a;
-  int top;                          // levels top - 1 .. 0
+  int top;                          // levels top - 1 .. 0: the longest sequence's query tiles
   mutable int level, first, count;  // the walk's level, its first item and its number of items
 
+  // By every thread of the CTA, converged (the packed persistent kernels only: it votes).
   __device__ __forceinline__ PackedOrder(const AttnArgs& args, int m_blocks) : a(args), top(m_blocks) {
+    if constexpr (C::PACKED && C::PERSISTENT) top = longest();
     restart();
   }
   // Before the first level: the next find walks down from the top.
@@ -49,6 +51,13 @@ struct PackedOrder {
   __device__ __forceinline__ int items_per_seq(int v) const { return C::CAUSAL ? a.heads : a.heads * (v + 1); }
   __device__ __forceinline__ static int lane() { return threadIdx.x % 32; }
 
+  // The longest sequence's query tiles: max_seqlen_q may overstate it, and every level above is walked.
+  __device__ __forceinline__ int longest() const {
+    int t = 0;
+#pragma unroll 1
+    for (int c = 0; c < a.batch; c += 32) t = max(t, seq_tiles(c + lane()));
+    return __reduce_max_sync(0xffffffffu, t);
+  }
   __device__ __forceinline__ int level_items(int v) const {
     int n = 0;
 #pragma unroll 1
@@ -85,14 +94,11 @@ struct PackedOrder {
     return a.batch - 1;  // not reached: k is below the level's count
   }
 
-  // Item i's sequence b, head h and query tile; false past the last item. The walk moves level by level from
-  // where the previous find left it, down (forward) or up.
+  // Item i's sequence b, head h and query tile; false past the last item. The walk moves down level by level
+  // from where the previous find left it; an i before that starts it over from the top (a new walk, or
+  // last_busy's search stepping back out of the last level).
   __device__ __forceinline__ bool find(int i, int& b, int& h, int& m_block) const {
-    while (i < first) {
-      ++level;
-      count = level_items(level);
-      first -= count;
-    }
+    if (i < first) restart();
     while (i >= first + count) {
       if (level == 0) return false;
       first += count;

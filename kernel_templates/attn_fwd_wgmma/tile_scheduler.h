@@ -111,7 +111,7 @@ struct TileScheduler {
   }
 
   // WARP_WALK: the last of this CTA's items with keys to read (its last ping-pong turn), or -1. Searched from
-  // the order's end (a level's count, not a walk over every item), then the walk starts over at the top.
+  // the order's end (the last level's count, not a walk over every item); the next walk starts at the top.
   __device__ __forceinline__ int last_busy(Work& it) const {
     const int n_items = order.total(), g = gridDim.x, rounds = n_items / g;
     int r = rounds - (item_index(rounds) < n_items ? 0 : 1);
@@ -120,7 +120,6 @@ struct TileScheduler {
       work_at(r, it);
       if (it.n_tiles > 0) break;
     }
-    order.restart();
     return r;
   }
 
