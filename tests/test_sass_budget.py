@@ -102,6 +102,30 @@ def test_a_persistent_kernels_item_code_is_its_outer_loop_less_the_main_loop() -
     assert item.counts == {"UMOV": 1, "IADD3": 1, "BRA": 1} and item.conditional == 0
 
 
+def test_an_outer_loop_holding_a_predicated_exit_is_still_the_loop_over_items() -> None:
+    # The packed persistent walk (packed_order.h): ptxas copies the kernel's end to where the walk runs out of
+    # items, a predicated EXIT inside the outer loop 0x10-0x90; the retry stub's span holds the plain EXIT.
+    listing = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   VOTE.ANY R4, PT, P3 ;
+        /*0020*/              @!P4 EXIT ;
+        /*0030*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x10], R0 ;
+        /*0040*/              @!P0 BRA 0x00b0 ;
+        /*0050*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], RZ, !UPT ;
+        /*0060*/                   MUFU.EX2 R3, R3 ;
+        /*0070*/              @!P1 BRA 0x0030 ;
+        /*0080*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0090*/                   BRA 0x0010 ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   YIELD ;
+        /*00c0*/                   BRA 0x0030 ;
+"""
+    item = item_code(listing)
+    assert item.persistent and (item.start, item.end) == (0x10, 0x90)
+    assert item.counts == {"VOTE": 1, "EXIT": 1, "IADD3": 1, "BRA": 1}
+
+
 def test_a_one_item_kernels_item_code_runs_from_its_last_set_up_loop_to_exit() -> None:
     listing = """
         Function : k
@@ -146,7 +170,11 @@ def test_a_kernel_without_tensor_core_loops_is_a_clear_error() -> None:
 # the tile bound) in ordinary registers, out of uniform registers (32 R2UR before session 18).
 # Session 23: TWO_P (_2p, two P register sets, the loop unrolled by two; figures per tile): the F2FP among the
 # exp2s, none before Q K^T's issue; +5 to +7.5 a tile (D256 +24) and +33 to +36 a work item (D256 -8).
+# Session 25 (issue 37, packed persistent): only the real items, longest first, dealt in a snake, walked with warp
+# ballots (attn_fwd_wgmma/packed_order.h): its variants' per-item code holds the walk (before: 593 a tile, 2344,
+# 1012 with a unit decode; the outer loop over items now holds a predicated EXIT, which item_code allows).
 REACHED: dict[str, tuple[float, int, int, int]] = {
+    "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_p_causal_packed": (596, 0, 2888, 1075),
     "attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_ov_pp_2p": (551.5, 0, 2376, 936),
     "attn_fwd_wgmma_d64_fp16_m128n128_s2_sw128_r24_ov_pp_2p": (509, 0, 2128, 811),
     "attn_fwd_wgmma_d256_fp16_m128n80_s2_sw128_r24_ov_pp_2p": (538, 9, 2648, 1153),

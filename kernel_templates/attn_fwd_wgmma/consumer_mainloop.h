@@ -273,7 +273,9 @@ struct Turns {
 template <class C>
 __device__ __forceinline__ bool last_busy_item(const TileScheduler<C>& sched, Work& it, int& last) {
   last = -1;
-  if constexpr (C::PERSISTENT) {
+  if constexpr (TileScheduler<C>::WARP_WALK) {
+    last = sched.last_busy(it);
+  } else if constexpr (C::PERSISTENT) {
     for (int r = 0; sched.work_at(r, it); ++r)
       if (!it.skip && it.n_tiles > 0) last = r;
   } else {

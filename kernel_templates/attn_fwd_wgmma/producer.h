@@ -76,22 +76,27 @@ __device__ __forceinline__ void producer(const TmaDesc& tq, const TmaDesc& tk, c
   // Two loader threads, so that neither waits behind the other: one streams
   // K/V tiles into the ring, the other loads each consumer's Q rows as soon
   // as that consumer has written out its previous item (the epilogue stages
-  // O in those rows).
-  if (tid == 0) {
-    tma_prefetch_map(&tk);
-    tma_prefetch_map(&tv);
+  // O in those rows). WARP_WALK: the scheduler's walk takes whole warps, so
+  // warps 0 and 1 walk it and their lane 0 is the loader thread.
+  constexpr bool WHOLE = TileScheduler<C>::WARP_WALK;
+  const bool loader = !WHOLE || tid % 32 == 0;
+  if (WHOLE ? tid < 32 : tid == 0) {
+    if (loader) {
+      tma_prefetch_map(&tk);
+      tma_prefetch_map(&tv);
+    }
     int ring = 0;
     Work it;
     for (int r = 0; sched.work_at(r, it); ++r) {
       if (it.skip) continue;
-      load_kv<C>(tk, tv, a, sm, it, ring);
+      if (loader) load_kv<C>(tk, tv, a, sm, it, ring);
     }
-  } else if (tid == 32) {
-    tma_prefetch_map(&tq);
+  } else if (WHOLE ? tid < 64 : tid == 32) {
+    if (loader) tma_prefetch_map(&tq);
     Work it;
     for (int r = 0, round = 0; sched.work_at(r, it); ++r) {
       if (it.skip) continue;
-      load_q<C>(tq, sm, it, round);
+      if (loader) load_q<C>(tq, sm, it, round);
       ++round;
     }
   }

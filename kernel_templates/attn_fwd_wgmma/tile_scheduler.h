@@ -5,6 +5,7 @@
 #pragma once
 
 #include "../common/attn_args.h"
+#include "packed_order.h"
 
 namespace fc {
 
@@ -47,16 +48,20 @@ __device__ __forceinline__ int tma_batch_of(const Work& it) {
 // Persistent CTAs take units of consecutive items of one head, strided
 // across the grid: concurrent CTAs share heads (K/V stay in L2). A causal
 // unit pairs query tile q with tile m_blocks - 1 - q: every unit costs
-// about the same, so static striding stays balanced. Packed sequences: the
-// units and the grid are those of the longest sequence; a shorter one's
-// query tiles past its end are empty items (skipped, or a CTA that exits).
+// about the same, so static striding stays balanced. Packed sequences, one
+// CTA per item: the grid is the longest sequence's; a shorter one's query
+// tiles past its end are CTAs that exit. Packed and persistent: only the real
+// items, longest first, dealt in a snake (packed_order.h); whole warps walk.
 template <class C>
 struct TileScheduler {
   static constexpr int UNIT_ITEMS = C::PERSISTENT && C::CAUSAL ? 2 : 1;
+  static constexpr bool WARP_WALK = C::PACKED && C::PERSISTENT;  // every lane of a calling warp calls work_at
   const AttnArgs& a;
   int m_blocks, units_per_head, n_units;
+  PackedOrder<C> order;  // WARP_WALK only
 
-  __device__ __forceinline__ explicit TileScheduler(const AttnArgs& args) : a(args) {
+  __device__ __forceinline__ explicit TileScheduler(const AttnArgs& args)
+      : a(args), order(args, (args.sq + C::BM - 1) / C::BM) {
     m_blocks = (a.sq + C::BM - 1) / C::BM;
     units_per_head = C::PERSISTENT && C::CAUSAL ? (m_blocks + 1) / 2 : m_blocks;
     n_units = C::PERSISTENT ? units_per_head * a.heads * a.batch : 1;
@@ -67,19 +72,20 @@ struct TileScheduler {
   __device__ __forceinline__ bool work_at(int r, Work& it) const {
     int m_block;
     it.skip = false;
-    if constexpr (C::PERSISTENT) {
+    if constexpr (WARP_WALK) {
+      if (!order.find(item_index(r), it.b, it.h, m_block)) return false;
+      locate(it);
+    } else if constexpr (C::PERSISTENT) {
       const int unit = blockIdx.x + r / UNIT_ITEMS * gridDim.x;
       if (unit >= n_units) return false;
       const int hb = unit / units_per_head, q = unit % units_per_head;
       it.h = hb % a.heads;
       it.b = hb / a.heads;
-      const int blocks = C::PACKED ? locate(it) : m_blocks;  // this sequence's query tiles
       if constexpr (C::CAUSAL) {
-        m_block = r % 2 == 0 ? blocks - 1 - q : q;
-        it.skip = (r % 2 == 1 && q == blocks - 1 - q) || (C::PACKED && 2 * q >= blocks);
+        m_block = r % 2 == 0 ? m_blocks - 1 - q : q;
+        it.skip = r % 2 == 1 && q == m_blocks - 1 - q;
       } else {
         m_block = q;
-        it.skip = C::PACKED && q >= blocks;
       }
     } else {
       if (r > 0) return false;
@@ -96,6 +102,25 @@ struct TileScheduler {
     it.n0 = tiles<C::BN>(C::Keys::first(p_lo));
     it.n_tiles = max(0, tiles<C::BN>(C::Keys::end(p_lo + C::BM - 1, sk) + C::BN - 1) - it.n0);
     return true;
+  }
+
+  // WARP_WALK: the position of this CTA's r-th item in the order, dealt in a snake (packed_order.h).
+  __device__ __forceinline__ static int item_index(int r) {
+    const int g = gridDim.x, x = blockIdx.x;
+    return r * g + (r % 2 == 0 ? x : g - 1 - x);
+  }
+
+  // WARP_WALK: the last of this CTA's items with keys to read (its last ping-pong turn), or -1. Searched from
+  // the order's end (the last level's count, not a walk over every item); the next walk starts at the top.
+  __device__ __forceinline__ int last_busy(Work& it) const {
+    const int n_items = order.total(), g = gridDim.x, rounds = n_items / g;
+    int r = rounds - (item_index(rounds) < n_items ? 0 : 1);
+    order.seek_end(n_items);
+    for (; r >= 0; --r) {
+      work_at(r, it);
+      if (it.n_tiles > 0) break;
+    }
+    return r;
   }
 
   // Packed: the item's sequence offsets and lengths, from the cumulative lengths; its query tiles.

@@ -62,6 +62,9 @@ CASES = {
         ("attn_fwd_wgmma_d256_bf16_m128n80_s2_sw128_r24_ov_causal_sc30_packed",
          Problem(3, 2, 300, 300, 256, "bf16", causal=True, heads_kv=1, layout="packed", lengths="uniform:17",
                  softcap=30.0)),
+        # The persistent walk over real items (packed_order.h) with two ballot chunks of sequences, not causal
+        ("attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_p_packed",
+         Problem(40, 2, 300, 300, 128, "bf16", layout="packed", lengths="uniform:1")),
     ],
     "decode_sm80": [  # the cp.async ring and the workspace merge (the last CTA of a row block)
         ("attn_decode_sm80_d128_bf16_m16n64_w4_sp4_s3", Problem(2, 8, 1, 1000, 128, dtype="bf16", heads_kv=2)),

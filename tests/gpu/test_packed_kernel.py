@@ -4,6 +4,7 @@ and its lse within tolerance of the fp32 reference of that sequence alone; a sea
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -113,3 +114,81 @@ def test_packed_kernels_are_sanitizer_clean(tool: str, hopper) -> None:
     """No out-of-bounds access or shared-memory hazard: sequences from 1 token, tails, persistent and one-CTA
     grids, a window, a softcap at D256, and fewer queries than keys (sanitize_case.py packed)."""
     assert_sanitizer_clean(tool, "packed")
+
+
+# The persistent packed walk (attn_fwd_wgmma/packed_order.h): only real items, longest first, dealt in a snake,
+# each found by warp ballots over 32 sequences at a time. Causal and not, one and two consumers, D64 to D256.
+PERSISTENT_PACKED = [
+    "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_p_causal_packed",
+    "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_p_packed",
+    "attn_fwd_wgmma_d128_bf16_m128n128_s2_sw128_r24_ov_pp_p_2p_causal_packed",
+    "attn_fwd_wgmma_d128_bf16_m64n128_s2_sw128_r24_ov_p_causal_packed",
+    "attn_fwd_wgmma_d64_bf16_m192n128_s2_sw128_r32_ov_pp_p_packed",
+    "attn_fwd_wgmma_d256_bf16_m128n80_s2_sw128_r24_pp_p_causal_packed",
+]
+_lengths = random.Random(25)
+# (query lengths, key lengths or None: the same): very different lengths with length-1 and empty sequences over
+# three ballot chunks (70 sequences); fewer queries than keys with sequences without queries or without keys
+# (their rows are zeros); two one-row sequences (most CTAs of the grid get no item).
+PERSISTENT_CASES = {
+    "mixed70": ([_lengths.choice([0, 1, 2, 63, 64, 127, 128, 129, _lengths.randint(1, 1200)]) for _ in range(70)],
+                None),
+    "prefix40": ([_lengths.randint(0, 300) for _ in range(40)], None),
+    "two_rows": ([1, 1], None),
+}
+PERSISTENT_CASES["prefix40"] = (PERSISTENT_CASES["prefix40"][0],
+                                [0 if i % 9 == 4 else n + _lengths.randint(0, 700)
+                                 for i, n in enumerate(PERSISTENT_CASES["prefix40"][0])])
+
+
+def _cumulative(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(PERSISTENT_CASES))
+@pytest.mark.parametrize("name", PERSISTENT_PACKED)
+def test_persistent_packed_kernels_write_every_sequence(name: str, case: str, hopper) -> None:
+    """Each sequence's rows (and lse) against the fp32 reference of that sequence alone; a NaN-poisoned output
+    fully written; the rows of a sequence without keys zeros and their lse -inf."""
+    import torch
+
+    from tuner.kernels.variant import parse_variant_name
+
+    variant = parse_variant_name(name)
+    causal, d = variant.causal, variant.head_dim
+    lens_q, lens_k = PERSISTENT_CASES[case]
+    lens_k = lens_k or lens_q
+    heads, heads_kv = 4, 2
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(sum(lens_q), heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(sum(lens_k), heads_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    cu_q, cu_k = _cumulative(lens_q), _cumulative(lens_k)
+    kernel = build(variant, hopper.nvcc_arch).load()
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((heads, q.shape[0]), float("nan"), device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    kernel.packed(q, k, v, out, torch.tensor(cu_q, dtype=torch.int32, device="cuda"),
+                  torch.tensor(cu_k, dtype=torch.int32, device="cuda"), max(lens_q), max(max(lens_k), 1), scale,
+                  lse=lse)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{name} on {case}: a row was not written"
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        if nq == 0:
+            continue
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        got = out[rows].transpose(0, 1)[None]
+        if nk == 0:
+            assert torch.equal(got, torch.zeros_like(got)), f"{name} on {case}: sequence {b} has no keys"
+            assert torch.isinf(lse[:, rows]).all(), f"{name} on {case}: sequence {b}'s lse"
+            continue
+        want, want_lse = reference(q[rows].transpose(0, 1)[None], k[keys].transpose(0, 1)[None],
+                                   v[keys].transpose(0, 1)[None], causal, scale)
+        err = relative_error(got, want)
+        assert err < TOLERANCE["bf16"], f"{name} on {case}, sequence {b} ({nq} x {nk}): rel error {err:.2e}"
+        finite = torch.isfinite(want_lse[0])
+        assert torch.equal(finite, torch.isfinite(lse[:, rows])), f"{name} on {case}, sequence {b}: -inf rows"
+        torch.testing.assert_close(lse[:, rows][finite], want_lse[0][finite], atol=2e-3, rtol=1e-3)

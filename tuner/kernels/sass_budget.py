@@ -202,8 +202,10 @@ class ItemBudget(LoopBudget):
 
 def item_code(sass: str, function: str | None = None) -> ItemBudget:
     """The per-item code of `function`'s consumer around its main loop (main_loop). Persistent kernels: the
-    body of the shortest loop spanning the main loop whose body holds no EXIT (the outer loop over items;
-    a barrier retry stub after EXIT also branches back over the main loop, its span holds that EXIT). One item
+    body of the shortest loop spanning the main loop whose body holds no unpredicated EXIT (the outer loop over
+    items, which may hold a predicated one: ptxas can copy the kernel's end to where the walk over items ends;
+    a barrier retry stub after the function's EXIT also branches back over the main loop, its span holds that
+    EXIT). One item
     per CTA: from the instruction after the last loop that ends before the main loop (the consumer's
     setmaxnreg retry) to the first unpredicated EXIT after it. Either way less the main loop itself."""
     loop = main_loop(sass, function)
@@ -212,7 +214,7 @@ def item_code(sass: str, function: str | None = None) -> ItemBudget:
     m_first, m_last = at[loop.start], at[loop.end]
     outer = [(last - first, first, last) for first, last in loops(instrs)
              if first <= m_first and last >= m_last and (first, last) != (m_first, m_last)
-             and not any(ins.opcode == "EXIT" for ins in instrs[first:last + 1])]
+             and not any(ins.opcode == "EXIT" and not ins.text.startswith("@") for ins in instrs[first:last + 1])]
     if outer:
         _, first, last = min(outer)
     else:
