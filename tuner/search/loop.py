@@ -93,10 +93,18 @@ class ProblemSearch:
         finally:
             self._beat.__exit__()
 
+    def abandon(self) -> None:
+        """A search started but not run (the search stopped first): its points asked ahead told interrupted."""
+        for item in self._pending:
+            self._tell_interrupted(item)
+        self._pending.clear()
+        if self._beat is not None:
+            self._beat.__exit__()
+
     def _in_hand(self) -> list[int]:
-        """Storage ids of the trials this worker asked and has not told yet."""
-        held = list(self._current)  # copied once: the main thread changes it meanwhile
-        return [item.trial._trial_id for item in held + list(self._pending)]
+        """Storage ids of the trials this worker asked and has not told yet (_current copied once: the main
+        thread changes it meanwhile)."""
+        return [item.trial._trial_id for item in list(self._current) + list(self._pending)]
 
     def _loop(self, lookahead: int) -> None:
         """Ask ahead (the compile pool works on the pending points); collect the GPU's reply, put the
@@ -111,8 +119,7 @@ class ProblemSearch:
                 with self.ctx.result.timed(STORING):  # the reply stored and told while the card measures the next
                     self._complete_in_flight()
                 self._in_flight = launched
-                # Asked again: the trial just completed may have given its budget slot back (a point the
-                # backend could not measure is free).
+                # Asked again: the trial just completed may have given its budget slot back (an unmeasurable point)
                 if launched is None and (self.ctx.stop.is_set() or not self._may_ask()):
                     break
         except KeyboardInterrupt:
@@ -134,8 +141,7 @@ class ProblemSearch:
                 self._pending.append(item)
 
     def _launch_next(self) -> Optional[InFlight]:
-        """The next pending point that needs the GPU, sent to it; those settled on the way (a duplicate
-        another worker finished, a compile error) are stored and told here."""
+        """The next pending point that needs the GPU, sent to it; those settled on the way are stored and told."""
         while self._pending and not self.ctx.stop.is_set():
             item = self._pending.popleft()
             self._current.append(item)
@@ -146,9 +152,7 @@ class ProblemSearch:
         return None
 
     def _may_ask(self) -> bool:
-        if self.ctx.stop.is_set():
-            return False
-        if self.job.trials is not None and self.asked >= self.job.trials:
+        if self.ctx.stop.is_set() or (self.job.trials is not None and self.asked >= self.job.trials):
             return False
         # The study's budget is shared with every other process working on it. Trials a dead one left
         # behind are settled first: one told the result it stored counts, the others are free.
@@ -306,8 +310,6 @@ class ProblemSearch:
         except (RuntimeError, ValueError):  # already finished: another worker reaped it
             pass
 
-    # Duplicates --------------------------------------------------------------------------------
-
     def _find(self, variant: Variant) -> Optional[TrialRow]:
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
                                          variant.stored_params(), self.ctx.gpu_name,
@@ -383,9 +385,7 @@ class ProblemSearch:
                 self.study.tell(trial, value)
             else:
                 self.study.tell(trial, state=state)
-        except (RuntimeError, ValueError):
-            # Another worker reaped it (this process looked dead: suspended, or its clock is off); the
-            # result is in the store and a later proposal of the point is answered from there.
+        except (RuntimeError, ValueError):  # reaped by another worker (this process looked dead): stored all the same
             self.ctx.events(("note", self.job.index, f"trial {trial.number} was given up by another worker; "
                                                       "its result is kept in the store"))
             return
