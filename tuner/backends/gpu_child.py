@@ -70,7 +70,7 @@ class RunnerOptions:
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
     # isolated: calls are also timed isolated; energy: every timing metered (objective.metered; else the confirm
-    # stage's last round alone), refused at setup without NVML
+    # stage's energy pass alone), refused at setup without NVML
     objective: str = TIME
 
 
@@ -213,15 +213,14 @@ class CudaRunner:
 
     def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[Timing]]:
         """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
-        rounds (the start rotates from round `first_round` on). The race has `race_rounds` rounds (absent:
-        these are its last); its last round reads the energy meter (objective.metered)."""
+        rounds (the start rotates from round `first_round` on); `energy_pass`: the confirm stage's energy pass,
+        whose timings read the energy meter (objective.metered; every round's do under --objective energy)."""
         import torch
 
         problem: Problem = request["problem"]
         wanted = request.get("baselines")
-        race = request.get("race_rounds")
         rounds = ConfirmRounds(self.options.objective, int(request.get("first_round", 0)), int(request["rounds"]),
-                               None if race is None else int(race))
+                               bool(request.get("energy_pass", False)))
 
         def start_round(r: int) -> None:
             rounds.start(r)
