@@ -157,3 +157,21 @@ def test_a_search_times_its_trials_and_baselines_over_half_the_confirm_stages_wi
     assert trial == first_baseline == second_baseline
     assert len(confirmed) == 3 and all(w == confirmed[0] for w in confirmed)  # the kernel and both baselines
     assert trial[0] < confirmed[0][0] and trial[1] * 2 <= confirmed[0][1]
+
+
+def test_a_problems_baselines_are_made_once_for_its_inputs_and_reused_by_each_confirm_round(runner_of, monkeypatch):
+    """Each baseline's first call (FA4's compile, cuDNN's plan) is made once per problem's inputs: the baselines
+    request and every confirm round (one request each) reuse them (before, each request made them again)."""
+    runner, asked = runner_of(TIME)
+    made: list[int] = []
+    monkeypatch.setattr(gpu_child, "available_baselines",
+                        lambda *a, **k: made.append(1) or [FakeBaseline("sdpa_flash", asked)])
+    runner.baselines(PROBLEM, "r", noop)
+    for number in range(3):
+        confirm(runner, rounds=1, first_round=number)
+    assert len(made) == 1
+    fresh = {"q": None, "k": None, "v": None, "scale": 0.125, "seed": 2, "ref": ExactReference()}
+    monkeypatch.setattr(runner, "_problem_inputs", lambda problem: fresh)  # rebuilt inputs (a new seed)
+    confirm(runner, rounds=1, first_round=3)
+    assert len(made) == 2
+    assert "baseline set-up" in runner.spent.take()
