@@ -183,7 +183,7 @@ def test_an_energy_stage_keeps_a_baseline_whose_first_round_had_no_energy_readin
     joules = {"v1": 0.050, "sdpa_cudnn": 0.055, "sdpa_flash": 0.070}
     asked = []
 
-    def confirm(problem, variants, builts, rounds, baselines=None, first_round=0, race_rounds=None):
+    def confirm(problem, variants, builts, rounds, baselines=None, first_round=0, energy_pass=False):
         names = [v.name for v in variants] + (list(joules)[1:] if baselines is None else baselines)
         asked.append(names)
         energy = {n: (None if (n == "sdpa_cudnn" and first_round == 0) else Energy(joules[n], 700.0, 1500.0),)

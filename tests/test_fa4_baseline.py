@@ -150,7 +150,7 @@ def test_the_gpu_worker_reports_how_many_warnings_each_baseline_logged(fa4_packa
 
     q, k, v = _qkv()
     runner = CudaRunner(RunnerOptions())
-    monkeypatch.setattr(runner, "_problem_inputs", lambda problem: {"q": q, "k": k, "v": v, "scale": 0.125})
+    monkeypatch.setattr(runner, "_problem_inputs", lambda problem: {"q": q, "k": k, "v": v, "scale": 0.125, "seed": 1})
     def no_sdpa(*_args, **_kwargs):
         raise RuntimeError("no SDPA backend on a CPU test")
 

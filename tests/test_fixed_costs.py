@@ -132,7 +132,7 @@ def test_fa4_is_imported_on_a_thread_from_the_worker_s_start(slow_fa4, start) ->
     assert not hasattr(sys.modules.get("flash_attn.cute"), "IMPORTED_ON")
     slow_fa4.set()
     q, k, v = make_inputs(SMALL, "cpu", seed=1)
-    found = runner._available_baselines(SMALL, {"q": q, "k": k, "v": v, "scale": 0.125})
+    found = runner._available_baselines(SMALL, {"q": q, "k": k, "v": v, "scale": 0.125, "seed": 1})
     assert "fa4" in [b.name for b in found]  # the first baselines' request waited for the import, then used it
     assert sys.modules["flash_attn.cute"].IMPORTED_ON == "tuner-baseline-imports"
     assert BASELINE_SETUP in runner.spent.take()
@@ -311,3 +311,20 @@ def test_the_time_line_puts_the_search_s_own_phases_first_and_undivided() -> Non
     assert time_line(report) == ("time: 10.0 s wall; preparing the search 1.0 s (10%), summing up 1.0 s (10%), "
                                  "2 workers, per worker (mean): start-up 2.0 s (20%), inputs 1.0 s (10%), "
                                  "other 5.0 s (50%)")
+
+
+def test_per_inputs_makes_a_value_once_for_each_problems_inputs_and_keeps_the_latest_two() -> None:
+    from tuner.runtime.fixed_costs import PerInputs
+
+    made: list[tuple] = []
+    kept = PerInputs(keep=2)
+
+    def get(problem: Problem, seed: int) -> tuple:
+        return kept.get(problem, {"seed": seed}, lambda: made.append((problem.seq_q, seed)) or (problem.seq_q, seed))
+
+    a, b, c = (Problem(1, 2, s, s, 64) for s in (128, 256, 512))
+    assert [get(a, 1), get(a, 1), get(b, 1), get(a, 2)] == [(128, 1), (128, 1), (256, 1), (128, 2)]
+    assert made == [(128, 1), (256, 1), (128, 2)]
+    get(c, 1)  # a third inputs: the oldest kept (b's) goes
+    get(b, 1)
+    assert made[-2:] == [(512, 1), (256, 1)]

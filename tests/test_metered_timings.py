@@ -1,6 +1,6 @@
 """Energy where it decides: the GPU worker's CudaRunner reads the energy meter (a 0.5 s block at least) for
-the confirm stage's candidates and baselines in the race's last round, and for a search's trials, baselines
-and every confirm round only under --objective energy. Run on a CPU: the inputs, the kernel and the timing are stand-ins that record what
+the confirm stage's energy pass (its winner and that one's baseline, after the race), and for a search's trials,
+baselines and every confirm round only under --objective energy. Run on a CPU: the inputs, the kernel and the timing are stand-ins that record what
 the runner asked for."""
 
 from __future__ import annotations
@@ -109,20 +109,21 @@ def test_a_trial_of_the_default_objective_is_timed_without_the_meter_and_its_con
     asked.calls.clear()
     timed = confirm(runner)
     assert set(timed) == {"kernel_a", "sdpa_flash", "sdpa_cudnn"} and all(len(t) == 2 for t in timed.values())
-    # the race's last round reads the meter for every candidate and baseline, the rounds before it do not
-    assert len(asked.calls) == 6
-    assert [meter is METER for _, meter, _ in asked.calls] == [False] * 3 + [True] * 3
+    # the race's rounds decide on µs: none reads the meter (before, its last round did, for every implementation)
+    assert len(asked.calls) == 6 and all(meter is None for _, meter, _ in asked.calls)
 
 
-def test_a_confirm_race_timed_a_round_at_a_time_meters_only_its_last_round(runner_of):
+def test_a_confirm_race_reads_the_meter_in_its_energy_pass_alone(runner_of):
     runner, asked = runner_of(TIME)
-    for number in range(7):  # as the confirm stage asks: one round a request, its number and the race's length
-        confirm(runner, rounds=1, first_round=number, race_rounds=7)
-    metered = [meter is METER for _, meter, _ in asked.calls]
-    assert len(metered) == 21 and metered == [False] * 18 + [True] * 3
+    for number in range(7):  # as the confirm stage asks: one round a request
+        confirm(runner, rounds=1, first_round=number)
+    assert len(asked.calls) == 21 and all(meter is None for _, meter, _ in asked.calls)
     asked.calls.clear()
-    confirm(runner, rounds=1, first_round=7, race_rounds=7)  # an extra round (a card that left): not metered
-    assert all(meter is None for _, meter, _ in asked.calls)
+    # the energy pass: the winner and the one baseline asked for, one metered block each
+    timed = runner.confirm({"problem": PROBLEM, "builts": [FakeBuilt()], "rounds": 1, "baselines": ["sdpa_cudnn"],
+                            "first_round": 7, "energy_pass": True}, noop)
+    assert set(timed) == {"kernel_a", "sdpa_cudnn"}
+    assert len(asked.calls) == 2 and all(meter is METER for _, meter, _ in asked.calls)
 
 
 def test_under_the_energy_objective_every_trial_and_baseline_reads_the_meter(runner_of):
@@ -130,7 +131,7 @@ def test_under_the_energy_objective_every_trial_and_baseline_reads_the_meter(run
     measure(runner)
     measure(runner)
     runner.baselines(PROBLEM, "r", noop)
-    confirm(runner, rounds=1, first_round=0, race_rounds=7)
+    confirm(runner, rounds=1, first_round=0)
     assert len(asked.calls) == 7 and all(meter is METER for _, meter, _ in asked.calls)
 
 
@@ -138,9 +139,10 @@ def test_the_isolated_objective_times_isolated_calls_but_meters_only_the_confirm
     runner, asked = runner_of(ISOLATED)
     measure(runner)
     confirm(runner, rounds=2)
+    confirm(runner, rounds=1, first_round=2, energy_pass=True)
     assert asked.calls[0] == ("kernel", None, True)
     assert all(isolated for _, _, isolated in asked.calls[1:])
-    assert [meter is METER for _, meter, _ in asked.calls[1:]] == [False] * 3 + [True] * 3
+    assert [meter is METER for _, meter, _ in asked.calls[1:]] == [False] * 6 + [True] * 3
 
 
 def test_a_search_times_its_trials_and_baselines_over_half_the_confirm_stages_window(runner_of):
@@ -155,3 +157,21 @@ def test_a_search_times_its_trials_and_baselines_over_half_the_confirm_stages_wi
     assert trial == first_baseline == second_baseline
     assert len(confirmed) == 3 and all(w == confirmed[0] for w in confirmed)  # the kernel and both baselines
     assert trial[0] < confirmed[0][0] and trial[1] * 2 <= confirmed[0][1]
+
+
+def test_a_problems_baselines_are_made_once_for_its_inputs_and_reused_by_each_confirm_round(runner_of, monkeypatch):
+    """Each baseline's first call (FA4's compile, cuDNN's plan) is made once per problem's inputs: the baselines
+    request and every confirm round (one request each) reuse them (before, each request made them again)."""
+    runner, asked = runner_of(TIME)
+    made: list[int] = []
+    monkeypatch.setattr(gpu_child, "available_baselines",
+                        lambda *a, **k: made.append(1) or [FakeBaseline("sdpa_flash", asked)])
+    runner.baselines(PROBLEM, "r", noop)
+    for number in range(3):
+        confirm(runner, rounds=1, first_round=number)
+    assert len(made) == 1
+    fresh = {"q": None, "k": None, "v": None, "scale": 0.125, "seed": 2, "ref": ExactReference()}
+    monkeypatch.setattr(runner, "_problem_inputs", lambda problem: fresh)  # rebuilt inputs (a new seed)
+    confirm(runner, rounds=1, first_round=3)
+    assert len(made) == 2
+    assert "baseline set-up" in runner.spent.take()

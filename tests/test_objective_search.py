@@ -70,9 +70,10 @@ def test_an_energy_search_minimizes_j_per_call_and_confirms_by_it(recordings, sq
     assert run.objective == "energy"
 
 
-def test_a_time_search_reads_energy_in_its_confirm_stage_last_round_only(recordings, sqlite_url):
-    """Metered blocks run 0.5 s: a time search's confirm stage meters its last round (the J per call of
-    the winner and the baselines still racing), not all of them; the stored winner carries that figure."""
+def test_a_time_search_reads_energy_of_its_confirmed_winner_and_baseline_only(recordings, sqlite_url):
+    """Metered blocks run 0.5 s: a time search's confirm stage meters none of its rounds, and after the race one
+    block for the winner and one for its baseline (the energy pass), stored with the last round; the stored winner
+    carries that figure, and no other candidate or baseline has one."""
     run_search(options(recordings["energy"], sqlite_url, confirm_rounds=4))
     with open_store(sqlite_url) as store:
         confirmed = store.confirmed(PROBLEM)
@@ -84,6 +85,8 @@ def test_a_time_search_reads_energy_in_its_confirm_stage_last_round_only(recordi
     assert list(winner[:3]) == [None] * 3
     assert winner[3] is not None and confirmed.joules_per_call == pytest.approx(winner[3].joules_per_call)
     assert confirmed.baseline_impl is not None and raced[confirmed.baseline_impl][3] is not None
+    others = [impl for impl in raced if impl not in (confirmed.variant_name, confirmed.baseline_impl)]
+    assert others and all(e is None for impl in others for e in raced[impl])  # before: all of the last round
 
 
 def test_an_isolated_search_minimizes_the_isolated_times(recordings, sqlite_url):

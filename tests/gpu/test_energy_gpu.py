@@ -106,8 +106,9 @@ def test_a_short_search_stores_energy_for_trials_baselines_and_confirm_rounds(gp
 
 def test_a_default_search_meters_its_confirm_stage_only(gpu_profile, nvml, tmp_path) -> None:
     """Energy where it decides (issue 38): a search minimizing time (the default) times its trials and baselines
-    without the meter (NULL energy), and its confirm stage's last round with it (one 0.5 s block an implementation,
-    not one a round); `show` says a trial was not metered."""
+    without the meter (NULL energy), and its confirm stage's rounds too; the energy pass after the race meters the
+    winner and its baseline (one 0.5 s block each), stored with the last round; `show` says a trial was not
+    metered."""
     url = f"sqlite:///{tmp_path / 'time.db'}"
     res = run_tuner("--db", url, "search", "--gpu", gpu_profile.name, "--shape", "2,16,1024,64", "--trials", "4",
                     "--seed", "0", "--confirm", "2", "--confirm-rounds", "2")
@@ -121,7 +122,8 @@ def test_a_default_search_meters_its_confirm_stage_only(gpu_profile, nvml, tmp_p
     assert baselines and all(j is None for (j,) in baselines)
     last = max(r for _, r, _, _ in rounds)
     assert last == 1 and all(j is None for _, r, j, _ in rounds if r < last)
-    assert all(j is not None and 50.0 < w < 1000.0 for _, r, j, w in rounds if r == last)
+    metered = [(impl, j, w) for impl, r, j, w in rounds if r == last and j is not None]
+    assert len(metered) == 2 and all(50.0 < w < 1000.0 for _, _, w in metered)  # the winner and its baseline
     shown = run_tuner("--db", url, "show", str(trials[0][0]))
     assert shown.exit_code == 0 and "energy (back to back): - (not metered" in shown.stdout
     best = run_tuner("--db", url, "results", "--best")

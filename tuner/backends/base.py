@@ -110,12 +110,12 @@ class Backend(Protocol):
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0,
-                race_rounds: Optional[int] = None) -> ConfirmTimings:
+                energy_pass: bool = False) -> ConfirmTimings:
         """Time the variants and the baselines named (None: every one the backend has) in `rounds`
-        interleaved rounds, numbered from `first_round` (the first call of a round rotates with it), of a race
-        of `race_rounds` (None: these rounds are its last); a variant that is not correct on fresh inputs, or
-        that the backend cannot time, is left out. Energy comes where objective.metered reads it: every round
-        under --objective energy, else the race's last round only."""
+        interleaved rounds, numbered from `first_round` (the first call of a round rotates with it); a variant
+        that is not correct on fresh inputs, or that the backend cannot time, is left out. Energy comes where
+        objective.metered reads it: every round under --objective energy, else the `energy_pass` only (the
+        confirm stage's winner and its baseline, after the race)."""
         ...
 
     def close(self) -> None: ...

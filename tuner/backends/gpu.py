@@ -13,12 +13,12 @@ method; the child binds PyCUDA to torch's primary context
       range_prefix})                        ("fault", message)      the context is gone: the child exits
     ("confirm", {problem, builts, rounds,   ("spent", {part: seconds})  before a result: its fixed costs
       baselines, first_round,                                       (inputs, reference, verification, ...)
-      race_rounds})
+      energy_pass})
     ("stop", {})
 
 Each timing in a result is one tuner.runtime.timed.Timing, sent whole: a measure result's "timing", each
 baseline's "timing", each implementation's Timing per round of a confirm result. Its energy is read where
-it decides (runtime.objective.metered: the confirm stage's last round; every timing under --objective energy),
+it decides (runtime.objective.metered: a confirm request's energy_pass; every timing under --objective energy),
 else None; for --objective isolated it carries `isolated_us`. At start-up the child answers ("ready", None),
 or ("refused", message) for options it cannot serve (--objective energy without NVML), or ("nogpu"/"error", message).
 
@@ -269,12 +269,12 @@ class GpuBackend:
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0,
-                race_rounds: Optional[int] = None) -> ConfirmTimings:
+                energy_pass: bool = False) -> ConfirmTimings:
         ready = [dataclasses.replace(b, source="") for b in builts if b is not None and b.ok]
         try:
             reply = self._request("confirm", {"problem": problem, "builts": ready, "rounds": rounds,
                                               "baselines": None if baselines is None else list(baselines),
-                                              "first_round": first_round, "race_rounds": race_rounds})
+                                              "first_round": first_round, "energy_pass": energy_pass})
         except (_Timeout, _Fault) as exc:
             raise TunerError(f"the confirm stage of {problem.label} failed: {exc}") from None
         return ConfirmTimings.of(reply)

@@ -29,8 +29,8 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
-from tuner.runtime.fixed_costs import (BASELINE_SETUP, INPUTS, REFERENCE, VERIFICATION, Spent, await_baseline_imports,
-                                       fingerprint, start_baseline_imports)  # fmt: skip
+from tuner.runtime.fixed_costs import (BASELINE_SETUP, CHECKSUM, INPUTS, MODULE_LOAD, REFERENCE, VERIFICATION, PerInputs,
+                                       Spent, await_baseline_imports, fingerprint, start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import (BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered,
                                     timing_window)
@@ -70,7 +70,7 @@ class RunnerOptions:
     l2_bytes: int = 64 << 20
     seed: Optional[int] = None
     # isolated: calls are also timed isolated; energy: every timing metered (objective.metered; else the confirm
-    # stage's last round alone), refused at setup without NVML
+    # stage's energy pass alone), refused at setup without NVML
     objective: str = TIME
 
 
@@ -93,6 +93,7 @@ class CudaRunner:
         self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
         self._meter = EnergyMeter(options.device)
         self.spent = Spent(_sync_gpu)  # the fixed costs of each request, sent after it (child_main)
+        self._baselines = PerInputs()  # each problem's baselines, made once for its inputs
 
     def setup(self) -> None:
         cuda_driver(self.options.device)
@@ -185,9 +186,9 @@ class CudaRunner:
         progress("prepare", SETUP)  # the inputs and reference (built once per problem), the cubin's load
         with annotate(range_name(prefix, name, "prepare")):
             data = self._problem_inputs(problem)
-            kernel = load_kernel(built, problem, self.options.device, cubin)
-            out = trial_output(problem, data)
-            torch.cuda.synchronize()
+            with self.spent.part(MODULE_LOAD):  # waits for the GPU at its end
+                kernel = load_kernel(built, problem, self.options.device, cubin)
+                out = trial_output(problem, data)
         progress("verify", KERNEL)  # the watchdog bounds the kernel's own launch, nothing else
         with annotate(range_name(prefix, name, "verify")), self.spent.part(VERIFICATION):
             kernel_call(kernel, data, out, checked=True)()
@@ -195,6 +196,7 @@ class CudaRunner:
         progress("check", SETUP)  # the error against the reference and the inputs' checksum: sized by the problem
         with self.spent.part(VERIFICATION):
             err = data["ref"].error(out)
+        with self.spent.part(CHECKSUM):
             intact = self._intact(problem, data)
         base = {"rel_error": err if math.isfinite(err) else None, "seed": data["seed"], "registers": kernel.registers}
         why = _wrong(err, tolerance(problem), intact)
@@ -213,15 +215,14 @@ class CudaRunner:
 
     def confirm(self, request: dict[str, Any], progress: Progress) -> dict[str, list[Timing]]:
         """Verified variants and the SDPA baselines asked for (None: every one), timed in interleaved
-        rounds (the start rotates from round `first_round` on). The race has `race_rounds` rounds (absent:
-        these are its last); its last round reads the energy meter (objective.metered)."""
+        rounds (the start rotates from round `first_round` on); `energy_pass`: the confirm stage's energy pass,
+        whose timings read the energy meter (objective.metered; every round's do under --objective energy)."""
         import torch
 
         problem: Problem = request["problem"]
         wanted = request.get("baselines")
-        race = request.get("race_rounds")
         rounds = ConfirmRounds(self.options.objective, int(request.get("first_round", 0)), int(request["rounds"]),
-                               None if race is None else int(race))
+                               bool(request.get("energy_pass", False)))
 
         def start_round(r: int) -> None:
             rounds.start(r)
@@ -270,16 +271,21 @@ class CudaRunner:
         return [{**r, "warnings": logged.get(r["impl"], 0)} for r in results]
 
     def _available_baselines(self, problem: Problem, data: dict[str, Any]) -> list[Any]:
-        """The baselines that run the problem (their imports awaited; their first calls compile FA4's kernel)."""
-        with self.spent.part(BASELINE_SETUP):
+        """The baselines that run the problem (their imports awaited; their first calls compile FA4's kernel), made
+        once for its inputs: the baselines request and every confirm round reuse them."""
+        def make() -> list[Any]:
             await_baseline_imports()
             if problem.backward:
                 return backward_baselines(problem, data)
             return available_baselines(problem, data["q"], data["k"], data["v"], data["scale"],
                                        descales=data.get("descales"))
 
+        with self.spent.part(BASELINE_SETUP):
+            return self._baselines.get(problem, data, make)
+
     def close(self) -> None:
         self._inputs.clear()
+        self._baselines.clear()
         self._meter.close()
 
 

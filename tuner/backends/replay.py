@@ -189,7 +189,7 @@ class ReplayBackend:
 
     def confirm(self, problem: Problem, variants: list[Variant], builts: list[Optional[BuiltKernel]],
                 rounds: int, *, baselines: Optional[Collection[str]] = None, first_round: int = 0,
-                race_rounds: Optional[int] = None) -> ConfirmTimings:
+                energy_pass: bool = False) -> ConfirmTimings:
         """The GPU worker's interleaved rounds, each timing one draw from the recorded timings of the
         variant or baseline (with one recorded timing, always that); each draw takes the delay."""
         samples: dict[str, list[Timing]] = {}
@@ -202,7 +202,7 @@ class ReplayBackend:
             if baselines is None or impl in baselines:
                 samples[impl] = [m.timing for m in measured]
 
-        race = ConfirmRounds(self._objective, first_round, rounds, race_rounds)
+        race = ConfirmRounds(self._objective, first_round, rounds, energy_pass)
 
         def draw(impl: str) -> Timing:
             if self._delay:

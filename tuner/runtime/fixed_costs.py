@@ -3,8 +3,10 @@
 - The baselines' imports (FlashAttention-4's `flash_attn.cute`: seconds of its compiler's start-up) run on a
   thread from the worker's start, while the search prepares its studies and compiles its first trials; the
   first request that needs a baseline waits for them (start_baseline_imports, await_baseline_imports).
-- Spent: seconds by named part (inputs, reference, verification, baseline set-up), which the worker sends
-  after each request so that the search's time breakdown names them.
+- Spent: seconds by named part (inputs, reference, module load, verification, input checksum, baseline set-up),
+  which the worker sends after each request so that the search's time breakdown names them.
+- PerInputs: what is made once for a problem's inputs and reused by every request on them (the baselines, whose
+  first calls compile FA4's kernel and build cuDNN's plan; each confirm round asked for them again).
 - fingerprint: a checksum of a problem's inputs and reference, so that a wrong kernel's result costs a
   rebuild only when it wrote into them.
 - setup_seconds: how long the worker may take over a problem's set-up (its inputs, the fp32 reference, the
@@ -26,7 +28,9 @@ from tuner.runtime.verify import FULL_REFERENCE_SCORES, sampled_rows
 
 INPUTS = "inputs"  # q, k, v and their layout's copies (pages, packed sequences)
 REFERENCE = "reference"  # the fp32 reference output
+MODULE_LOAD = "module load"  # a variant's cubin loaded (cuLibraryLoadData), its output allocated and poisoned
 VERIFICATION = "verification"  # a variant's checked launch and its error against the reference
+CHECKSUM = "input checksum"  # the inputs' and reference's byte sums after a verify launch (fingerprint)
 BASELINE_SETUP = "baseline set-up"  # the baselines' imports (waited for), first calls and compiles
 
 # The fp32 reference's rate (multiply-adds of its two matmuls, 4 x scores x D flop, per second) that the set-up
@@ -80,6 +84,26 @@ class Spent:
     def take(self) -> dict[str, float]:
         taken, self._seconds = self._seconds, {}
         return taken
+
+
+class PerInputs:
+    """Values made once per problem's inputs (a problem and its inputs' seed: rebuilt inputs get new ones), for the
+    `keep` most recent inputs (the GPU worker keeps two problems' inputs)."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self._keep = keep
+        self._made: dict[tuple[Problem, int], Any] = {}
+
+    def get(self, problem: Problem, data: dict[str, Any], make: Callable[[], Any]) -> Any:
+        key = (problem, data["seed"])
+        if key not in self._made:
+            while len(self._made) >= self._keep:
+                self._made.pop(next(iter(self._made)))
+            self._made[key] = make()
+        return self._made[key]
+
+    def clear(self) -> None:
+        self._made.clear()
 
 
 def fingerprint(value: Any) -> tuple[int, ...]:

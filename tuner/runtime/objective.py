@@ -9,7 +9,7 @@
 
 Every timing keeps its back-to-back µs (median_us) whatever the objective; energy and the isolated
 µs come beside it, so figures of searches with different objectives never mix. Energy is read where it
-decides (`metered`): a metered timing runs 0.5 s at least, 5x an unmetered one.
+decides (`metered`): a metered timing runs 0.5 s at least, 4-8x an unmetered one.
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ COLUMN = {TIME: "median_us", ENERGY: "joules_per_call", ISOLATED: "isolated_us"}
 UNIT = {TIME: "µs", ENERGY: "J/call", ISOLATED: "µs isolated"}
 # What the GPU worker times: a search's trials, the baselines a study starts with, the confirm stage's rounds.
 TRIAL, BASELINE, CONFIRM = "trial", "baseline", "confirm"
+ENERGY_PASS = "energy pass"  # after the confirm stage's race: the J per call of its winner and that one's baseline
 # time_cuda's window of each stage, (warm-up ms, repetitions ms), back to back. A search's figures (its trials
 # and the baselines they are set beside) only rank variants for the confirm stage, which re-times its candidates
 # and the baselines in interleaved rounds: half the window serves them (drift between calls, up to 5%, dwarfs the
 # spread of a median over 50 ms of repetitions) and cuts most of a trial's cost (issue 38). A burst's length moves
 # its reading by a few percent, so the two windows' figures never compare with each other: confirm ratios are
 # within the confirm stage's rounds, a trial's "x baseline" within the search's window.
-WINDOW_MS = {TRIAL: (10.0, 50.0), BASELINE: (10.0, 50.0), CONFIRM: (25.0, 100.0)}
+WINDOW_MS = {TRIAL: (10.0, 50.0), BASELINE: (10.0, 50.0), CONFIRM: (25.0, 100.0), ENERGY_PASS: (25.0, 100.0)}
 
 
 def timing_window(stage: str) -> dict[str, float]:
-    """time_cuda's warmup_ms and rep_ms for a timing of `stage` (TRIAL, BASELINE, CONFIRM)."""
+    """time_cuda's warmup_ms and rep_ms for a timing of `stage` (TRIAL, BASELINE, CONFIRM, ENERGY_PASS)."""
     warmup_ms, rep_ms = WINDOW_MS[stage]
     return {"warmup_ms": warmup_ms, "rep_ms": rep_ms}
 
@@ -56,30 +57,26 @@ def required_column(objective: str) -> Optional[str]:
     return None if objective == TIME else COLUMN[objective]
 
 
-def metered(objective: str, stage: str, round_number: Optional[int] = None, rounds: Optional[int] = None) -> bool:
+def metered(objective: str, stage: str) -> bool:
     """Whether a timing of `stage` reads the energy meter. NVML's counter steps every ~100 ms, so a metered
-    block runs at least 0.5 s (energy.MIN_WINDOW_S) where ~0.1 s of back-to-back calls give the median: under
-    --objective energy everything it ranks; otherwise only the confirm stage's last round (`round_number` of
-    `rounds`, 0-based; both None: a confirm request that names no round is metered), which gives the J per
-    call of the candidates and baselines still in the race, one block each, where metering all 7 rounds cost
-    ~28 s a problem on an H200."""
-    if objective == ENERGY:
-        return True
-    if stage != CONFIRM:
-        return False
-    return round_number is None or rounds is None or round_number == rounds - 1
+    block runs at least 0.5 s (energy.MIN_WINDOW_S) where 0.06-0.125 s of back-to-back calls give the median:
+    under --objective energy everything it ranks; otherwise only the confirm stage's energy pass (ENERGY_PASS):
+    one block for the winner and one for the baseline its ratio is taken against, after the race, whose rounds
+    decide on µs alone. (Metering the race's last round instead cost a 0.5 s block for every candidate and
+    baseline still racing, 3-8 a problem, where 2 are kept.)"""
+    return objective == ENERGY or stage == ENERGY_PASS
 
 
 @dataclass
 class ConfirmRounds:
-    """The rounds one confirm request times, numbered from `first` (`count` of them), of a race of `race` rounds
-    (None: these are its last): `start(r)` as round r of the request begins (interleaved_timings' on_round),
-    then `metered` says whether its timings read the meter (the GPU worker's, and the replay's as it)."""
+    """The rounds one confirm request times, numbered from `first` (`count` of them); `energy_pass`: the request
+    is the confirm stage's energy pass. `start(r)` as round r of the request begins (interleaved_timings'
+    on_round), then `metered` says whether its timings read the meter (the GPU worker's, and the replay's as it)."""
 
     objective: str
     first: int
     count: int
-    race: Optional[int] = None
+    energy_pass: bool = False
     current: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,8 +87,7 @@ class ConfirmRounds:
 
     @property
     def metered(self) -> bool:
-        race = self.first + self.count if self.race is None else self.race
-        return metered(self.objective, CONFIRM, self.current, race)
+        return metered(self.objective, ENERGY_PASS if self.energy_pass else CONFIRM)
 
 
 def figure(objective: str, timed: Any) -> Optional[float]:

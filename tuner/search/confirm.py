@@ -13,9 +13,10 @@ stored with the winner.
 
 The figure compared is the search's objective (tuner.runtime.objective): µs back
 to back, J per call (per-round ratios of joules), or µs of isolated calls. Every
-round records µs; energy is read in every round under --objective energy, else in
-the last planned round only (one 0.5 s metered block per implementation still
-racing: the winner's and its baseline's J per call).
+round records µs; energy is read in every round under --objective energy, else by
+an energy pass after the race (energy_pass): one 0.5 s metered block for the
+winner and one for its baseline, the J per call the store and the report keep,
+stored with the last round.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import uuid
 from typing import Callable, Optional
 
 from tuner.backends.base import ConfirmTimings
+from tuner.errors import TunerError
 from tuner.kernels.manifest import load_manifest
 from tuner.kernels.variant import Variant
 from tuner.problem import Problem
@@ -150,7 +152,7 @@ def take_rounds(ctx: Context, ledger: Ledger, problem: Problem, variants: list[V
             timed = leading if ctx.objective == TIME else ledger.leading_rounds(ROUND_FIGURE[TIME])
             baselines = None if not timed else [b for b in timed[0] if b not in names and b not in dropped]
             timings = ctx.backend.confirm(problem, [variants[i] for i in keep], [builts[i] for i in keep], 1,
-                                          baselines=baselines, first_round=number, race_rounds=ledger.plan.rounds)
+                                          baselines=baselines, first_round=number)
         except BaseException:
             ledger.release()
             raise
@@ -185,6 +187,25 @@ def pooled_figures(pooled: dict[str, list[dict[str, float]]]
             isolated.setdefault(impl, []).append(iso[r].get(impl))
     return ({impl: tuple(e) for impl, e in energy.items()},
             {impl: tuple(i) for impl, i in isolated.items() if any(x is not None for x in i)})
+
+
+def energy_pass(ctx: Context, problem: Problem, winner: Variant, baseline: Optional[str], rounds: int,
+                energy: dict[str, tuple[Optional[Energy], ...]]) -> dict[str, tuple[Optional[Energy], ...]]:
+    """`energy` with the J per call of the winner and its baseline (None: no baseline) in their last round: one
+    metered block each (objective.ENERGY_PASS), timed on this worker's card after the race. A pass the backend
+    fails leaves `energy` as it was: the confirmation stands without J per call."""
+    needs = getattr(ctx.backend, "needs_compile", True)
+    built = ctx.hooks.build(winner, ctx.profile.nvcc_arch) if needs else None
+    try:
+        timed = ctx.backend.confirm(problem, [winner], [built], 1, baselines=[baseline] if baseline else [],
+                                    first_round=rounds, energy_pass=True)
+    except TunerError:
+        return energy
+    found = dict(energy)
+    for impl, readings in timed.energy.items():
+        if readings and readings[0] is not None and impl in found:
+            found[impl] = (*found[impl][:rounds - 1], readings[0])
+    return found
 
 
 def participant(ctx: Context) -> str:
@@ -230,6 +251,8 @@ def confirm_problem(ctx: Context, problem: Problem, template: str, k: int, round
         return None
     by_name = {v.name: r for v, r in zip(variants, rows)}
     energy, isolated = pooled_figures(figures)
+    if ctx.objective != ENERGY:  # the race's rounds were not metered: the winner's and its baseline's J now
+        energy = energy_pass(ctx, problem, variants[names.index(winner)], baseline, len(pooled), energy)
     joules = [e.joules_per_call for e in energy.get(winner, ()) if e is not None]
     record = ConfirmRecord(
         run_id=ctx.run_id, problem=problem, rounds=len(pooled), winner_trial_id=by_name[winner].id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Optional
@@ -35,3 +36,13 @@ class InFlight:
     handle: PendingMeasurement
     compiled: Optional[CompileResult]
     measurement: Optional[Measurement] = None  # the reply, once collected
+    waited: float = 0.0  # seconds the worker was held up waiting for the reply
+
+    def collect(self) -> Measurement:
+        """The reply, the time spent waiting for it added to `waited`: what the card's work did not hide
+        behind the worker's own (asking the sampler, storing results), the search's MEASURING phase."""
+        started = time.perf_counter()
+        try:
+            return self.handle.result()
+        finally:
+            self.waited += time.perf_counter() - started

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from tuner.backends.base import Backend
 from tuner.profiles import GpuProfile
@@ -20,7 +22,11 @@ MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after w
 
 Events = Callable[[tuple], None]
 WAITING_FOR_WORKERS = "waiting for other workers"  # a phase of the time breakdown: duplicates, last trials
-MEASURING = "measuring (GPU worker)"  # the phase of the time breakdown that waits for the backend's measures
+# The phase of the time breakdown that waits for the backend's measures: the time a trial's reply kept the worker
+# waiting, after what the worker did meanwhile (ASKING, STORING), which the card's work hides when it is longer.
+MEASURING = "measuring (GPU worker)"
+ASKING = "asking the sampler"  # Optuna's ask, and the points that need no GPU (infeasible, repeats), stored and told
+STORING = "storing results"  # a measured trial's row and its tell
 # The phase that waits for each request of the GPU worker (tuner.backends.gpu): its fixed costs come out of it.
 CONFIRM_STAGE = "confirm stage"
 REQUEST_PHASES = {"measure": MEASURING, "baselines": "baselines", "confirm": CONFIRM_STAGE}
@@ -54,6 +60,15 @@ class WorkerResult:
 
     def spent(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """spent(phase, the seconds the block takes)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent(phase, time.perf_counter() - started)
 
     def spent_within(self, parts: Mapping[tuple[Optional[str], str], float]) -> None:
         """Name the backend's fixed costs (seconds by (request, part): inputs, reference, verification, baseline

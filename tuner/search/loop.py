@@ -8,7 +8,7 @@ Per asked point:
 - otherwise -> compiled (a thread pool running ahead of the GPU; nvcc runs in subprocesses), measured by the
   Backend, stored (one transaction), told (the objective's figure, tuner.runtime.objective; or FAIL/PRUNED).
 The next trial goes to the GPU worker before the previous one is stored and told, and the sampler is asked
-while the card measures: the parent's work hides behind the GPU's.
+while the card measures: the parent's work (ASKING, STORING) hides behind the GPU's, and MEASURING is the rest.
 """
 
 from __future__ import annotations
@@ -22,18 +22,19 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import Trial, TrialState
 
-from tuner.backends.base import Measurement, submit_measure
+from tuner.backends.base import Measured, Measurement, submit_measure
 from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import Feasibility, check
 from tuner.kernels.manifest import Manifest, load_manifest
 from tuner.kernels.variant import Variant, variant_from_params
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.objective import figure, required_column
+from tuner.search.answers import KnownAnswers
 from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (DUPLICATE_WAIT_S, INFEASIBLE_NUDGE, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK,
-                              MAX_UNMEASURABLE_STREAK, MEASURING, WAITING_FOR_WORKERS, Context, WorkerJob,
-                              lookahead_for, point)  # fmt: skip
+                              MAX_UNMEASURABLE_STREAK, MEASURING, WAITING_FOR_WORKERS, ASKING, STORING, Context,
+                              WorkerJob, lookahead_for, point)  # fmt: skip
 from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
                                    trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
@@ -65,6 +66,7 @@ class ProblemSearch:
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
                       if counts_toward_budget(t) or t.state == TrialState.RUNNING}
         self._beat: Optional[Heartbeat] = None  # from start() to the end of run()
+        self._known = KnownAnswers(self._find)  # the store's answers, found once (repeats are most asks)
 
     # The loop ----------------------------------------------------------------------------------
 
@@ -78,7 +80,8 @@ class ProblemSearch:
             self.cap = max(self.cap or 0, budget_taken(self.study) + self.job.trials)
         self._beat = Heartbeat(self.study, self._in_hand).__enter__()  # the asked points are in hand from now
         try:
-            self._ask_ahead(lookahead_for(self.ctx.compile_pool))
+            with self.ctx.result.timed(ASKING):
+                self._ask_ahead(lookahead_for(self.ctx.compile_pool))
         except KeyboardInterrupt:
             self.ctx.interrupt()  # run() tells what was asked interrupted
 
@@ -90,24 +93,33 @@ class ProblemSearch:
         finally:
             self._beat.__exit__()
 
+    def abandon(self) -> None:
+        """A search started but not run (the search stopped first): its points asked ahead told interrupted."""
+        for item in self._pending:
+            self._tell_interrupted(item)
+        self._pending.clear()
+        if self._beat is not None:
+            self._beat.__exit__()
+
     def _in_hand(self) -> list[int]:
-        """Storage ids of the trials this worker asked and has not told yet."""
-        held = list(self._current)  # copied once: the main thread changes it meanwhile
-        return [item.trial._trial_id for item in held + list(self._pending)]
+        """Storage ids of the trials this worker asked and has not told yet (_current copied once: the main
+        thread changes it meanwhile)."""
+        return [item.trial._trial_id for item in list(self._current) + list(self._pending)]
 
     def _loop(self, lookahead: int) -> None:
         """Ask ahead (the compile pool works on the pending points); collect the GPU's reply, put the
         next point on the GPU, then store and tell the reply while the card measures."""
         try:
             while True:
-                self._ask_ahead(lookahead)
+                with self.ctx.result.timed(ASKING):  # the sampler, and the asked points that need no GPU
+                    self._ask_ahead(lookahead)
                 if self._in_flight is not None:
-                    self._in_flight.measurement = self._in_flight.handle.result()
+                    self._in_flight.measurement = self._in_flight.collect()
                 launched = self._launch_next()
-                self._complete_in_flight()
+                with self.ctx.result.timed(STORING):  # the reply stored and told while the card measures the next
+                    self._complete_in_flight()
                 self._in_flight = launched
-                # Asked again: the trial just completed may have given its budget slot back (a point the
-                # backend could not measure is free).
+                # Asked again: the trial just completed may have given its budget slot back (an unmeasurable point)
                 if launched is None and (self.ctx.stop.is_set() or not self._may_ask()):
                     break
         except KeyboardInterrupt:
@@ -129,8 +141,7 @@ class ProblemSearch:
                 self._pending.append(item)
 
     def _launch_next(self) -> Optional[InFlight]:
-        """The next pending point that needs the GPU, sent to it; those settled on the way (a duplicate
-        another worker finished, a compile error) are stored and told here."""
+        """The next pending point that needs the GPU, sent to it; those settled on the way are stored and told."""
         while self._pending and not self.ctx.stop.is_set():
             item = self._pending.popleft()
             self._current.append(item)
@@ -141,9 +152,7 @@ class ProblemSearch:
         return None
 
     def _may_ask(self) -> bool:
-        if self.ctx.stop.is_set():
-            return False
-        if self.job.trials is not None and self.asked >= self.job.trials:
+        if self.ctx.stop.is_set() or (self.job.trials is not None and self.asked >= self.job.trials):
             return False
         # The study's budget is shared with every other process working on it. Trials a dead one left
         # behind are settled first: one told the result it stored counts, the others are free.
@@ -185,7 +194,7 @@ class ProblemSearch:
         self.infeasible_streak = 0
         # Running trials first, the store second: a trial is stored before it is told,
         # so a duplicate that finished in between is found in the store.
-        wait_for = self._running_duplicate(trial)
+        wait_for = running_duplicate(self.study, trial, len(self.distributions), self._ignored)
         if wait_for is not None or self._held(trial.params):
             return self._repeat(trial, variant, feasibility, wait_for)
         self._seen.add(point(trial.params))
@@ -271,15 +280,15 @@ class ProblemSearch:
         prefix = f"run{self.ctx.run_id}/trial{item.trial.number}"
         item.stage = "measuring"
         handle = submit_measure(self.ctx.backend, self.problem, item.variant, built, range_prefix=prefix)
-        return InFlight(item, handle, compiled)
+        return InFlight(item, handle, compiled, waited=handle.seconds if isinstance(handle, Measured) else 0.0)
 
     def _complete_in_flight(self) -> None:
         launched, self._in_flight = self._in_flight, None
         if launched is None:
             return
-        measurement = launched.handle.result()
+        measurement = launched.collect()
         self._current.remove(launched.item)
-        self.ctx.result.spent(MEASURING, launched.handle.seconds)
+        self.ctx.result.spent(MEASURING, launched.waited)
         self.ctx.result.measured += 1
         self._store_measurement(launched.item, launched.compiled, measurement)
 
@@ -301,16 +310,11 @@ class ProblemSearch:
         except (RuntimeError, ValueError):  # already finished: another worker reaped it
             pass
 
-    # Duplicates --------------------------------------------------------------------------------
-
-    def _known(self, variant: Variant) -> Optional[TrialRow]:
+    def _find(self, variant: Variant) -> Optional[TrialRow]:
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,
                                          variant.stored_params(), self.ctx.gpu_name,
                                          required_column(self.ctx.objective), self.ctx.replayed_from,
                                          study=self.study.study_name)
-
-    def _running_duplicate(self, trial: Trial) -> Optional[int]:
-        return running_duplicate(self.study, trial, len(self.distributions), self._ignored)
 
     def _await_duplicate(self, item: Pending) -> bool:
         """Wait for the other worker's trial of this variant; True when its result was reused."""
@@ -381,9 +385,7 @@ class ProblemSearch:
                 self.study.tell(trial, value)
             else:
                 self.study.tell(trial, state=state)
-        except (RuntimeError, ValueError):
-            # Another worker reaped it (this process looked dead: suspended, or its clock is off); the
-            # result is in the store and a later proposal of the point is answered from there.
+        except (RuntimeError, ValueError):  # reaped by another worker (this process looked dead): stored all the same
             self.ctx.events(("note", self.job.index, f"trial {trial.number} was given up by another worker; "
                                                       "its result is kept in the store"))
             return

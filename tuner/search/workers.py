@@ -181,28 +181,43 @@ def _run_jobs(spec: WorkerSpec, events: Events, stop: Any, hooks: Hooks, storage
 
 def _run_jobs_in_turn(ctx: Context, storage: Any, spec: WorkerSpec) -> None:
     """The worker's studies in its order. With a time budget (spec.budget_end), each one's trials stop at its
-    share of what is left (time_share.trial_deadline); once it is spent, the studies left are not started."""
+    share of what is left (time_share.trial_deadline); once it is spent, the studies left are not started.
+    The next study's first points are asked (their compiles started) before a study's confirm stage, whose
+    seconds of GPU rounds then hide the next study's first nvcc runs."""
     confirms: list[float] = []  # this worker's confirm stages so far (s): what the next one is expected to take
-    for k, job in enumerate(spec.jobs):
-        if ctx.stop.is_set():
-            break
-        if spec.budget_end is not None:
-            now = ctx.hooks.now()
-            if now >= spec.budget_end:
-                ctx.result.untuned.extend(j.study for j in spec.jobs[k:])
+    ahead: list[ProblemSearch] = []  # the next study, started during the confirm stage of the one before
+    try:
+        for k, job in enumerate(spec.jobs):
+            if ctx.stop.is_set():
                 break
-            expected = sum(confirms) / len(confirms) if confirms else 0.0
-            job = dataclasses.replace(job, deadline=trial_deadline(now, spec.budget_end, len(spec.jobs) - k,
-                                                                   expected))
-        before = ctx.result.seconds.get(CONFIRM_STAGE, 0.0)
-        _run_job(ctx, storage, job, spec)
-        if ctx.result.seconds.get(CONFIRM_STAGE, 0.0) > before:
-            confirms.append(ctx.result.seconds[CONFIRM_STAGE] - before)
-        if job.confirm and not ctx.stop.is_set():  # its one confirming worker says when the problem is done
-            ctx.events(("finished", job.index))
+            if spec.budget_end is not None:
+                now = ctx.hooks.now()
+                if now >= spec.budget_end:
+                    ctx.result.untuned.extend(j.study for j in spec.jobs[k:])
+                    break
+                expected = sum(confirms) / len(confirms) if confirms else 0.0
+                job = dataclasses.replace(job, deadline=trial_deadline(now, spec.budget_end, len(spec.jobs) - k,
+                                                                       expected))
+            search = ahead.pop() if ahead else _start_job(ctx, storage, job, spec)
+            search.job = job  # its deadline, now that it runs
+
+            def start_next(after: int = k) -> None:
+                if after + 1 < len(spec.jobs) and not ctx.stop.is_set():
+                    ahead.append(_start_job(ctx, storage, spec.jobs[after + 1], spec))
+
+            before = ctx.result.seconds.get(CONFIRM_STAGE, 0.0)
+            _run_job(ctx, search, spec, start_next)
+            if ctx.result.seconds.get(CONFIRM_STAGE, 0.0) > before:
+                confirms.append(ctx.result.seconds[CONFIRM_STAGE] - before)
+            if job.confirm and not ctx.stop.is_set():  # its one confirming worker says when the problem is done
+                ctx.events(("finished", job.index))
+    finally:
+        for search in ahead:  # started, but the search stopped (or its budget ran out) before it
+            search.abandon()
 
 
-def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> None:
+def _start_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> ProblemSearch:
+    """The study's search, its first points asked (their compiles running)."""
     info = study_info(load_study(storage, job.study))
     if info.profile != ctx.profile.name:
         raise TunerError(f"study {info.name!r} tunes for GPU profile {info.profile}, this worker for {ctx.profile.name}")
@@ -215,6 +230,12 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     study = load_study(storage, job.study, make_sampler(info.sampler, worker_seed(seed, spec.worker, existing), manifest))
     search = ProblemSearch(ctx, study, info, job)
     search.start()  # the first trials compile while the baselines (FlashAttention-4's compile: seconds) are timed
+    return search
+
+
+def _run_job(ctx: Context, search: ProblemSearch, spec: WorkerSpec, start_next: Callable[[], None]) -> None:
+    """A started study's baselines, trials and confirm stage; `start_next` starts the next study before it."""
+    job, info, study = search.job, search.info, search.study
     started = time.perf_counter()
     try:
         measured = ctx.backend.baselines(info.problem)
@@ -229,6 +250,7 @@ def _run_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> No
     ctx.result.spent("baselines", time.perf_counter() - started)
     search.run()  # stopped: tells the trials asked ahead interrupted
     if spec.confirm and job.confirm and not ctx.stop.is_set():  # one confirm stage per study
+        start_next()  # its asking is timed as such (ProblemSearch.start)
         note = lambda text: ctx.events(("note", job.index, text))  # noqa: E731
         started = time.perf_counter()
         try:
