@@ -22,7 +22,10 @@ REACHED: dict[str, tuple[int, int, int]] = {
     "attn_bwd_wgmma_d64_fp16_m64n64_s2_bulk_pw_causal": (501, 0, 1232),
     "attn_bwd_wgmma_d64_bf16_m128n128_s2": (947, 32, 1544),
     # BLOCK_M 80 (dQ^T = K^T dS^T, FlashAttention-3's D128 tile): 461 for 80 query rows, against 497 for 64.
-    "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw": (461, 0, 1840),
+    # Session 26: 463, the staging block handed over in halves (a warp's half's barrier ids made each tile from the
+    # broadcast warp index: held across the loop from the per-thread one, they spilled 8 bytes); the writer's two
+    # halves +16 in the kernel.
+    "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw": (463, 0, 1856),
 }
 
 

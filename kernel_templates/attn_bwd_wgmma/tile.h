@@ -183,7 +183,7 @@ __device__ __forceinline__ void stage_block_t(float* stage, const float* acc, in
 
 // DQ_T: the warpgroup's dQ^T block (its 64 columns of D x the tile's 80 queries) = K^T dS^T over the CTA's BN keys,
 // A = the K tile read MN-major (`kd`: column block wg), B = the dS tile (queries x keys, K-major: `dsd`, a 64-key
-// column block DS_BYTES after the other), staged for the writer warp (one bulk reduction of the block). As tile_dq:
+// column block DS_BYTES after the other), staged for the writer warp (a bulk reduction per half). As tile_dq:
 // `after_first` (dK's wgmmas) issued behind it, so that they run while the block is staged.
 template <class C, class AfterFirst>
 __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stage, int wg, int warp_wg, int lane,
@@ -198,10 +198,12 @@ __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stag
   after_first();
   wgmma_wait<1>();
   fence_regs<C::BM / 2>(acc);
-  named_sync(C::dq_free(wg, 0), C::DQ_SYNC);  // the writer has read what the staging tile last held
+  // The warp's D lines lie in one half of the block (DQ_HALVES): the writer has read what that half last held.
+  const int half = __shfl_sync(0xffffffff, warp_wg, 0) / 2;
+  named_sync(C::dq_free(wg, half), C::DQ_SYNC);
   stage_block_t<C>(stage, acc, warp_wg, lane / 4, lane % 4);
   fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
-  named_arrive(C::dq_full(wg, 0), C::DQ_SYNC);
+  named_arrive(C::dq_full(wg, half), C::DQ_SYNC);
 }
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
