@@ -63,6 +63,10 @@ struct BwdWgmmaConfig {
   // The consumers read a tile's lse before issuing its S^T and dP^T wgmmas, except with the row-by-row dQ writer
   // on causal tiles, whose consumers would spill the registers that holds.
   static constexpr bool LSE_FIRST = !(DQ_WRITER && !DQ_BULK && CAUSAL);
+  // BLOCK_M 80: how many of the tile's 10 8-query blocks of lse are read into registers before the wgmmas (tile.h's
+  // PartCols; the rest are read where used): 4 is the most that compiles clean (5: 3 more instructions a tile, 6:
+  // 40 bytes spilled, all 10: 192).
+  static constexpr int LSE_REGS = DQ_T ? 4 : 0;
   // Causal tiles at BLOCK_M 64 with a producer: the next head's first query row is made again where the tiles wrap
   // (next_tile), not held across the loop, where it was one register too many (consumers at 240, the producer
   // warpgroup at 24: spilled); elsewhere that branch spilled and the row is held.

@@ -58,17 +58,36 @@ struct SmemCols {
   __device__ __forceinline__ static SmemCols at(const float* values) { return SmemCols{values + 2 * (threadIdx.x % 4)}; }
   __device__ __forceinline__ float2 operator[](int nb) const { return *reinterpret_cast<const float2*>(p + nb * 8); }
 };
-// BLOCK_M 80 reads both from shared memory too (their 20 registers each, or lse's alone, spilled beside S^T, dP^T,
-// dK and dV).
+// BLOCK_M 80 reads delta from shared memory too, and lse partly (LseCols): their 20 registers each, or lse's alone,
+// spilled beside S^T, dP^T, dK and dV.
 template <class C>
 using Cols = std::conditional_t<C::BM == 64, RegCols<C>, SmemCols>;
+// BLOCK_M 80's lse: its first N 8-query blocks read into registers when made (before the S^T wait, whose first
+// exp2s need them: read after it, the loads queue behind dP^T's shared-memory reads), the rest where used.
+template <int N>
+struct PartCols {
+  float2 v[N];
+  const float* p;
+  __device__ __forceinline__ static PartCols at(const float* values) {
+    PartCols c;
+    c.p = values + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int nb = 0; nb < N; ++nb) c.v[nb] = *reinterpret_cast<const float2*>(c.p + nb * 8);
+    return c;
+  }
+  __device__ __forceinline__ float2 operator[](int nb) const {
+    return nb < N ? v[nb] : *reinterpret_cast<const float2*>(p + nb * 8);
+  }
+};
+template <class C>
+using LseCols = std::conditional_t<C::DQ_T, PartCols<C::LSE_REGS>, Cols<C>>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
 // A partial tile's hidden scores are set to -inf first, in a branch of their own: tested inside the exp2 loop,
 // ptxas predicated the 64 compares and executed them on every tile (ncu, causal: ~250 instructions a tile).
-template <class C>
-__device__ __forceinline__ void p_tile(float* s, const Cols<C>& lse, bool partial, int key0, int q_pos0,
+template <class C, class L>
+__device__ __forceinline__ void p_tile(float* s, const L& lse, bool partial, int key0, int q_pos0,
                                        int sk, float scale_log2) {
   const int t = threadIdx.x % 4;
   if (partial) {
