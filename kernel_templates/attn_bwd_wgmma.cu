@@ -164,6 +164,40 @@ __device__ __forceinline__ void write_dq(const WgSmem<C>& sm, const BwdArgs& a, 
   if constexpr (C::DQ_TILED) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
 }
 
+// DQ_T (BLOCK_M 80): write_dq of the one staging block in its two halves (DQ_HALVES, 10 KB each): half 0's bulk
+// reduction goes out once consumer CW's warps 0-1 have staged it, half 1's once warps 2-3 have, and each half is
+// handed back as soon as its own reduction has read it (one bulk group a half).
+template <class C, int CW>
+__device__ __forceinline__ void write_dq_halves(const WgSmem<C>& sm, const BwdArgs& a, int b, QueryTile qt,
+                                                int m_first, int m_end, int n_iters) {
+  constexpr int HALF = C::DQS_BYTES / 2;
+  if (n_iters > 0) {  // both halves are free before the first tile
+    named_arrive(C::dq_free(CW, 0), C::DQ_SYNC);
+    named_arrive(C::dq_free(CW, 1), C::DQ_SYNC);
+  }
+  const float* stage = sm.dq_stage(CW);
+  for (int it = 0; it < n_iters; ++it) {
+    float* dst = a.dq_accum + dq_index<C>(a, b, qt.h, qt.m0, CW * 64);  // the block's first line
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      named_sync(C::dq_full(CW, h), C::DQ_SYNC);
+      if (elect_one()) {
+        bulk_reduce_add_f32(dst + h * HALF / 4, stage + h * HALF / 4, HALF);
+        bulk_commit();
+      }
+    }
+    const bool more = it + 1 < n_iters;  // a hand-back past the last tile would have no taker
+    bulk_wait_read<1>();  // half 0 read (half 1's group may still be reading)
+    __syncwarp();
+    if (more) named_arrive(C::dq_free(CW, 0), C::DQ_SYNC);
+    bulk_wait_read<0>();
+    __syncwarp();
+    if (more) named_arrive(C::dq_free(CW, 1), C::DQ_SYNC);
+    qt = next_tile<C>(qt, m_first, m_end, a);
+  }
+  bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
+}
+
 template <class C>
 __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a) {
   using T = typename C::T;
@@ -207,7 +241,10 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
       // DQ_TILED: each writer's consumer a template argument, so that its two sets' barrier ids and staging tiles
       // are immediates (these warps run at 24 registers: held in registers, they spilled); the row-by-row writer
       // takes it from the warp index (one copy of its code: two spilled).
-      if constexpr (C::DQ_TILED) {
+      if constexpr (C::DQ_T) {
+        if (warp == 1) write_dq_halves<C, 0>(sm, a, b, qt, m_first, m_end, n_iters);
+        if (warp == 2) write_dq_halves<C, 1>(sm, a, b, qt, m_first, m_end, n_iters);
+      } else if constexpr (C::DQ_TILED) {
         if (warp == 1) write_dq<C, 0>(sm, a, b, qt, m_first, m_end, n_iters);
         if constexpr (C::NWG > 1)
           if (warp == 2) write_dq<C, 1>(sm, a, b, qt, m_first, m_end, n_iters);

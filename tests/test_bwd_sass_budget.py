@@ -22,7 +22,10 @@ REACHED: dict[str, tuple[int, int, int]] = {
     "attn_bwd_wgmma_d64_fp16_m64n64_s2_bulk_pw_causal": (501, 0, 1232),
     "attn_bwd_wgmma_d64_bf16_m128n128_s2": (947, 32, 1544),
     # BLOCK_M 80 (dQ^T = K^T dS^T, FlashAttention-3's D128 tile): 461 for 80 query rows, against 497 for 64.
-    "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw": (461, 0, 1840),
+    # Session 25 (branch bwd-bm80-b): 463, the staging block handed over in halves (a warp's half's barrier ids
+    # made each tile from the broadcast warp index: from the per-thread one, held across the loop, they spilled 8
+    # bytes); the writer's two halves +16 in the kernel. lse's first 4 of 10 blocks read before the S^T wgmmas: 463.
+    "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw": (463, 0, 1856),
 }
 
 

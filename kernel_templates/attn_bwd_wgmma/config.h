@@ -50,13 +50,23 @@ struct BwdWgmmaConfig {
   // them). The set is the slot: an index the loop already holds (a separate one spilled at D128).
   // BLOCK_M 80: one set (a second, 40 KB, is past the 227 KB of shared memory).
   static constexpr int DQ_BUFS = DQ_TILED && STAGES == 2 && !DQ_T ? 2 : 1;
+  // BLOCK_M 80: the one set's block handed over in two halves, D lines 0-31 (the consumer's warps 0-1) and 32-63
+  // (warps 2-3), each with its own barriers (the set index of dq_full / dq_free is the half), so that a half is
+  // staged again once the writer's bulk reduction has read that half (ncu, one 20 KB hand-over: 3.8% of the
+  // samples waited at the staging stores).
+  static constexpr int DQ_HALVES = DQ_T ? 2 : 1;
   __device__ __forceinline__ static int dq_full(int cw, int buf) { return 4 + 2 * buf + cw; }  // ids 4 .. 7
   __device__ __forceinline__ static int dq_free(int cw, int buf) { return 8 + 2 * buf + cw; }  // ids 8 .. 11
-  static constexpr int DQ_SYNC = 128 + 32;  // their threads: a consumer warpgroup and its writer warp
+  // Their threads: a consumer warpgroup (DQ_HALVES: the warps of a half) and its writer warp.
+  static constexpr int DQ_SYNC = 128 / DQ_HALVES + 32;
   static constexpr bool CONSUMER_BULK = DQ_BULK && !DQ_WRITER;  // the consumers issue dQ's bulk reductions
   // The consumers read a tile's lse before issuing its S^T and dP^T wgmmas, except with the row-by-row dQ writer
   // on causal tiles, whose consumers would spill the registers that holds.
   static constexpr bool LSE_FIRST = !(DQ_WRITER && !DQ_BULK && CAUSAL);
+  // BLOCK_M 80: how many of the tile's 10 8-query blocks of lse are read into registers before the wgmmas (tile.h's
+  // PartCols; the rest are read where used): 4 is the most that compiles clean (5: 3 more instructions a tile, 6:
+  // 40 bytes spilled, all 10: 192).
+  static constexpr int LSE_REGS = DQ_T ? 4 : 0;
   // Causal tiles at BLOCK_M 64 with a producer: the next head's first query row is made again where the tiles wrap
   // (next_tile), not held across the loop, where it was one register too many (consumers at 240, the producer
   // warpgroup at 24: spilled); elsewhere that branch spilled and the row is held.

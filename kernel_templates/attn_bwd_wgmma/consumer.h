@@ -43,14 +43,14 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
   // lse read before the wgmmas are issued: read after them, its loads return behind their shared-memory reads
   // (ncu: 10% of the consumers' samples waited for them). Not where that spills (LSE_FIRST).
-  Cols<C> lse;
-  if constexpr (C::LSE_FIRST) lse = Cols<C>::at(sm.lse(st));
+  LseCols<C> lse;
+  if constexpr (C::LSE_FIRST) lse = LseCols<C>::at(sm.lse(st));
   wgmma_fence();
   issue_scores<C>(s, kb.kd, kmajor(q_s));
   wgmma_commit();
   issue_scores<C>(dp, kb.vd, kmajor(do_s));
   wgmma_commit();
-  if constexpr (!C::LSE_FIRST) lse = Cols<C>::at(sm.lse(st));
+  if constexpr (!C::LSE_FIRST) lse = LseCols<C>::at(sm.lse(st));
   wgmma_wait<1>();
   fence_regs<C::BM / 2>(s);
 

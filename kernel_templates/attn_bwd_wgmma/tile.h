@@ -58,17 +58,36 @@ struct SmemCols {
   __device__ __forceinline__ static SmemCols at(const float* values) { return SmemCols{values + 2 * (threadIdx.x % 4)}; }
   __device__ __forceinline__ float2 operator[](int nb) const { return *reinterpret_cast<const float2*>(p + nb * 8); }
 };
-// BLOCK_M 80 reads both from shared memory too (their 20 registers each, or lse's alone, spilled beside S^T, dP^T,
-// dK and dV).
+// BLOCK_M 80 reads delta from shared memory too, and lse partly (LseCols): their 20 registers each, or lse's alone,
+// spilled beside S^T, dP^T, dK and dV.
 template <class C>
 using Cols = std::conditional_t<C::BM == 64, RegCols<C>, SmemCols>;
+// BLOCK_M 80's lse: its first N 8-query blocks read into registers when made (before the S^T wait, whose first
+// exp2s need them: read after it, the loads queue behind dP^T's shared-memory reads), the rest where used.
+template <int N>
+struct PartCols {
+  float2 v[N];
+  const float* p;
+  __device__ __forceinline__ static PartCols at(const float* values) {
+    PartCols c;
+    c.p = values + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int nb = 0; nb < N; ++nb) c.v[nb] = *reinterpret_cast<const float2*>(c.p + nb * 8);
+    return c;
+  }
+  __device__ __forceinline__ float2 operator[](int nb) const {
+    return nb < N ? v[nb] : *reinterpret_cast<const float2*>(p + nb * 8);
+  }
+};
+template <class C>
+using LseCols = std::conditional_t<C::DQ_T, PartCols<C::LSE_REGS>, Cols<C>>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
 // A partial tile's hidden scores are set to -inf first, in a branch of their own: tested inside the exp2 loop,
 // ptxas predicated the 64 compares and executed them on every tile (ncu, causal: ~250 instructions a tile).
-template <class C>
-__device__ __forceinline__ void p_tile(float* s, const Cols<C>& lse, bool partial, int key0, int q_pos0,
+template <class C, class L>
+__device__ __forceinline__ void p_tile(float* s, const L& lse, bool partial, int key0, int q_pos0,
                                        int sk, float scale_log2) {
   const int t = threadIdx.x % 4;
   if (partial) {
@@ -183,7 +202,7 @@ __device__ __forceinline__ void stage_block_t(float* stage, const float* acc, in
 
 // DQ_T: the warpgroup's dQ^T block (its 64 columns of D x the tile's 80 queries) = K^T dS^T over the CTA's BN keys,
 // A = the K tile read MN-major (`kd`: column block wg), B = the dS tile (queries x keys, K-major: `dsd`, a 64-key
-// column block DS_BYTES after the other), staged for the writer warp (one bulk reduction of the block). As tile_dq:
+// column block DS_BYTES after the other), staged for the writer warp (a bulk reduction per half). As tile_dq:
 // `after_first` (dK's wgmmas) issued behind it, so that they run while the block is staged.
 template <class C, class AfterFirst>
 __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stage, int wg, int warp_wg, int lane,
@@ -198,10 +217,12 @@ __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stag
   after_first();
   wgmma_wait<1>();
   fence_regs<C::BM / 2>(acc);
-  named_sync(C::dq_free(wg, 0), C::DQ_SYNC);  // the writer has read what the staging tile last held
+  // The warp's D lines lie in one half of the block (DQ_HALVES): the writer has read what that half last held.
+  const int half = __shfl_sync(0xffffffff, warp_wg, 0) / 2;
+  named_sync(C::dq_free(wg, half), C::DQ_SYNC);
   stage_block_t<C>(stage, acc, warp_wg, lane / 4, lane % 4);
   fence_proxy_async();  // the generic stores, before the writer's bulk copy reads them
-  named_arrive(C::dq_full(wg, 0), C::DQ_SYNC);
+  named_arrive(C::dq_full(wg, half), C::DQ_SYNC);
 }
 
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
