@@ -4,17 +4,18 @@
 //   causal: level v holds query tile v of every sequence with more than v query tiles; each costs v + 1 key
 //     tiles (where Sq = Sk), so the levels descending are longest-first;
 //   non-causal: level v holds every query tile of the sequences of exactly v + 1 query tiles; each costs the
-//     sequence's key tiles, so again longest-first (causal's order here: 4-17% over the ideal makespan).
+//     sequence's key tiles, so again longest-first (causal's order here: 3-16% over the ideal makespan).
 // Within a level, sequence by sequence, the heads fastest (non-causal: then the query tiles): concurrent CTAs
 // share a sequence's K/V in L2, each K/V head read by h_per_kv of them at once (GQA).
 // The deal is a snake over the G CTAs: the CTA x's r-th item is r G + (r even ? x : G - 1 - x). Simulated
-// (greedy over 132 SMs, item cost its key tiles + 0.3): within 1% of the ideal makespan where striding the
-// longest sequence's units was 20% over, and no empty item is enumerated (with them the snake is 8-20% over).
+// (benchmarks/packed_schedule_sim.py, 132 CTAs, item cost its key tiles + 0.3): within 2% of the ideal makespan
+// where the earlier striding of unit pairs was 1.5-63% over; no empty item is enumerated (with empties in the
+// order the snake is 8-20% over).
 //
 // Item i -> (level, sequence, head) without a table: a walk's i only grows, so each caller keeps the level it
-// is in, that level's first item and its count. A level's sequences are
-// counted, and its k-th found, with one warp ballot per 32 sequences: every lane of a calling warp calls (the
-// producer's loader warps walk whole, and one lane of each issues the loads).
+// is in, that level's first item and its count. A level's sequences are counted, and its k-th found, with one
+// warp ballot per 32 sequences: every lane of a calling warp calls (the producer's loader warps walk whole, and
+// one lane of each issues the loads).
 #pragma once
 
 #include "../common/attn_args.h"
