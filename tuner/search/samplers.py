@@ -90,19 +90,29 @@ def _gp_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
 
 
 class FeasibleNudge:
-    """Queues a feasible point the study has not asked yet (ProblemSearch, after INFEASIBLE_NUDGE infeasible points
-    in a row). A sampler can sink into the infeasible part of a mostly infeasible space (a windowed D256 problem's
-    TPE, seed 21, asked 500 in a row) and the search would end with nothing measured. The point is chosen by the
-    study's name and the streak, so a seeded search repeats it; the feasible points are listed at the first nudge."""
+    """Queues a feasible point the study has not asked yet (ProblemSearch: after INFEASIBLE_NUDGE infeasible points
+    in a row, and after IDLE_NUDGE asks in a row that gave nothing new). A sampler can sink into the infeasible part
+    of a mostly infeasible space (a windowed D256 problem's TPE, seed 21, asked 500 in a row) and the search would end
+    with nothing measured; on a small space it proposes held points again and again (a decode study asked 6-7 times
+    per measured trial). `near`: among the unasked points, one of those that differ from it in the fewest parameters
+    (the study's best: the region the sampler keeps proposing). The point is chosen by the study's name and `key`, so
+    a seeded search repeats it; the feasible points are listed at the first nudge."""
 
     def __init__(self, template: str, problem: Any, profile: Any) -> None:
         self._space = (template, problem, profile)
         self._points: list[dict] | None = None
 
-    def __call__(self, study: optuna.Study, streak: int) -> None:
+    def __call__(self, study: optuna.Study, key: int | str, near: dict[str, Any] | None = None) -> bool:
+        """Queue one; False when every feasible point has been asked."""
         if self._points is None:
             self._points = [dict(v.params) for v in feasible_space(*self._space)]
         asked = {canonical_json(t.params) for t in study.get_trials(deepcopy=False)}
         fresh = [p for p in self._points if canonical_json(p) not in asked]
-        if fresh:
-            study.enqueue_trial(random.Random(f"{study.study_name}:{streak}").choice(fresh), skip_if_exists=True)
+        if not fresh:
+            return False
+        if near is not None:
+            distance = {i: sum(p.get(name) != value for name, value in near.items()) for i, p in enumerate(fresh)}
+            closest = min(distance.values())
+            fresh = [p for i, p in enumerate(fresh) if distance[i] == closest]
+        study.enqueue_trial(random.Random(f"{study.study_name}:{key}").choice(fresh), skip_if_exists=True)
+        return True
