@@ -9,12 +9,12 @@ from dataclasses import replace
 import optuna
 import pytest
 
-import tuner.search.loop as loop
+import tuner.search.nudge as nudge_module
 from tuner.backends.synthetic import write_synthetic_recording
 from tuner.kernels.feasibility import feasible_space
 from tuner.problem import Problem
 from tuner.profiles import load_profile
-from tuner.search.job import IDLE_NUDGE
+from tuner.search.nudge import IDLE_NUDGE
 from tuner.search.options import SearchOptions
 from tuner.search.run import run_search
 from tuner.search.samplers import FeasibleNudge, distributions, study_name
@@ -59,7 +59,7 @@ def test_the_nudge_answers_a_run_of_idle_asks_with_a_fresh_point(decode_recordin
     report = run_search(decode_search(decode_recording, sqlite_url, trials=100))
     assert report.measured == 100
     assert max(idle_runs(sqlite_url)) == IDLE_NUDGE  # the ask after the IDLE_NUDGE-th takes the queued point
-    monkeypatch.setattr(loop, "IDLE_NUDGE", 0)  # before: the sampler was asked until it found a new point
+    monkeypatch.setattr(nudge_module, "IDLE_NUDGE", 0)  # before: the sampler was asked until it found a new point
     off_url = f"sqlite:///{tmp_path / 'off.db'}"
     off = run_search(decode_search(decode_recording, off_url, trials=100))
     assert off.measured == 100 and max(idle_runs(off_url)) > 2 * IDLE_NUDGE
@@ -69,7 +69,7 @@ def test_the_nudge_answers_a_run_of_idle_asks_with_a_fresh_point(decode_recordin
 def test_a_study_that_holds_every_point_ends_as_before(decode_recording, sqlite_url, tmp_path, monkeypatch) -> None:
     feasible = len(list(feasible_space("attn_decode", DECODE, load_profile("h200"))))
     on = run_search(decode_search(decode_recording, sqlite_url, trials=feasible + 20))
-    monkeypatch.setattr(loop, "IDLE_NUDGE", 0)
+    monkeypatch.setattr(nudge_module, "IDLE_NUDGE", 0)
     off = run_search(decode_search(decode_recording, f"sqlite:///{tmp_path / 'off.db'}", trials=feasible + 20))
     # Every feasible point measured once (the nudge queues the last ones the sampler would take long to draw),
     # then the sampler's repeats end the study, as they did without the nudge.

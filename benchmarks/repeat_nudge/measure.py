@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import optuna
 from rich.console import Console
 
-import tuner.search.loop as loop
+import tuner.search.nudge as nudges
 from tuner.backends.synthetic import write_synthetic_recording
 from tuner.problem import Problem
 from tuner.search.early_stop import budgeted_values
@@ -64,7 +64,7 @@ def true_us(url: str) -> dict[str, float]:
 
 def one(url: str, truth: dict[str, float], label: str, template: str, problem: Problem, fields: dict, seed: int,
         trials: int, nudge: int) -> dict[str, object]:
-    loop.IDLE_NUDGE = nudge
+    nudges.IDLE_NUDGE = nudge
     with tempfile.TemporaryDirectory(prefix="tuner-nudge-") as tmp:
         db_url = f"sqlite:///{os.path.join(tmp, 'results.db')}"
         options = SearchOptions(gpu="h200", heads_kv=problem.heads_kv, dtype=problem.dtype, causal=problem.causal,

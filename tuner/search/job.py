@@ -16,11 +16,6 @@ from tuner.store import Store
 DUPLICATE_WAIT_S = 600.0  # longest wait for another worker measuring the same variant
 MAX_LOOKAHEAD = 16  # most trials a worker asks ahead of the one it measures
 MAX_INFEASIBLE_STREAK = 500  # infeasible points in a row after which a worker stops asking
-INFEASIBLE_NUDGE = 25  # infeasible points in a row after which a feasible point is queued (ProblemSearch)
-# Points in a row that give the study nothing new (repeats of held points, infeasible points) after which an unasked
-# feasible point is queued (ProblemSearch; 0: only INFEASIBLE_NUDGE). A decode study's TPE asked 6-7 times per
-# measured trial, each ask a sample over all its trials (NOTES, session 25, call 6).
-IDLE_NUDGE = 4
 MAX_UNMEASURABLE_STREAK = 100  # points in a row the backend could not measure (a replay not holding them)
 MAX_REPEAT_STREAK = 200  # proposals of already measured points in a row after which it stops (space exhausted)
 

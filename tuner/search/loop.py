@@ -32,13 +32,13 @@ from tuner.runtime.objective import figure, required_column
 from tuner.search.answers import KnownAnswers
 from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
-from tuner.search.job import (DUPLICATE_WAIT_S, IDLE_NUDGE, INFEASIBLE_NUDGE, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK,
-                              MAX_UNMEASURABLE_STREAK, MEASURING, WAITING_FOR_WORKERS, ASKING, STORING, Context,
-                              WorkerJob, lookahead_for, point)  # fmt: skip
+from tuner.search.job import (DUPLICATE_WAIT_S, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK, MAX_UNMEASURABLE_STREAK,
+                              MEASURING, WAITING_FOR_WORKERS, ASKING, STORING, Context, WorkerJob, lookahead_for, point)
 from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
                                    trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
-from tuner.search.samplers import FeasibleNudge, distributions
+from tuner.search.nudge import Nudges
+from tuner.search.samplers import distributions
 from tuner.search.study import (ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_REPEAT, ATTR_SOURCE, ATTR_STATUS,
                                 ATTR_STORE_ID, ATTR_VARIANT, StudyInfo, counts_toward_budget)  # fmt: skip
 from tuner.status import TrialStatus
@@ -55,16 +55,13 @@ class ProblemSearch:
         self.distributions = distributions(self.manifest)
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
-        self._nudge = FeasibleNudge(info.template, self.problem, ctx.profile)
-        self.idle_streak = 0  # asks in a row that gave the study no new point (repeats, infeasible points)
-        self.nudges = 0  # feasible points queued by the idle nudge
+        self._nudge = Nudges(info.template, self.problem, ctx.profile)  # told each ask that gave nothing new
         self.unmeasurable_streak = 0  # points the backend could not measure since the last measured one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
         self._pending: deque[Pending] = deque()  # asked ahead, compiling
         self._current: list[Pending] = []  # being launched or measured
         self._in_flight: Optional[InFlight] = None  # on the GPU, its reply not stored yet
         self.cap: Optional[int] = info.budget  # trials the study may hold in all (set again when run starts)
-        self.repeat_streak = 0  # proposals in a row of points this study already holds
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
                       if counts_toward_budget(t) or t.state == TrialState.RUNNING}
         self._beat: Optional[Heartbeat] = None  # from start() to the end of run()
@@ -166,7 +163,7 @@ class ProblemSearch:
             return False
         if self.infeasible_streak >= MAX_INFEASIBLE_STREAK or self.unmeasurable_streak >= MAX_UNMEASURABLE_STREAK:
             return False  # the sampler finds nothing feasible (or measurable: a replay's problem not recorded)
-        if self.repeat_streak >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
+        if self._nudge.repeats >= MAX_REPEAT_STREAK:  # it proposes only points the study holds
             self.ctx.result.exhausted.append(self.study.study_name)
             return False
         if self.job.deadline is not None and self.ctx.hooks.now() >= self.job.deadline:
@@ -190,8 +187,7 @@ class ProblemSearch:
             self._store(trial, variant, TrialStatus.PRUNED, error=feasibility.reason,
                         smem_bytes=feasibility.smem_bytes or None)
             self._tell_pruned(trial, feasibility.reason, budgeted=False)
-            if not self._idle() and self.infeasible_streak % INFEASIBLE_NUDGE == 0:
-                self._nudge(self.study, self.infeasible_streak)
+            self._nudge.idle(self.study, self.infeasible_streak)
             return None
         self.infeasible_streak = 0
         # Running trials first, the store second: a trial is stored before it is told,
@@ -200,7 +196,7 @@ class ProblemSearch:
         if wait_for is not None or self._held(trial.params):
             return self._repeat(trial, variant, feasibility, wait_for)
         self._seen.add(point(trial.params))
-        self.repeat_streak = self.idle_streak = 0
+        self._nudge.fresh()
         if self.cap is not None and over_budget(self.study, trial.number, self.cap):
             # Another process asked the last budgeted trial at the same moment, with a lower number.
             trial.set_user_attr(ATTR_INTERRUPTED, "over the shared budget")
@@ -228,8 +224,7 @@ class ProblemSearch:
                 wait_for: Optional[int]) -> Optional[Pending]:
         """A point this study already holds (or another worker is measuring): told what the store has,
         without using up the budget; the sampler is asked again."""
-        self.repeat_streak += 1
-        self._idle()
+        self._nudge.idle(self.study, repeat=True)
         trial.set_user_attr(ATTR_REPEAT, True)
         item = Pending(trial, variant, feasibility, wait_for=wait_for, repeat=True)
         if wait_for is not None:
@@ -241,18 +236,6 @@ class ProblemSearch:
         self._unrepeat(item)  # held but never stored (its trial was interrupted): measure it now
         self._start_compile(item)
         return item
-
-    def _idle(self) -> bool:
-        """One more ask that gave the study nothing new; after IDLE_NUDGE in a row an unasked feasible point near the
-        study's best is queued (the next ask takes it), so the sampler is not asked again and again. True when one
-        was queued. Once every feasible point is held none is, and the streaks end the study as before."""
-        self.idle_streak += 1
-        if not IDLE_NUDGE or self.idle_streak % IDLE_NUDGE:
-            return False
-        best = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-        near = min(best, key=lambda t: t.value).params if best else None
-        self.nudges += 1
-        return self._nudge(self.study, f"idle{self.nudges}", near=near)
 
     def _unrepeat(self, item: Pending) -> None:
         """The point will be measured here after all: a budgeted trial like any other."""

@@ -100,14 +100,14 @@ class FeasibleNudge:
 
     def __init__(self, template: str, problem: Any, profile: Any) -> None:
         self._space = (template, problem, profile)
-        self._points: list[dict] | None = None
+        self._points: list[tuple[str, dict]] | None = None  # (canonical JSON, parameters), listed once
 
     def __call__(self, study: optuna.Study, key: int | str, near: dict[str, Any] | None = None) -> bool:
         """Queue one; False when every feasible point has been asked."""
         if self._points is None:
-            self._points = [dict(v.params) for v in feasible_space(*self._space)]
+            self._points = [(canonical_json(v.params), dict(v.params)) for v in feasible_space(*self._space)]
         asked = {canonical_json(t.params) for t in study.get_trials(deepcopy=False)}
-        fresh = [p for p in self._points if canonical_json(p) not in asked]
+        fresh = [p for key, p in self._points if key not in asked]
         if not fresh:
             return False
         if near is not None:
