@@ -14,6 +14,7 @@ from tuner.kernels.compiler import CompileResult
 from tuner.problem import Problem
 from tuner.profiles import load_profile
 from tuner.runtime.build import BuiltKernel, launch_shape
+from tuner.search import nudge
 from tuner.search.hooks import Hooks
 from tuner.search.answers import KnownAnswers
 from tuner.search.job import ASKING, MEASURING, STORING
@@ -77,6 +78,7 @@ def test_repeated_proposals_are_answered_without_a_query_each(decode_recording, 
         return real(self, variant)
 
     monkeypatch.setattr(ProblemSearch, "_find", counting)
+    monkeypatch.setattr(nudge, "IDLE_NUDGE", 0)  # the idle nudge would answer most repeats with a new point
     # Two thirds of the space, drawn at random: the sampler proposes points it holds often near the end.
     report = run_search(decode_search(decode_recording, sqlite_url, trials=100, sampler="random"))
     assert report.repeated > report.measured // 2, "the test needs a search whose sampler proposes held points often"
