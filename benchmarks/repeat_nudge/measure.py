@@ -65,6 +65,7 @@ def true_us(url: str) -> dict[str, float]:
 def one(url: str, truth: dict[str, float], label: str, template: str, problem: Problem, fields: dict, seed: int,
         trials: int, nudge: int) -> dict[str, object]:
     nudges.IDLE_NUDGE = nudge
+    nudges.IDLE_NUDGE_TEMPLATES = (template,)  # measured on any template, whichever it serves by default
     with tempfile.TemporaryDirectory(prefix="tuner-nudge-") as tmp:
         db_url = f"sqlite:///{os.path.join(tmp, 'results.db')}"
         options = SearchOptions(gpu="h200", heads_kv=problem.heads_kv, dtype=problem.dtype, causal=problem.causal,
