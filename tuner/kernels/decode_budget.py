@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tuner.kernels.sass_budget import Instr, LoopBudget, functions, main_loop
+from tuner.kernels.sass_budget import Instr, LoopBudget, forward_branches, functions, main_loop
 
 
 @dataclass(frozen=True)
@@ -82,23 +82,9 @@ def label(instrs: list[Instr]) -> str:
     return "other"
 
 
-def _mnemonic(ins: Instr) -> str:
-    """The opcode with its modifiers, without a predicate: `@!P0 I2F.U32.RP R5, R4` -> I2F.U32.RP."""
-    words = ins.text.split()
-    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-
-
 def _spans(instrs: list[Instr], first: int, last: int) -> list[tuple[int, int]]:
     """(first, last) of each span first..last that a predicated forward branch inside it jumps over."""
-    at = {ins.addr: i for i, ins in enumerate(instrs)}
-    out = []
-    for i in range(first, last + 1):
-        target = instrs[i].branch_target
-        if instrs[i].text.startswith("@") and target is not None and target > instrs[i].addr and target in at:
-            end = at[target] - 1
-            if i + 1 <= end <= last:
-                out.append((i + 1, end))
-    return out
+    return [(i + 1, target - 1) for i, target in forward_branches(instrs, first, last) if i + 1 <= target - 1 <= last]
 
 
 def _top(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -154,6 +140,6 @@ def decode_budget(sass: str, function: str | None = None) -> DecodeBudget:
 def _divisions(instrs: list[Instr]) -> tuple[int, int]:
     """(runtime integer divisions, IABS): each division by a runtime value starts its reciprocal with
     I2F(.U32).RP; a signed one takes its operands' absolute values first."""
-    return (sum(1 for i in instrs if i.opcode == "I2F" and ".RP" in _mnemonic(i)),
+    return (sum(1 for i in instrs if i.opcode == "I2F" and ".RP" in i.mnemonic),
             sum(1 for i in instrs if i.opcode == "IABS"))
 

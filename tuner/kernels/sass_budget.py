@@ -35,11 +35,15 @@ class Instr:
     text: str
 
     @property
+    def mnemonic(self) -> str:
+        """The opcode with its modifiers, without a predicate: `@!P0 I2F.U32.RP R5, R4` -> I2F.U32.RP."""
+        words = self.text.split()
+        return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+    @property
     def opcode(self) -> str:
         """The opcode without its modifiers or predicate: `@!P0 SYNCS.ARRIVE.TRANS64 ...` -> SYNCS."""
-        words = self.text.split()
-        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-        return op.split(".")[0]
+        return self.mnemonic.split(".")[0]
 
     @property
     def branch_target(self) -> int | None:
@@ -174,16 +178,23 @@ def cubin_sass(cubin: bytes) -> str:
         return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
 
 
+def forward_branches(instrs: list[Instr], first: int, last: int) -> list[tuple[int, int]]:
+    """(branch, target) indices of each predicated forward branch in first..last to an instruction of the
+    function (the target may lie past `last`: callers bound it)."""
+    at = {ins.addr: i for i, ins in enumerate(instrs)}
+    found = []
+    for i in range(first, last + 1):
+        target = instrs[i].branch_target
+        if instrs[i].text.startswith("@") and target is not None and target > instrs[i].addr and target in at:
+            found.append((i, at[target]))
+    return found
+
+
 def _skippable(instrs: list[Instr], first: int, last: int, around: tuple[int, int] | None = None) -> set[int]:
     """Indices in first..last that a predicated forward branch from within first..last to within it jumps over
     (a branch to a retry stub leaves the span and counts not); with `around`, not the branches over all of it."""
-    at = {ins.addr: i for i, ins in enumerate(instrs)}
     covered: set[int] = set()
-    for i in range(first, last + 1):
-        target = instrs[i].branch_target
-        if not instrs[i].text.startswith("@") or target is None or target <= instrs[i].addr or target not in at:
-            continue
-        end = at[target]
+    for i, end in forward_branches(instrs, first, last):
         if end <= last and not (around and i < around[0] and end > around[1]):
             covered.update(range(i + 1, end))
     return covered
