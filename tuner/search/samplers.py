@@ -107,7 +107,7 @@ class FeasibleNudge:
         if self._points is None:
             self._points = [(canonical_json(v.params), dict(v.params)) for v in feasible_space(*self._space)]
         asked = {canonical_json(t.params) for t in study.get_trials(deepcopy=False)}
-        fresh = [p for key, p in self._points if key not in asked]
+        fresh = [p for canonical, p in self._points if canonical not in asked]
         if not fresh:
             return False
         if near is not None:
