@@ -6,10 +6,8 @@ TunerError that leaves the earlier export as it was."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import shutil
-import sys
 import uuid
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.built_trials import add_built_trial
+from tests.test_export import import_exported
 from tuner.errors import TunerError
 from tuner.export.backward_selection import backward_problem, pick_backward
 from tuner.export.run import ExportOptions, export
@@ -69,15 +68,6 @@ def _fill(url: str, backward_template: str = "attn_bwd_wgmma") -> dict[str, int]
     return ids
 
 
-def _import(out: Path, name: str):
-    sys.path.insert(0, str(out))
-    try:
-        importlib.invalidate_caches()
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(out))
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("export_backward")
@@ -85,7 +75,7 @@ def exported(tmp_path_factory):
     ids = _fill(url)
     name = f"bwd_{uuid.uuid4().hex[:8]}"
     report = export(ExportOptions(gpu=PROFILE.name, out=base / name, db_url=url))
-    return report, ids, _import(base / name, name), url
+    return report, ids, import_exported(base / name, name), url
 
 
 def _entry(report, problem: Problem) -> dict:
@@ -302,5 +292,5 @@ def test_a_package_whose_backward_record_is_broken_is_refused_on_import(exported
     path.write_text(json.dumps(m))
     seal(tmp_path / name)
     with pytest.raises(ImportError) as info:
-        _import(tmp_path, name)
+        import_exported(tmp_path, name)
     assert type(info.value).__name__ == "IntegrityError" and why in str(info.value) and "\n" not in str(info.value)
