@@ -29,8 +29,9 @@ from tuner.runtime.baselines import available_baselines
 from tuner.runtime.build import BuiltKernel
 from tuner.runtime.driver import cuda_driver
 from tuner.runtime.energy import EnergyMeter
-from tuner.runtime.fixed_costs import (BASELINE_SETUP, CHECKSUM, INPUTS, MODULE_LOAD, REFERENCE, VERIFICATION, PerInputs,
-                                       Spent, await_baseline_imports, fingerprint, start_baseline_imports)  # fmt: skip
+from tuner.runtime.fixed_costs import (BASELINE_SETUP, CHECKSUM, INPUTS, KEPT_INPUTS, MODULE_LOAD, REFERENCE,
+                                       VERIFICATION, PerInputs, Spent, await_baseline_imports, fingerprint,
+                                       start_baseline_imports)  # fmt: skip
 from tuner.runtime.nvtx import annotate, range_name
 from tuner.runtime.objective import (BASELINE, CONFIRM, ENERGY, ISOLATED, TIME, TRIAL, ConfirmRounds, metered,
                                     timing_window)
@@ -93,7 +94,7 @@ class CudaRunner:
         self._inputs: OrderedDict[Problem, dict[str, Any]] = OrderedDict()
         self._meter = EnergyMeter(options.device)
         self.spent = Spent(_sync_gpu)  # the fixed costs of each request, sent after it (child_main)
-        self._baselines = PerInputs()  # each problem's baselines, made once for its inputs
+        self._baselines = PerInputs(KEPT_INPUTS)  # each problem's baselines, made once for its inputs
 
     def setup(self) -> None:
         cuda_driver(self.options.device)
@@ -139,7 +140,7 @@ class CudaRunner:
         if entry is not None:
             self._inputs.move_to_end(problem)
             return entry
-        while len(self._inputs) >= 2:  # a big problem's inputs and reference take hundreds of MB
+        while len(self._inputs) >= KEPT_INPUTS:
             self._inputs.popitem(last=False)
         seed = self._rng.randrange(1 << 62)
         descales = None

@@ -32,6 +32,9 @@ MODULE_LOAD = "module load"  # a variant's cubin loaded (cuLibraryLoadData), its
 VERIFICATION = "verification"  # a variant's checked launch and its error against the reference
 CHECKSUM = "input checksum"  # the inputs' and reference's byte sums after a verify launch (fingerprint)
 BASELINE_SETUP = "baseline set-up"  # the baselines' imports (waited for), first calls and compiles
+# Problems whose inputs and fp32 reference the GPU worker keeps (hundreds of MB each at long sequences), and with
+# them their baselines (PerInputs).
+KEPT_INPUTS = 2
 
 # The fp32 reference's rate (multiply-adds of its two matmuls, 4 x scores x D flop, per second) that the set-up
 # limit allows for: an H200 built a 4.5 s reference at B1 H28 S16384 D128 (~8e11 flop/s); this is 10x slower,
@@ -88,9 +91,9 @@ class Spent:
 
 class PerInputs:
     """Values made once per problem's inputs (a problem and its inputs' seed: rebuilt inputs get new ones), for the
-    `keep` most recent inputs (the GPU worker keeps two problems' inputs)."""
+    `keep` most recent inputs (the GPU worker's: as many as it keeps problems' inputs)."""
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int) -> None:
         self._keep = keep
         self._made: dict[tuple[Problem, int], Any] = {}
 
