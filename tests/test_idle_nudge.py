@@ -17,7 +17,7 @@ from tuner.profiles import load_profile
 from tuner.search.nudge import IDLE_NUDGE
 from tuner.search.options import SearchOptions
 from tuner.search.run import run_search
-from tuner.search.samplers import FeasibleNudge, distributions, study_name
+from tuner.search.samplers import FeasibleNudge, FeasiblePoints, distributions, study_name
 from tuner.search.study import ATTR_INFEASIBLE, ATTR_REPEAT, opened_storage
 from tuner.kernels.manifest import load_manifest
 
@@ -84,7 +84,7 @@ def test_the_point_queued_is_unasked_and_nearest_the_given_one() -> None:
     dists = distributions(load_manifest("attn_decode"))
     best = points[0]
     study.add_trial(optuna.trial.create_trial(params=best, distributions=dists, value=1.0))
-    nudge = FeasibleNudge("attn_decode", DECODE, profile)
+    nudge = FeasibleNudge(FeasiblePoints("attn_decode", DECODE, profile))
     assert nudge(study, "idle1", near=best)
     queued = study.ask(dists).params
     assert queued != best and sum(queued[k] != v for k, v in best.items()) == 1  # one parameter away

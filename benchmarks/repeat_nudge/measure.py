@@ -63,12 +63,12 @@ def true_us(url: str) -> dict[str, float]:
 
 
 def one(url: str, truth: dict[str, float], label: str, template: str, problem: Problem, fields: dict, seed: int,
-        trials: int, nudge: int) -> dict[str, object]:
+        trials: int, nudge: int, gpu: str = "h200") -> dict[str, object]:
     nudges.IDLE_NUDGE = nudge
     nudges.IDLE_NUDGE_TEMPLATES = (template,)  # measured on any template, whichever it serves by default
     with tempfile.TemporaryDirectory(prefix="tuner-nudge-") as tmp:
         db_url = f"sqlite:///{os.path.join(tmp, 'results.db')}"
-        options = SearchOptions(gpu="h200", heads_kv=problem.heads_kv, dtype=problem.dtype, causal=problem.causal,
+        options = SearchOptions(gpu=gpu, heads_kv=problem.heads_kv, dtype=problem.dtype, causal=problem.causal,
                                 template=template, trials=trials, sampler="tpe", seed=seed, db_url=db_url,
                                 backend="replay", replay_from=url, warm_start=0, confirm=0, **fields)
         cpu, wall = time.process_time(), time.perf_counter()

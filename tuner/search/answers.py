@@ -9,21 +9,31 @@ time (another worker, or this search, may store it meanwhile).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Set
 
 from tuner.kernels.variant import Variant
 from tuner.store import TrialRow, canonical_json
 
 Lookup = Callable[[Variant], Optional[TrialRow]]
+Keys = Callable[[], Set[str]]
 
 
 class KnownAnswers:
     """The store's answer for each variant of one study's problem (by its parameters), found once."""
 
-    def __init__(self, lookup: Lookup) -> None:
+    def __init__(self, lookup: Lookup, stored_keys: Keys) -> None:
         self._lookup = lookup
+        self._stored_keys = stored_keys
+        self._earlier: Optional[Set[str]] = None  # the keys stored before the study started, listed at first need
         self._found: dict[str, TrialRow] = {}
         self.queries = 0  # store lookups made (a found answer is not looked up again)
+
+    def earlier(self, variant: Variant) -> Optional[TrialRow]:
+        """The store's answer for a point the study does not hold: an earlier run's measurement, if any."""
+        if self._earlier is None:
+            self.queries += 1
+            self._earlier = self._stored_keys()
+        return self(variant) if canonical_json(variant.stored_params()) in self._earlier else None
 
     def __call__(self, variant: Variant) -> Optional[TrialRow]:
         key = canonical_json(variant.stored_params())

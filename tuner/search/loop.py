@@ -2,9 +2,8 @@
 
 Per asked point:
 - infeasible -> stored as `pruned` with the reason, told PRUNED, never compiled, not counted against --trials;
-- already measured (same problem, template hash, parameters, GPU; with the objective's figure) in the store
-  -> told the stored result, not measured again, no new row (a timeout or launch error: only this study's own);
-- measured by another worker right now -> waits for it, then the same;
+- already measured (same problem, template hash, parameters, GPU; with the objective's figure) -> told the stored
+  result, no new row (a timeout or launch error: only this study's own); being measured by another worker -> waits;
 - otherwise -> compiled (a thread pool running ahead of the GPU; nvcc runs in subprocesses), measured by the
   Backend, stored (one transaction), told (the objective's figure, tuner.runtime.objective; or FAIL/PRUNED).
 The next trial goes to the GPU worker before the previous one is stored and told, and the sampler is asked
@@ -33,12 +32,14 @@ from tuner.search.answers import KnownAnswers
 from tuner.search.early_stop import study_plateaued
 from tuner.search.in_hand import InFlight, Pending
 from tuner.search.job import (DUPLICATE_WAIT_S, MAX_INFEASIBLE_STREAK, MAX_REPEAT_STREAK, MAX_UNMEASURABLE_STREAK,
-                              MEASURING, WAITING_FOR_WORKERS, ASKING, STORING, Context, WorkerJob, lookahead_for, point)
+                              MEASURING, WAITING_FOR_WORKERS, ASKING, STORING, Context, WorkerJob, lookahead_for,
+                              point)
 from tuner.search.liveness import (Heartbeat, abandoned, budget_taken, over_budget, reap, running_duplicate,
                                    trial_by_number)  # fmt: skip
 from tuner.search.outcome import compile_exception, set_attr, trial_record
 from tuner.search.nudge import Nudges
-from tuner.search.samplers import distributions
+from tuner.search.admissible import restrict
+from tuner.search.samplers import FeasiblePoints, distributions
 from tuner.search.study import (ATTR_INFEASIBLE, ATTR_INTERRUPTED, ATTR_REASON, ATTR_REPEAT, ATTR_SOURCE, ATTR_STATUS,
                                 ATTR_STORE_ID, ATTR_VARIANT, StudyInfo, counts_toward_budget)  # fmt: skip
 from tuner.status import TrialStatus
@@ -55,7 +56,9 @@ class ProblemSearch:
         self.distributions = distributions(self.manifest)
         self.asked = 0
         self.infeasible_streak = 0  # infeasible points asked since the last feasible one
-        self._nudge = Nudges(info.template, self.problem, ctx.profile)  # told each ask that gave nothing new
+        points = FeasiblePoints(info.template, self.problem, ctx.profile)  # listed once, when first needed
+        self._nudge = Nudges(info.template, points)  # told each ask that gave nothing new
+        restrict(study.sampler, self.distributions, points)  # TPE picks among the feasible points not held
         self.unmeasurable_streak = 0  # points the backend could not measure since the last measured one
         self._ignored: set[int] = set()  # running trials abandoned mid-ask (a killed process)
         self._pending: deque[Pending] = deque()  # asked ahead, compiling
@@ -65,15 +68,14 @@ class ProblemSearch:
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
                       if counts_toward_budget(t) or t.state == TrialState.RUNNING}
         self._beat: Optional[Heartbeat] = None  # from start() to the end of run()
-        self._known = KnownAnswers(self._find)  # the store's answers, found once (repeats are most asks)
-
-    # The loop ----------------------------------------------------------------------------------
+        self._known = KnownAnswers(self._find, lambda: ctx.store.reusable_keys(  # the store's answers, found once
+            self.problem, info.template, self.manifest.source_hash, ctx.gpu_name, required_column(ctx.objective),
+            ctx.replayed_from, study=study.study_name))
 
     def start(self) -> None:
         """Ask the first points, whose compiles then run while the caller times the baselines; run() goes on."""
         reap(self.study, self.ctx.store)  # trials of dead processes neither block nor hold budget any more
-        # The study's budget, shared by every process on it; a job given its own trial count
-        # (`tuner worker --trials N`) may go that far past what is taken now.
+        # The study's budget, shared by every process on it; `tuner worker --trials N` may go N past what is taken.
         self.cap = self.info.budget
         if self.job.beyond_budget and self.job.trials is not None:
             self.cap = max(self.cap or 0, budget_taken(self.study) + self.job.trials)
@@ -206,7 +208,7 @@ class ProblemSearch:
         self.asked += 1
         self.ctx.result.asked += 1
         item = Pending(trial, variant, feasibility)
-        known = self._known(variant)
+        known = self._known.earlier(variant)
         if known is not None:  # measured by an earlier run: one of this study's points, told from the store
             self._tell_known(trial, known)
             return None
@@ -332,8 +334,6 @@ class ProblemSearch:
                 return False  # the other trial was abandoned: measure it here
             time.sleep(0.05)
         return False
-
-    # Outcomes ----------------------------------------------------------------------------------
 
     def _store_measurement(self, item: Pending, compiled: Optional[CompileResult], m: Measurement) -> None:
         status = TrialStatus.parse(m.status)

@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.search.samplers import FeasibleNudge
+from tuner.search.samplers import FeasibleNudge, FeasiblePoints
 
 INFEASIBLE_NUDGE = 25  # infeasible points in a row after which a feasible point is queued
 # Asks in a row that give the study nothing new (points it holds, proposed again; infeasible points) after which an
@@ -28,8 +28,8 @@ def idle_nudge_for(template: str) -> int:
 class Nudges:
     """The nudges of one study's loop (ProblemSearch): it says which asks gave nothing new and which a new point."""
 
-    def __init__(self, template: str, problem: Any, profile: Any) -> None:
-        self._queue = FeasibleNudge(template, problem, profile)
+    def __init__(self, template: str, points: FeasiblePoints) -> None:
+        self._queue = FeasibleNudge(points)
         self._every = idle_nudge_for(template)
         self.streak = 0  # asks in a row that gave the study nothing new
         self.repeats = 0  # of them, proposals of points the study holds (the loop ends the study after too many)

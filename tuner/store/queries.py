@@ -179,24 +179,37 @@ def find_select(problem: Problem, template: str, template_hash: str, params_key:
     `replayed_from`: a replay's recording, whose runs alone it reuses; None (a measuring search) reuses
     measured runs alone (a replay reports the recording's card: its answers are not that card's measurements).
     """
+    stmt = trial_select().where(VariantTable.params_key == params_key,
+                                *_reusable(problem, template, template_hash, gpu_name, figure, replayed_from, study))
+    ok_first = case((TrialTable.status == TrialStatus.OK, 0), else_=1)
+    return stmt.order_by(ok_first, TrialTable.id.desc()).limit(1)
+
+
+def reusable_keys_select(problem: Problem, template: str, template_hash: str, gpu_name: str,
+                         figure: Optional[str] = None, replayed_from: Optional[str] = None,
+                         study: Optional[str] = None) -> Select:
+    """The params_key of every variant find_select would find a measurement of (the same conditions)."""
+    return (select(VariantTable.params_key).select_from(TrialTable)
+            .join(ProblemTable, TrialTable.problem_id == ProblemTable.id)
+            .join(VariantTable, TrialTable.variant_id == VariantTable.id)
+            .join(RunTable, TrialTable.run_id == RunTable.id)
+            .where(*_reusable(problem, template, template_hash, gpu_name, figure, replayed_from, study)).distinct())
+
+
+def _reusable(problem: Problem, template: str, template_hash: str, gpu_name: str, figure: Optional[str],
+              replayed_from: Optional[str], study: Optional[str]) -> list[Any]:
+    """find_select's conditions but the variant's parameters."""
     source = RunTable.replayed_from.is_(None) if replayed_from is None else RunTable.replayed_from == replayed_from
     reusable = TrialTable.status.in_([TrialStatus.OK, TrialStatus.INCORRECT, TrialStatus.COMPILE_ERROR])
     if study is not None:
         reusable = or_(reusable, and_(TrialTable.study == study,
                                       TrialTable.status.in_([TrialStatus.LAUNCH_ERROR, TrialStatus.TIMEOUT])))
-    stmt = trial_select().where(
-        VariantTable.template == template,
-        VariantTable.template_hash == template_hash,
-        VariantTable.params_key == params_key,
-        RunTable.gpu_name == gpu_name,
-        source,
-        reusable,
-        *(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items()),
-    )
+    conditions = [VariantTable.template == template, VariantTable.template_hash == template_hash,
+                  RunTable.gpu_name == gpu_name, source, reusable,
+                  *(getattr(ProblemTable, key) == value for key, value in problem.to_dict().items())]
     if figure is not None:
-        stmt = stmt.where(or_(TrialTable.status != TrialStatus.OK, getattr(TrialTable, figure).is_not(None)))
-    ok_first = case((TrialTable.status == TrialStatus.OK, 0), else_=1)
-    return stmt.order_by(ok_first, TrialTable.id.desc()).limit(1)
+        conditions.append(or_(TrialTable.status != TrialStatus.OK, getattr(TrialTable, figure).is_not(None)))
+    return conditions
 
 
 def baselines_select(run_id: int, problem_id: int) -> Select:

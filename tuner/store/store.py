@@ -246,6 +246,15 @@ class Store(ConfirmationStore):
             row = session.execute(stmt).first()
             return None if row is None else q.to_trial_row(row)
 
+    def reusable_keys(
+        self, problem: Problem, template: str, template_hash: str, gpu_name: str, figure: Optional[str] = None,
+        replayed_from: Optional[str] = None, study: Optional[str] = None,
+    ) -> set[str]:
+        """The canonical parameters (params_key) of every variant find_trial would find now, in one query."""
+        stmt = q.reusable_keys_select(problem, template, template_hash, gpu_name, figure, replayed_from, study)
+        with self._read("cannot query trials") as session:
+            return set(session.execute(stmt).scalars())
+
     def query_trials(self, filt: TrialFilter) -> list[TrialRow]:
         """Trials matching the filter, newest first."""
         with self._read("cannot query trials") as session:
