@@ -11,6 +11,7 @@
 #include "../common/utils.h"
 #include "config.h"
 #include "epilogue.h"
+#include "item_mail.h"
 #include "../common/ptx_sm90.h"
 #include "tile_scheduler.h"
 #include "wgmma_generated.h"
@@ -329,7 +330,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   turns.start(last_busy >= 0);
 
   int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
-  for (int r = 0; C::PERSISTENT ? sched.work_at(r, it) : r == 0; ++r) {
+  constexpr bool MAILED = TileScheduler<C>::WARP_WALK;  // items from the Q loader (take_item), not walked here
+  for (int r = 0; MAILED ? take_item(sched, sm, cw, round, it) : C::PERSISTENT ? sched.work_at(r, it) : r == 0; ++r) {
     if (it.skip) continue;
     const int m0 = it.m0, n_tiles = it.n_tiles;
     const bool last_work = r == last_busy;
@@ -406,7 +408,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       pack_p<C>(into, s);
     };
 
-    mbar_wait(sm.q_full(cw), round & 1);
+    if constexpr (!MAILED) mbar_wait(sm.q_full(cw), round & 1);
     if (n_tiles > 0) {
       if constexpr (C::OVERLAP) {
         issue_s(0);
