@@ -22,7 +22,7 @@ template <class C>
 __device__ __forceinline__ void post_item(const SmemLayout<C>& sm, int c, const Work& it) {
   int4* box = sm.mail(c);
   box[0] = make_int4(it.m0, it.sq, it.sk, it.q_row);
-  box[1] = make_int4(it.h, it.b, 0, 0);
+  box[1] = make_int4(it.h, it.b, 0, 0);  // 16 bytes: an 8-byte store made the 24-register loader spill
 }
 
 // By the Q loader once its walk has run out; `round` items were posted.

@@ -51,7 +51,9 @@ __device__ __forceinline__ int tma_batch_of(const Work& it) {
 // about the same, so static striding stays balanced. Packed sequences, one
 // CTA per item: the grid is the longest sequence's; a shorter one's query
 // tiles past its end are CTAs that exit. Packed and persistent: only the real
-// items, longest first, dealt in a snake (packed_order.h); whole warps walk.
+// items, longest first, dealt in a snake (packed_order.h); whole warps walk: the producer's two loader
+// warps, and each consumer warp once for its last busy item; the Q loader posts the items to the consumers
+// (item_mail.h).
 template <class C>
 struct TileScheduler {
   static constexpr int UNIT_ITEMS = C::PERSISTENT && C::CAUSAL ? 2 : 1;
