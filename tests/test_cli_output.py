@@ -75,9 +75,9 @@ def test_search_summary_fits_80_columns_without_cutting_a_word(replay_recording,
     p = replay_recording.problem
     result = run_tuner("--db", f"sqlite:///{tmp_path / 'r.db'}", "search", "--gpu", replay_recording.profile,
                        "--shape", f"{p.batch},{p.heads},{p.seq_q},{p.head_dim}", "--backend", "replay",
-                       "--from", replay_recording.url, "--trials", "20", "--seed", "1", env={"COLUMNS": "80"})
+                       "--from", replay_recording.url, "--trials", "20", "--seed", "4", env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.stderr
-    table = _table_lines(result.stdout, "search summary")
+    table = _table_lines(result.stdout, "search summary")  # seed 4's winner has one of the longest names
     assert all(len(line) <= 80 for line in table)
     # The problem label stays on its row's line (issue 36): TFLOP/s, the trials (the counts line says them)
     # and the baseline's µs (µs times x) made room.

@@ -157,3 +157,53 @@ def test_the_next_study_asks_its_first_points_before_the_confirm_stage_of_the_on
     # compiles running under the confirm rounds); before, it was started after the confirm stage.
     assert backend.next_held and backend.next_held[0] >= 1
 
+
+
+class _Ordered(ReplayBackend):
+    """The replay backend, compiling, that records when the baselines were asked for: after how many trials."""
+
+    needs_compile = True
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, load_profile("h200"))
+        self.trials = 0
+        self.baselines_after: list[int] = []
+
+    def submit_measure(self, problem, variant, built, **kwargs):
+        self.trials += 1
+        return super().submit_measure(problem, variant, built, **kwargs)
+
+    def baselines(self, problem):
+        self.baselines_after.append(self.trials)
+        return super().baselines(problem)
+
+
+@pytest.mark.parametrize("slow_from", [4, None])
+def test_the_baselines_are_timed_where_a_trial_would_wait_for_nvcc(decode_recording, sqlite_url, slow_from) -> None:
+    """The card times the problem's baselines (their first calls compile FA4's kernel: seconds) at the first trial
+    whose compile is not done, instead of before the trials; when none waits, after them. Either way once, and
+    the summary compares with them."""
+    import threading
+    import time
+
+    built_count = {"n": 0}
+    lock = threading.Lock()
+
+    def fake_build(variant, arch):
+        with lock:
+            built_count["n"] += 1
+            n = built_count["n"]
+        if slow_from is not None and n >= slow_from:
+            time.sleep(0.3)  # nvcc slower than the card from the 4th compile on
+        return BuiltKernel(variant, "", CompileResult(True, variant.name, arch, None, "ab" * 32, 96, 0, 0, 0, 0.5,
+                                                      "ptxas info"), launch_shape(variant))
+
+    backend = _Ordered(decode_recording)
+    options = decode_search(decode_recording, sqlite_url, trials=12, sampler="random")
+    report = run_search(options, hooks=Hooks(make_backend=lambda *a, **k: backend, build=fake_build))
+    assert report.measured == 12 and len(backend.baselines_after) == 1
+    if slow_from is None:
+        assert backend.baselines_after == [12]  # no trial waited: after the trials, before the summary
+    else:
+        assert 0 < backend.baselines_after[0] < 12  # in the first wait for nvcc, among the trials
+    assert report.summaries[0].baseline_impl is not None
