@@ -7,14 +7,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Optional
 
-import optuna
-from optuna.trial import Trial, TrialState
+from optuna.trial import Trial
 
 from tuner.backends.base import Measurement, PendingMeasurement
 from tuner.kernels.compiler import CompileResult
 from tuner.kernels.feasibility import Feasibility
 from tuner.kernels.variant import Variant
-from tuner.search.study import ATTR_INTERRUPTED
 
 
 @dataclass
@@ -28,17 +26,6 @@ class Pending:
     wait_for: Optional[int] = None  # number of another worker's running trial of the same variant
     stage: str = "asked ahead"  # where it is, for a trial the search stops before it is told
     repeat: bool = False  # a point this study already holds: told from the store, free
-
-    def interrupt(self, study: optuna.Study) -> None:
-        """Told FAIL, marked interrupted (with its stage: asked ahead, waiting for a duplicate, compiling,
-        measuring): it does not count toward the budget and a resume asks again."""
-        if self.compile is not None:
-            self.compile.cancel()
-        try:
-            self.trial.set_user_attr(ATTR_INTERRUPTED, self.stage)
-            study.tell(self.trial, state=TrialState.FAIL)
-        except (RuntimeError, ValueError):  # already finished: another worker reaped it
-            pass
 
 
 @dataclass

@@ -16,7 +16,7 @@ import dataclasses
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import optuna
 from optuna.trial import Trial, TrialState
@@ -68,8 +68,6 @@ class ProblemSearch:
         self._seen = {point(t.params) for t in study.get_trials(deepcopy=False)  # distinct points held
                       if counts_toward_budget(t) or t.state == TrialState.RUNNING}
         self._beat: Optional[Heartbeat] = None  # from start() to the end of run()
-        # The study's baselines, to time (the caller's; once): at the first trial that would wait for nvcc, else last.
-        self.baselines_due: Optional[Callable[[], None]] = None
         self._known = KnownAnswers(self._find, lambda: ctx.store.reusable_keys(  # the store's answers, found once
             self.problem, info.template, self.manifest.source_hash, ctx.gpu_name, required_column(ctx.objective),
             ctx.replayed_from, study=study.study_name))
@@ -93,15 +91,13 @@ class ProblemSearch:
             self.start()
         try:
             self._loop(lookahead_for(self.ctx.compile_pool))
-            if self.baselines_due is not None and not self.ctx.stop.is_set():
-                self._take_baselines()  # no trial waited for nvcc: the baselines are timed before the confirm stage
         finally:
             self._beat.__exit__()
 
     def abandon(self) -> None:
         """A search started but not run (the search stopped first): its points asked ahead told interrupted."""
         for item in self._pending:
-            item.interrupt(self.study)
+            self._tell_interrupted(item)
         self._pending.clear()
         if self._beat is not None:
             self._beat.__exit__()
@@ -133,7 +129,7 @@ class ProblemSearch:
             if self._in_flight is not None and self._in_flight.measurement is not None:
                 self._complete_in_flight()  # measured before the interrupt: stored like any other
             for item in self._current + list(self._pending):
-                item.interrupt(self.study)
+                self._tell_interrupted(item)
             self._current, self._in_flight = [], None
         if self.ctx.stop.is_set():
             self.ctx.result.interrupted = True
@@ -259,7 +255,7 @@ class ProblemSearch:
             if reused:
                 return None
             if self.ctx.stop.is_set():  # stopped while waiting: not measured here, like the trials asked ahead
-                item.interrupt(self.study)
+                self._tell_interrupted(item)
                 return None
             if item.repeat:  # the other trial was abandoned: this one measures the point
                 self._unrepeat(item)
@@ -267,8 +263,6 @@ class ProblemSearch:
         built: Optional[BuiltKernel] = None
         compiled: Optional[CompileResult] = None
         if item.compile is not None:
-            if self.baselines_due is not None and not item.compile.done():
-                self._take_baselines()  # the card times the baselines while nvcc finishes (it would idle)
             item.stage = "compiling"
             waited = time.perf_counter()
             try:
@@ -288,10 +282,6 @@ class ProblemSearch:
         handle = submit_measure(self.ctx.backend, self.problem, item.variant, built, range_prefix=prefix)
         return InFlight(item, handle, compiled, waited=handle.seconds if isinstance(handle, Measured) else 0.0)
 
-    def _take_baselines(self) -> None:
-        due, self.baselines_due = self.baselines_due, None
-        due()
-
     def _complete_in_flight(self) -> None:
         launched, self._in_flight = self._in_flight, None
         if launched is None:
@@ -308,6 +298,17 @@ class ProblemSearch:
             return
         assert self.ctx.compile_pool is not None
         item.compile = self.ctx.compile_pool.submit(self.ctx.hooks.build, item.variant, self.ctx.profile.nvcc_arch)
+
+    def _tell_interrupted(self, item: Pending) -> None:
+        """Told FAIL, marked interrupted (with its stage: asked ahead, waiting for a duplicate, compiling,
+        measuring): it does not count toward the budget and a resume asks again."""
+        if item.compile is not None:
+            item.compile.cancel()
+        try:
+            item.trial.set_user_attr(ATTR_INTERRUPTED, item.stage)
+            self.study.tell(item.trial, state=TrialState.FAIL)
+        except (RuntimeError, ValueError):  # already finished: another worker reaped it
+            pass
 
     def _find(self, variant: Variant) -> Optional[TrialRow]:
         return self.ctx.store.find_trial(self.problem, variant.template, self.manifest.source_hash,

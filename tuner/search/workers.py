@@ -236,25 +236,18 @@ def _start_job(ctx: Context, storage: Any, job: WorkerJob, spec: WorkerSpec) -> 
 def _run_job(ctx: Context, search: ProblemSearch, spec: WorkerSpec, start_next: Callable[[], None]) -> None:
     """A started study's baselines, trials and confirm stage; `start_next` starts the next study before it."""
     job, info, study = search.job, search.info, search.study
-
-    def baselines() -> None:
-        started = time.perf_counter()
-        try:
-            measured = ctx.backend.baselines(info.problem)
-            for b in measured:
-                ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl,
-                                                      timing=b.timing))
-                if figure(ctx.objective, b) is not None:  # the progress shows the objective's figures
-                    ctx.events(("baseline", job.index, figure(ctx.objective, b), b.impl))
-            if any(b.warnings for b in measured):
-                ctx.events(("note", job.index, baseline_warnings_note(measured)))
-        except KeyboardInterrupt:
-            ctx.interrupt()
-        ctx.result.spent("baselines", time.perf_counter() - started)
-
-    # The baselines' first calls (FA4's compile, cuDNN's plan: ~3 s a problem on an H200 host) and timings go where
-    # the card would wait for nvcc anyway: the loop times them at its first such wait (else after its trials).
-    search.baselines_due = baselines
+    started = time.perf_counter()
+    try:
+        measured = ctx.backend.baselines(info.problem)
+        for b in measured:
+            ctx.store.add_baseline(BaselineRecord(run_id=ctx.run_id, problem=info.problem, impl=b.impl, timing=b.timing))
+            if figure(ctx.objective, b) is not None:  # the progress shows the objective's figures
+                ctx.events(("baseline", job.index, figure(ctx.objective, b), b.impl))
+        if any(b.warnings for b in measured):
+            ctx.events(("note", job.index, baseline_warnings_note(measured)))
+    except KeyboardInterrupt:
+        ctx.interrupt()
+    ctx.result.spent("baselines", time.perf_counter() - started)
     search.run()  # stopped: tells the trials asked ahead interrupted
     if spec.confirm and job.confirm and not ctx.stop.is_set():  # one confirm stage per study
         start_next()  # its asking is timed as such (ProblemSearch.start)
