@@ -26,30 +26,28 @@ MORE_DRAWS = 3  # batches of candidates drawn again when none of a batch is admi
 
 
 class AdmissibleSpace:
-    """The feasible points of one problem as tuples of internal representations (category indices), listed once
-    and keyed by the parameter names a sample has."""
+    """The feasible points of one problem as tuples of internal representations (category indices) over `names`, the
+    parameters with more than one value (the others are in no sample), sorted; listed at the first need."""
 
     def __init__(self, distributions: dict[str, CategoricalDistribution], points: Callable[[], Iterable[dict]]):
         self.distributions = distributions
+        self.names = tuple(sorted(n for n, d in distributions.items() if not d.single()))
         self._points = points
-        self._listed: Optional[list[dict]] = None
-        self._keys: dict[tuple[str, ...], set[tuple[int, ...]]] = {}  # names -> feasible keys over those names
+        self._feasible: Optional[set[tuple[int, ...]]] = None
 
-    def _key(self, names: tuple[str, ...], params: dict[str, Any]) -> Optional[tuple[int, ...]]:
+    def _key(self, params: dict[str, Any]) -> Optional[tuple[int, ...]]:
         try:
-            return tuple(int(self.distributions[n].to_internal_repr(params[n])) for n in names)
+            return tuple(int(self.distributions[n].to_internal_repr(params[n])) for n in self.names)
         except (KeyError, ValueError):  # a point of another manifest revision (a warm start, a resume)
             return None
 
-    def feasible(self, names: tuple[str, ...]) -> set[tuple[int, ...]]:
-        if names not in self._keys:
-            if self._listed is None:
-                self._listed = [dict(p) for p in self._points()]
-            self._keys[names] = {k for p in self._listed if (k := self._key(names, p)) is not None}
-        return self._keys[names]
+    def feasible(self) -> set[tuple[int, ...]]:
+        if self._feasible is None:
+            self._feasible = {k for p in self._points() if (k := self._key(p)) is not None}
+        return self._feasible
 
-    def held(self, names: tuple[str, ...], trials: Iterable[FrozenTrial]) -> set[tuple[int, ...]]:
-        return {k for t in trials if t.state in HOLDING and (k := self._key(names, t.params)) is not None}
+    def held(self, trials: Iterable[FrozenTrial]) -> set[tuple[int, ...]]:
+        return {k for t in trials if t.state in HOLDING and (k := self._key(t.params)) is not None}
 
 
 class AdmissibleTPESampler(optuna.samplers.TPESampler):
@@ -69,7 +67,7 @@ class AdmissibleTPESampler(optuna.samplers.TPESampler):
         if self._space is None:
             return super().infer_relative_search_space(study, trial)
         # Every trial has every parameter: the whole space from the first trial on, so the start-up is relative too.
-        return {n: d for n, d in self._space.distributions.items() if not d.single()}
+        return {n: d for n, d in self._space.distributions.items() if n in self._space.names}  # the manifest's order
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -81,23 +79,22 @@ class AdmissibleTPESampler(optuna.samplers.TPESampler):
         return super().sample_relative(study, trial, search_space)
 
     def _random_admissible(self, study: Study, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        """A start-up point, at random among the open points."""
+        """A start-up point, at random among the open points (search_space: infer_relative_search_space's)."""
         assert self._space is not None
-        names = tuple(sorted(search_space))
-        open_ = sorted(self._space.feasible(names) - self._space.held(names, study.get_trials(deepcopy=False)))
+        open_ = sorted(self._space.feasible() - self._space.held(study.get_trials(deepcopy=False)))
         if not open_:
             return {}
         key = open_[int(self._rng.rng.randint(len(open_)))]
-        return {n: search_space[n].to_external_repr(k) for n, k in zip(names, key)}
+        return {n: search_space[n].to_external_repr(k) for n, k in zip(self._space.names, key)}
 
     def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: _ParzenEstimator,
                                   mpe_above: _ParzenEstimator) -> np.ndarray:
         values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
-        if self._space is None or self._study is None or set(samples) != set(self.infer_space_names()):
+        if self._space is None or self._study is None or set(samples) != set(self._space.names):
             return values  # an independent sample of one parameter: nothing to rate out
-        names = tuple(sorted(samples))
-        feasible = self._space.feasible(names)
-        held = self._space.held(names, self._study.get_trials(deepcopy=False))
+        names = self._space.names
+        feasible = self._space.feasible()
+        held = self._space.held(self._study.get_trials(deepcopy=False))
         admissible = self._admissible(samples, names, feasible, held)
         for _ in range(MORE_DRAWS):
             if admissible.any():
@@ -122,9 +119,6 @@ class AdmissibleTPESampler(optuna.samplers.TPESampler):
         count = next(iter(samples.values())).size
         return np.fromiter((k in feasible and k not in held for k in keys), dtype=bool, count=count)
 
-    def infer_space_names(self) -> list[str]:
-        assert self._space is not None
-        return [n for n, d in self._space.distributions.items() if not d.single()]
 
 
 def restrict(sampler: optuna.samplers.BaseSampler, distributions: dict[str, CategoricalDistribution],
