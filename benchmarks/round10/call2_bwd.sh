@@ -14,10 +14,6 @@ timeout 150 python3 benchmarks/bwd_mma_check.py --no-check --template attn_bwd_w
   --variants m128n128_s2 m64n64_s2_bulk_pw m64n64_s3_bulk_pw > $OUT/time_d64.txt 2>&1
 echo "d64 rc $? ($(( $(date +%s) - t0 )) s)"; grep -v Warning $OUT/time_d64.txt | grep -E "^  (attn|sdpa|fa4|FAIL)" | grep -v "registers\|backward node"
 V=attn_bwd_wgmma_d128_bf16_m64n128_s2_bulk_pw
-timeout 120 ncu --clock-control none --kernel-name regex:"^${V}\$" --launch-count 1 --set full --import-source yes \
-  -o $OUT/prof python3 benchmarks/bwd_profile_run.py $V --lineinfo > $OUT/ncu_log.txt 2>&1
+bash benchmarks/bwd_ncu_profile.sh $V 120
 echo "ncu rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 $OUT/ncu_log.txt
-ncu --import $OUT/prof.ncu-rep --page details > $OUT/prof_details.txt 2>&1
 grep -E "Duration|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per" $OUT/prof_details.txt | head -8
-ncu --import $OUT/prof.ncu-rep --page source --csv --print-source sass > $OUT/prof_source.csv 2>&1; echo "source rc $?"
-gzip -f $OUT/prof_source.csv; rm -f $OUT/prof.ncu-rep

@@ -6,20 +6,7 @@ t0=$(date +%s)
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -k "not short_search" tests/gpu/test_export_backward_gpu.py \
   tests/gpu/test_backward_export_gpu.py tests/gpu/test_pass_backward_gpu.py tests/gpu/test_bwd_wgmma_kernel.py > $OUT/pytest_item4.txt 2>&1
 echo "pytest item4 rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "^(FAILED|ERROR|E  )" $OUT/pytest_item4.txt | head -12; tail -1 $OUT/pytest_item4.txt
-timeout 150 python3 - > $OUT/check_tiled.txt 2>&1 <<'PY'
-from tests.gpu.reference_checks import DENSE_BACKWARD_PROBLEMS
-from tuner.kernels.feasibility import feasible_space
-from tuner.profiles import resolve_profile
-from tuner.runtime.backward_verify import check_backward
-profile = resolve_profile("auto")
-bad = total = 0
-for p in DENSE_BACKWARD_PROBLEMS:
-    vs = [v for v in feasible_space("attn_bwd_wgmma", p, profile) if v.params.get("DQ_WRITER")]
-    for c in check_backward(p, vs, profile):
-        total += 1; bad += not c.ok
-        print(c.line(p.label))
-print(f"writer checks: {total - bad}/{total} ok")
-PY
+timeout 150 python3 benchmarks/bwd_writer_checks.py > $OUT/check_tiled.txt 2>&1
 echo "check rc $? ($(( $(date +%s) - t0 )) s)"; grep -E "FAIL|writer checks" $OUT/check_tiled.txt | head -8
 timeout 150 python3 benchmarks/bwd_mma_check.py --no-check --template attn_bwd_wgmma --shape 1,32,16384,128 --hkv 8 \
   --causal --rounds 5 --variants m64n128_s2_bulk_pw > $OUT/time_causal.txt 2>&1

@@ -15,9 +15,6 @@ timeout 90 python3 benchmarks/bwd_mma_check.py --no-check --template attn_bwd_wg
   --variants m64n128_s2_bulk_pw m80n128_s2_bulk_pw > $OUT/time_gqa.txt 2>&1
 echo "gqa rc $? ($(( $(date +%s) - t0 )) s)"; grep -v Warning $OUT/time_gqa.txt | grep -E "^  (kernel|attn|sdpa|fa4|FAIL)" | grep -v "registers\|backward node"
 V=attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw
-timeout 100 ncu --clock-control none --kernel-name regex:"^${V}\$" --launch-count 1 --set full --import-source yes \
-  -o $OUT/prof python3 benchmarks/bwd_profile_run.py $V --lineinfo > $OUT/ncu_log.txt 2>&1
+bash benchmarks/bwd_ncu_profile.sh $V 100
 echo "ncu rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 $OUT/ncu_log.txt
-ncu --import $OUT/prof.ncu-rep --page details > $OUT/prof_details.txt 2>&1
-ncu --import $OUT/prof.ncu-rep --page source --csv --print-source sass > $OUT/prof_source.csv 2>/dev/null; gzip -f $OUT/prof_source.csv; rm -f $OUT/prof.ncu-rep
 grep -E "Duration|Issue Slots Busy|Warp Cycles Per Issued|Compute \(SM\) Throughput|Executed Instructions  " $OUT/prof_details.txt | head -6
