@@ -6,9 +6,10 @@
 //   * warpgroup 0 is the producer (attn_fwd_wgmma/producer.h): after giving
 //     registers back (setmaxnreg), one thread streams K and V tiles with TMA
 //     (cp.async.bulk.tensor) into a STAGES-deep shared-memory ring, and
-//     another loads each consumer's Q rows once per work item; every copy
-//     completes on an mbarrier (full), and consumers free a slot or their Q
-//     rows with another (empty).
+//     another loads each consumer's Q rows once per work item (packed
+//     persistent: and posts the item to the consumer, attn_fwd_wgmma/
+//     item_mail.h); every copy completes on an mbarrier (full), and consumers
+//     free a slot or their Q rows with another (empty).
 //   * warpgroups 1..CONSUMERS are consumers, each owning 64 query rows
 //     (attn_fwd_wgmma/consumer_mainloop.h, then attn_fwd_wgmma/epilogue.h).
 // Tunables (attn_fwd_wgmma/config.h): tile sizes, ring depth, the TMA/wgmma

@@ -87,7 +87,9 @@ struct HopperConfig {
   static constexpr int Q_BYTES = BM * D * ES;  // what TMA loads
   static constexpr int Q_REGION = BM * D * 2;  // the epilogue stages the 16-bit O in the Q rows
   static constexpr int KV_BYTES = BN * D * ES;  // one K or one V tile
-  static constexpr int SMEM_BYTES = 1024 + Q_REGION + 2 * STAGES * KV_BYTES + 256;  // = the manifest's smem_bytes
+  // Packed persistent: each consumer's mailbox, where the Q loader posts its next work item (item_mail.h).
+  static constexpr int MAIL_BYTES = PACKED && PERSISTENT ? 32 * CONSUMERS : 0;
+  static constexpr int SMEM_BYTES = 1024 + Q_REGION + 2 * STAGES * KV_BYTES + 256 + MAIL_BYTES;  // = the manifest's
   static_assert((2 * CONSUMERS + 4 * STAGES) * 8 <= 256, "mbarriers must fit their 256 bytes");
   static_assert(BM % 64 == 0 && CONSUMERS >= 1 && CONSUMERS <= 3, "BM must be 64, 128 or 192");
   static_assert(BN % 16 == 0 && BN <= 256, "BN must be a multiple of 16, at most 256");
@@ -102,7 +104,7 @@ struct HopperConfig {
 
 // Shared memory, as 32-bit shared-window addresses: the Q tile, the K and V
 // rings, then the mbarriers (SMEM_BYTES reserves 1024 bytes of alignment
-// slack and 256 of barriers).
+// slack and 256 of barriers), then the packed persistent kernels' mailboxes.
 template <class C>
 struct SmemLayout {
   uint8_t* raw_ptr;  // the dynamic shared memory as the kernel declared it
@@ -127,6 +129,10 @@ struct SmemLayout {
   // K and V slots are freed separately: K as soon as Q K^T has read it.
   __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 8 * (KV_BAR0 + 2 * C::STAGES + s); }
   __device__ __forceinline__ uint32_t v_empty(int s) const { return bars + 8 * (KV_BAR0 + 3 * C::STAGES + s); }
+  // Consumer c's mailbox (MAIL_BYTES, 32 bytes each), written and read through the generic pointer.
+  __device__ __forceinline__ int4* mail(int c) const {
+    return reinterpret_cast<int4*>(raw_ptr + (bars - raw) + 256 + 32 * c);
+  }
 
   // By one thread, before the CTA's first __syncthreads.
   __device__ __forceinline__ void init_barriers() const {

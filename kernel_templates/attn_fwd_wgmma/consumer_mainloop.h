@@ -11,11 +11,19 @@
 #include "../common/utils.h"
 #include "config.h"
 #include "epilogue.h"
+#include "item_mail.h"
 #include "../common/ptx_sm90.h"
 #include "tile_scheduler.h"
 #include "wgmma_generated.h"
 
 namespace fc {
+
+// D256 packed persistent kernels: the Q descriptor is made again each tile (StageDescs::query), and each step's
+// descriptors are one 64-bit add. Hoisted out of the loop, the 16 steps' Q descriptors took the uniform registers
+// that the K descriptors then lacked (R2UR 13 in the loop, and 64 bytes of spills; benchmarks/NOTES.md, session
+// 26). Dense D256 kernels keep theirs hoisted (not timed without it).
+template <class C>
+inline constexpr bool Q_PER_TILE = C::D > 128 && C::PACKED && C::PERSISTENT;
 
 // S = Q K^T for one warpgroup: 64 x BN, D/KSTEP wgmma steps along the head dim. `qd`, `kd`: the descriptors of
 // the warpgroup's Q rows and of the K tile's stage (StageDescs).
@@ -25,9 +33,10 @@ __device__ __forceinline__ void issue_qk(float* s, uint64_t qd, uint64_t kd) {
   for (int kk = 0; kk < C::D / C::KSTEP; ++kk) {
     // column block, bytes into its row
     const uint32_t cb = kk * C::KSTEP / C::E, off = (kk * C::KSTEP) % C::E * C::ES;
-    // D256: 16 steps of two descriptors each would spill uniform registers (R2UR in the loop)
-    const uint64_t da = desc_advance<(C::D <= 128 && !C::FP8)>(qd, cb * C::BM * C::SWB + off);
-    const uint64_t db = desc_advance<(C::D <= 128 && !C::FP8)>(kd, cb * C::BN * C::SWB + off);
+    // D256: 16 steps of two descriptors each would spill uniform registers (R2UR in the loop), unless Q_PER_TILE
+    constexpr bool WIDE = (C::D <= 128 && !C::FP8) || Q_PER_TILE<C>;
+    const uint64_t da = desc_advance<WIDE>(qd, cb * C::BM * C::SWB + off);
+    const uint64_t db = desc_advance<WIDE>(kd, cb * C::BN * C::SWB + off);
     if constexpr (C::FP8)
       Wgmma<C::BN>::ss8(s, da, db, kk > 0 ? 1 : 0);
     else
@@ -98,7 +107,9 @@ struct StageDescs {
   }
   __device__ __forceinline__ uint64_t query() const {
     if constexpr (HELD) return q;
-    return kmajor_desc(q_base);
+    uint64_t d = kmajor_desc(q_base);
+    if constexpr (Q_PER_TILE<C>) asm volatile("" : "+l"(d));  // not hoisted out of the loop
+    return d;
   }
   __device__ __forceinline__ uint64_t key(uint32_t slot) const {
     if constexpr (HELD) return pick(k, slot);
@@ -329,7 +340,8 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
   turns.start(last_busy >= 0);
 
   int ring = 0, round = 0;  // K/V tiles consumed so far; items with Q loaded so far
-  for (int r = 0; C::PERSISTENT ? sched.work_at(r, it) : r == 0; ++r) {
+  constexpr bool MAILED = TileScheduler<C>::WARP_WALK;  // items from the Q loader (take_item), not walked here
+  for (int r = 0; MAILED ? take_item(sched, sm, cw, round, it) : C::PERSISTENT ? sched.work_at(r, it) : r == 0; ++r) {
     if (it.skip) continue;
     const int m0 = it.m0, n_tiles = it.n_tiles;
     const bool last_work = r == last_busy;
@@ -406,7 +418,7 @@ __device__ __forceinline__ void consumer(const AttnArgs& a, const SmemLayout<C>&
       pack_p<C>(into, s);
     };
 
-    mbar_wait(sm.q_full(cw), round & 1);
+    if constexpr (!MAILED) mbar_wait(sm.q_full(cw), round & 1);
     if (n_tiles > 0) {
       if constexpr (C::OVERLAP) {
         issue_s(0);

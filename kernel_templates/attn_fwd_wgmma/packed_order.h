@@ -15,7 +15,8 @@
 // Item i -> (level, sequence, head) without a table: a walk's i only grows, so each caller keeps the level it
 // is in, that level's first item and its count. A level's sequences are counted, and its k-th found, with one
 // warp ballot per 32 sequences: every lane of a calling warp calls (the producer's loader warps walk whole, and
-// one lane of each issues the loads).
+// one lane of each issues the loads; consumer warps search their last busy item, and take the items from the Q
+// loader, item_mail.h).
 #pragma once
 
 #include "../common/attn_args.h"

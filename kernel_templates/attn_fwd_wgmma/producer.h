@@ -8,6 +8,7 @@
 
 #include "../common/attn_args.h"
 #include "config.h"
+#include "item_mail.h"
 #include "../common/ptx_sm90.h"
 #include "tile_scheduler.h"
 
@@ -60,6 +61,7 @@ template <class C>
 __device__ __forceinline__ void load_q(const TmaDesc& tq, const SmemLayout<C>& sm, const Work& it, int round) {
   for (int c = 0; c < C::CONSUMERS; ++c) {
     mbar_wait(sm.q_empty(c), (round & 1) ^ 1);
+    if constexpr (TileScheduler<C>::WARP_WALK) post_item(sm, c, it);
     mbar_expect_tx(sm.q_full(c), C::Q_BYTES / C::CONSUMERS);
 #pragma unroll
     for (int cb = 0; cb < C::CB; ++cb)
@@ -94,11 +96,14 @@ __device__ __forceinline__ void producer(const TmaDesc& tq, const TmaDesc& tk, c
   } else if (WHOLE ? tid < 64 : tid == 32) {
     if (loader) tma_prefetch_map(&tq);
     Work it;
+    int posted = 0;  // WHOLE: the items posted to the consumers (item_mail.h)
     for (int r = 0, round = 0; sched.work_at(r, it); ++r) {
       if (it.skip) continue;
       if (loader) load_q<C>(tq, sm, it, round);
-      ++round;
+      posted = ++round;
     }
+    if constexpr (WHOLE)
+      if (loader) post_end(sm, posted);
   }
 }
 

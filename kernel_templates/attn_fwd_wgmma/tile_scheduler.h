@@ -51,7 +51,9 @@ __device__ __forceinline__ int tma_batch_of(const Work& it) {
 // about the same, so static striding stays balanced. Packed sequences, one
 // CTA per item: the grid is the longest sequence's; a shorter one's query
 // tiles past its end are CTAs that exit. Packed and persistent: only the real
-// items, longest first, dealt in a snake (packed_order.h); whole warps walk.
+// items, longest first, dealt in a snake (packed_order.h); whole warps walk: the producer's two loader
+// warps, and each consumer warp once for its last busy item; the Q loader posts the items to the consumers
+// (item_mail.h).
 template <class C>
 struct TileScheduler {
   static constexpr int UNIT_ITEMS = C::PERSISTENT && C::CAUSAL ? 2 : 1;
@@ -97,11 +99,16 @@ struct TileScheduler {
       }
     }
     it.m0 = m_block * C::BM;
+    key_span(it);
+    return true;
+  }
+
+  // The key tiles an item's rows see (n0, n_tiles), from its first row and lengths.
+  __device__ __forceinline__ void key_span(Work& it) const {
     const int sq = item_sq<C>(a, it), sk = item_sk<C>(a, it);
     const int p_lo = it.m0 + sk - sq;  // key-aligned positions of the item's first and last rows
     it.n0 = tiles<C::BN>(C::Keys::first(p_lo));
     it.n_tiles = max(0, tiles<C::BN>(C::Keys::end(p_lo + C::BM - 1, sk) + C::BN - 1) - it.n0);
-    return true;
   }
 
   // WARP_WALK: the position of this CTA's r-th item in the order, dealt in a snake (packed_order.h).

@@ -125,6 +125,10 @@ PERSISTENT_PACKED = [
     "attn_fwd_wgmma_d128_bf16_m64n128_s2_sw128_r24_ov_p_causal_packed",
     "attn_fwd_wgmma_d64_bf16_m192n128_s2_sw128_r32_ov_pp_p_packed",
     "attn_fwd_wgmma_d256_bf16_m128n80_s2_sw128_r24_pp_p_causal_packed",
+    # session 26: items posted to the consumers in shared memory (item_mail.h); a three-stage ring, D256's Q
+    # descriptor made each tile with the overlapped loop
+    "attn_fwd_wgmma_d64_bf16_m128n64_s3_sw64_r24_ov_pp_p_causal_packed",
+    "attn_fwd_wgmma_d256_bf16_m128n80_s2_sw128_r24_ov_pp_p_causal_packed",
 ]
 _lengths = random.Random(25)
 # (query lengths, key lengths or None: the same): very different lengths with length-1 and empty sequences over
