@@ -138,7 +138,9 @@ struct SmemLayout {
   __device__ __forceinline__ void init_barriers() const {
     for (int c = 0; c < C::CONSUMERS; ++c) {
       mbar_init(q_full(c), 1);
-      mbar_init(q_empty(c), 4);  // lane 0 of each warp of consumer c, after its epilogue
+      // After its epilogue: lane 0 of each warp of consumer c; in packed persistent kernels every thread, each
+      // releasing its own read of the item mailbox (item_mail.h) before the loader writes the next item.
+      mbar_init(q_empty(c), C::PACKED && C::PERSISTENT ? 128 : 4);
     }
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(k_full(s), 1);

@@ -118,8 +118,14 @@ __device__ __forceinline__ void epilogue(const float* o, bool empty, const float
   // written by TMA (the async proxy) over bytes these threads accessed
   // through the generic proxy, so fence, and gather the lanes, first.
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncwarp();
-  if (lane == 0) mbar_arrive(sm.q_empty(cw));
+  if constexpr (TileScheduler<C>::WARP_WALK) {
+    // Each thread read the item's mailbox too: an arrive releases only its own thread's accesses, so every
+    // thread arrives (q_empty counts 128 here), or the loader's next post could race the lanes' reads.
+    mbar_arrive(sm.q_empty(cw));
+  } else {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.q_empty(cw));
+  }
 }
 
 }  // namespace fc

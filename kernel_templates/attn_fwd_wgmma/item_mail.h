@@ -2,8 +2,8 @@
 //
 // It posts the item in each consumer's mailbox (SmemLayout::mail) before it arms that consumer's Q load: the
 // mbarrier arrive releases the stores, the consumer's wait on q_full acquires them; it writes the next one only
-// after the consumer has freed its Q rows (q_empty), long after reading. After the last item it posts an end
-// mark on a plain arrive. So the consumers hold no walk across their main loop: the walk's level, first item
+// after the consumer has freed its Q rows (q_empty, on which every consumer thread arrives: an arrive releases
+// its own thread's reads of the mailbox only). After the last item it posts an end mark on a plain arrive. So the consumers hold no walk across their main loop: the walk's level, first item
 // and count are warp-uniform, and with them held ptxas kept the loop's stage descriptors out of uniform
 // registers in the one-consumer, D64 n64 and D256 variants (R2UR in the loop; benchmarks/NOTES.md, session 26).
 #pragma once
