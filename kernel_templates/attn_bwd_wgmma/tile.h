@@ -34,7 +34,7 @@ __device__ __forceinline__ void issue_scores(float* s, uint64_t kd, uint64_t qd)
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
     const uint32_t cb = kk / 4, off = (kk % 4) * 32;  // column block, bytes into its 128-byte row
-    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance(kd, cb * C::BN * 128 + off),
+    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance<false>(kd, cb * C::BN * 128 + off),
                                           desc_advance(qd, cb * C::BM * 128 + off), kk > 0);
   }
 }
@@ -84,13 +84,13 @@ using LseCols = std::conditional_t<C::DQ_T, PartCols<C::LSE_REGS>, Cols<C>>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
-// A partial tile's hidden scores are set to -inf first, in a branch of their own: tested inside the exp2 loop,
-// ptxas predicated the 64 compares and executed them on every tile (ncu, causal: ~250 instructions a tile).
-template <class C, class L>
-__device__ __forceinline__ void p_tile(float* s, const L& lse, bool partial, int key0, int q_pos0,
-                                       int sk, float scale_log2) {
+// MASK (a partial tile): the hidden scores are set to -inf first. The consumer runs partial and whole tiles in
+// loops of their own (masked_rows_end): tested inside the exp2 loop, ptxas predicated the 64 compares onto every
+// tile (ncu, causal: ~250 instructions a tile); in a branch of one loop, the test and its bounds still ran on all.
+template <class C, bool MASK, class L>
+__device__ __forceinline__ void p_tile(float* s, const L& lse, int key0, int q_pos0, int sk, float scale_log2) {
   const int t = threadIdx.x % 4;
-  if (partial) {
+  if constexpr (MASK) {
 #pragma unroll
     for (int nb = 0; nb < C::BM / 8; ++nb)
 #pragma unroll
@@ -125,26 +125,37 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
 // DQ_T (BLOCK_M 80): stored transposed (stmatrix.trans), queries x keys: the warpgroup's tile is its 64-key column
 // block of the 80-row dS tile; matrix l / 8 of k-step kk is queries 16kk + 8 ((l / 8) / 2) .. + 7 (its rows in
 // memory) by keys 8 ((l / 8) % 2) .. + 7 of the warp's 16.
+// The thread's first stmatrix address in its warpgroup's dS^T tile, less the tile's (BLOCK_M 64 and DQ_T; 0 at
+// BLOCK_M 128, whose stores make their own): held across the loop, the tile's address added once a tile.
 template <class C>
-__device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int warp_wg, int lane) {
+__device__ __forceinline__ uint32_t store_ds_offset(int warp_wg, int lane) {
+  if constexpr (C::DQ_T) {
+    const int m = lane / 8;
+    return sw128_offset(8 * (m / 2) + lane % 8, 2 * warp_wg + m % 2, C::BM);
+  } else if constexpr (C::BM == 64) {
+    return sw128_offset(warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), lane / 16, 64);
+  }
+  return 0;
+}
+
+template <class C>
+__device__ __forceinline__ void store_ds(uint8_t* tile, uint32_t addr, const float* ds, int warp_wg, int lane) {
   using T = typename C::T;
   if constexpr (C::DQ_T) {
-    const int m = lane / 8, q = 8 * (m / 2) + lane % 8, chunk = 2 * warp_wg + m % 2;
-    const uint32_t base = smem_u32(tile);
+    // k-step kk: queries 16kk on, 16 rows of 128 bytes further (16kk + q keeps q's row within its 8-row swizzle).
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;
-      stmatrix_x4_trans(base + sw128_offset(16 * kk + q, chunk, C::BM), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
-                        pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      stmatrix_x4_trans(addr + kk * 16 * 128, pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
+                        pack2<T>(x[6], x[7]));
     }
   } else if constexpr (C::BM == 64) {
-    const int r = warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), hi = lane / 16;
-    const uint32_t base = smem_u32(tile);
+    // k-step kk: chunk 2kk + hi of the row, whose swizzled index is the first's XOR 2kk (the tile 1024-aligned).
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;  // pack_a's registers of k-step kk
-      stmatrix_x4(base + sw128_offset(r, 2 * kk + hi, 64), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
-                  pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      stmatrix_x4(addr ^ (kk << 5), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
+                  pack2<T>(x[6], x[7]));
     }
   } else {
     const int g = lane / 4, t = lane % 4;
