@@ -27,8 +27,10 @@ from pathlib import Path
 
 from tuner.kernels.compiler import compile_source
 from tuner.kernels.render import render
-from tuner.kernels.sass_budget import LoopBudget, cubin_sass, functions, main_loop
+from tuner.kernels.sass_budget import TENSOR_OPS, LoopBudget, cubin_sass, functions, loops, main_loop
 from tuner.kernels.variant import parse_variant_name
+
+SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's note (C75xx) when it gives up overlap
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,11 @@ class Count:
     """One build of a variant: its consumer loop and the kernel around it."""
 
     loop: LoopBudget
+    masked: int  # the other innermost wgmma loop's instructions (the partial tiles' loop where split), else 0
     kernel: int  # the main function's static instructions
     registers: int
     spill_bytes: int  # spill stores plus stack frame (cuobjdump's LOCAL / STACK for a cubin read from a folder)
+    serialized: str  # "yes" where ptxas serialised the wgmmas (C7512 and kin), "-" unknown (a cubin's)
 
 
 _RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOCAL:(\d+)")
@@ -59,11 +63,24 @@ def _resources(cubin: bytes, function: str) -> tuple[int, int]:
     raise ValueError(f"{function} not in cuobjdump -res-usage's output")
 
 
+def masked_loop(code: str, name: str, main: LoopBudget) -> int:
+    """Instructions of the innermost wgmma loop other than the main one (none: 0). The consumer runs a head's
+    partial query tiles (the causal diagonal's) in a loop of its own beside the whole tiles' (SPLIT_MASK)."""
+    instrs = functions(code)[name]
+    spans = [(f, last) for f, last in loops(instrs)
+             if any(i.opcode in TENSOR_OPS for i in instrs[f:last + 1])
+             and not any(i.opcode == "EXIT" for i in instrs[f:last + 1])]
+    inner = [(f, last) for f, last in spans
+             if not any(g >= f and m <= last and (g, m) != (f, last) for g, m in spans)
+             and instrs[f].addr != main.start]
+    return min((last - f + 1 for f, last in inner), default=0)
+
+
 def count_cubin(cubin: bytes, name: str) -> Count:
     code = cubin_sass(cubin)
     loop = main_loop(code, name)
     regs, spills = _resources(cubin, name)
-    return Count(loop, len(functions(code)[name]), regs, spills)
+    return Count(loop, masked_loop(code, name, loop), len(functions(code)[name]), regs, spills, "-")
 
 
 def count_build(name: str) -> Count:
@@ -72,8 +89,9 @@ def count_build(name: str) -> Count:
     if not res.ok:
         raise SystemExit(f"{name}: compile failed\n{res.log[-2000:]}")
     code = cubin_sass(res.cubin)
-    return Count(main_loop(code, name), len(functions(code)[name]), res.registers,
-                 res.spill_bytes + res.stack_bytes)
+    loop = main_loop(code, name)
+    return Count(loop, masked_loop(code, name, loop), len(functions(code)[name]), res.registers,
+                 res.spill_bytes + res.stack_bytes, "yes" if SERIALIZED in res.log else "no")
 
 
 def counts_of(name: str, cubins: dict[str, Path], this: bool) -> dict[str, Count]:
@@ -85,12 +103,13 @@ def counts_of(name: str, cubins: dict[str, Path], this: bool) -> dict[str, Count
 
 def print_rows(name: str, by_label: dict[str, Count], ops: bool) -> None:
     print(f"\n{name}")
-    print(f"  {'':8s}{'loop':>7s}{'every':>7s}{'cond.':>7s}{'R2UR':>6s}{'YIELD':>6s}{'kernel':>8s}{'regs':>6s}"
-          f"{'spill':>7s}")
+    print(f"  {'':8s}{'loop':>7s}{'every':>7s}{'cond.':>7s}{'masked':>7s}{'R2UR':>6s}{'YIELD':>6s}{'kernel':>8s}"
+          f"{'regs':>6s}{'spill':>7s}{'serial':>7s}")
     for label, c in by_label.items():
         lp = c.loop
-        print(f"  {label:8s}{lp.total:7d}{lp.total - lp.conditional:7d}{lp.conditional:7d}{lp.counts['R2UR']:6d}"
-              f"{lp.counts['YIELD']:6d}{c.kernel:8d}{c.registers:6d}{c.spill_bytes:7d}")
+        print(f"  {label:8s}{lp.total:7d}{lp.total - lp.conditional:7d}{lp.conditional:7d}{c.masked:7d}"
+              f"{lp.counts['R2UR']:6d}{lp.counts['YIELD']:6d}{c.kernel:8d}{c.registers:6d}{c.spill_bytes:7d}"
+              f"{c.serialized:>7s}")
     if ops:
         all_ops: Counter[str] = Counter()
         for c in by_label.values():
@@ -109,8 +128,9 @@ def main() -> None:
     ap.add_argument("--ops", action="store_true", help="the loop by opcode")
     args = ap.parse_args()
     cubins = {label: Path(folder) for label, _, folder in (c.partition("=") for c in args.cubins)}
-    print("loop: the consumer loop's static instructions a query tile (per warp); every: less its blocks under a "
-          "predicated forward branch (cond.: a partial tile's mask); spill: bytes")
+    print("loop: the consumer loop's static instructions a query tile (per warp; split: the whole tiles' loop); "
+          "every: less its blocks under a predicated forward branch (cond.: a partial tile's mask); masked: the "
+          "partial tiles' loop where split; spill: bytes; serial: ptxas serialised the wgmmas")
     for name in args.variants:
         print_rows(name, counts_of(name, cubins, args.this), args.ops)
 

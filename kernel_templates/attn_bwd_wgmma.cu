@@ -220,8 +220,9 @@ struct ConsumerLoop {
   float scale_log2;
 };
 
-// Step `it` of a consumer's loop: query tile qt (MASK: a partial one), waited for, consumed, its slot released.
-template <class C, bool MASK>
+// Step `it` of a consumer's loop: query tile qt (MASK: whether a partial one), waited for, consumed, its slot
+// released.
+template <class C, Masking MASK>
 __device__ __forceinline__ void consumer_step(const ConsumerLoop<C>& L, QueryTile qt, int it, float* dk, float* dv) {
   if constexpr (C::PRODUCER) {
     // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
@@ -323,8 +324,12 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   int it = 0;
   for (int h = hk * a.h_per_kv; h < (hk + 1) * a.h_per_kv; ++h) {
     int m0 = m_first;
-    for (; m0 < m_masked; m0 += C::BM, ++it) consumer_step<C, true>(loop, QueryTile{h, m0}, it, dk, dv);
-    for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, false>(loop, QueryTile{h, m0}, it, dk, dv);
+    if constexpr (C::SPLIT_MASK) {
+      for (; m0 < m_masked; m0 += C::BM, ++it) consumer_step<C, Masking::PARTIAL>(loop, {h, m0}, it, dk, dv);
+      for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, Masking::WHOLE>(loop, {h, m0}, it, dk, dv);
+    } else {
+      for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, Masking::TEST>(loop, {h, m0}, it, dk, dv);
+    }
   }
   cp_async_wait<0>();
   if constexpr (C::CONSUMER_BULK) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done

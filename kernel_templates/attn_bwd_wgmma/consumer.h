@@ -16,6 +16,13 @@ namespace fc {
 // What a consumer warpgroup keeps for its whole loop: its shared-memory descriptors and its keys. Every descriptor
 // here and in RingBase goes through `opaque` (ptx_sm90.h): where ptxas knows a descriptor's low bits clear, it
 // turns the first steps' advances into ORs that split the pair (a UMOV of the high word each).
+// threadIdx.x by a volatile move: ptxas neither hoists it nor what is made from it out of a loop.
+__device__ __forceinline__ int tid_x_in_loop() {
+  unsigned x;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));
+  return (int)x;
+}
+
 struct KeyBlock {
   uint64_t kd, vd;     // its 64 K and V rows, K-major (S^T = K Q^T, dP^T = V dO^T)
   uint64_t kd_mn;      // the whole K tile, MN-major (dQ = dS K)
@@ -38,7 +45,8 @@ template <class C>
 struct RingBase {
   uint64_t q, dout;  // slot 0's Q and dO tiles, K-major
   uint64_t ds;       // set 0's dS^T tiles as dQ's operand (DQ_T: B, K-major; else A, MN-major)
-  uint32_t ds_st;    // set 0: this thread's first stmatrix address in its warpgroup's dS^T tile (store_ds)
+  uint32_t ds_st;    // set 0: this thread's first stmatrix address in its warpgroup's dS^T tile (store_ds; DQ_T:
+                     // the tile's, the thread's offset made in the tile)
   // K-major -> MN-major over the tile's BM rows: the leading byte offset field (bits 16-29) from 16 to BM * 128.
   static constexpr uint64_t MN = (uint64_t)(C::BM * 128 / 16 - 1) << 16;
   static constexpr uint32_t SET = C::NWG * C::DS_BYTES;  // bytes from one dS^T set to the next
@@ -55,19 +63,23 @@ __device__ __forceinline__ RingBase<C> ring_base(const WgSmem<C>& sm, int cw) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   return RingBase<C>{opaque(kmajor(smem_u32(sm.q(0)))), opaque(kmajor(smem_u32(sm.dout(0)))),
                      opaque(C::DQ_T ? kmajor(ds) : mnmajor(ds, 64)),
-                     ds + cw * C::DS_BYTES + store_ds_offset<C>(warp, lane)};
+                     ds + cw * C::DS_BYTES + (C::DQ_T ? 0u : store_ds_offset<C>(warp, lane))};
 }
 
 // Query tile qt (its Q, dO, lse and delta in ring slot st, landed and visible to wgmma) against the warpgroup's keys:
 // dK and dV accumulate in registers, dQ's blocks go to dq_accum. `set`: the set of dS^T tiles this tile writes
 // (every warpgroup's, DS_BYTES apart); `dq_buf`: its set of dQ staging tiles (< DQ_BUFS). Returns with every wgmma
-// of the tile complete (its ring slot may be refilled). MASK: the tile is one Keys::partial names.
-template <class C, bool MASK>
+// of the tile complete (its ring slot may be refilled). MASK: whether the tile is partial (Keys::partial).
+template <class C, Masking MASK>
 __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs& a, const KeyBlock& kb,
                                              const RingBase<C>& rb, int b, QueryTile qt, int st, int set, int dq_buf,
                                              float scale_log2, float* dk, float* dv) {
   const uint64_t qd = rb.q_at(st), dod = rb.dout_at(st);
-  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  // DQ_T: the thread's index read again each tile (a volatile move ptxas cannot hoist), so that its per-thread
+  // addresses (stmatrix's, the staging stores') are made in the tile: held across the loop beside 208
+  // accumulators they spilled, and ptxas serialised the wgmmas (C7512).
+  const int tid = threadIdx.x;
+  const int warp = (tid % 128) / 32, lane = tid % 32;
   // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
   float s[C::BM / 2], dp[C::BM / 2];
   uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
@@ -84,8 +96,8 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   wgmma_wait<1>();
   fence_regs<C::BM / 2>(s);
 
-  // MASK: a tile whose scores the mask touches (masked_rows_end); only those make the query positions.
-  p_tile<C, MASK>(s, lse, kb.key0, MASK ? qt.m0 + a.sk - a.sq : 0, a.sk, scale_log2);
+  // Only tiles that may be partial make the query positions.
+  p_tile<C, MASK>(s, lse, kb.n0, kb.key0, MASK != Masking::WHOLE ? qt.m0 + a.sk - a.sq : 0, a.sk, scale_log2);
   if constexpr (C::DQ_T) {
     // BLOCK_M 80: dS^T before P^T is packed and dV's wgmmas issued (FlashAttention-3's order), so that P^T's fp32
     // values and their A fragments are never live together (S^T, dP^T, dK and dV hold 208 registers; both spilled).

@@ -84,13 +84,18 @@ using LseCols = std::conditional_t<C::DQ_T, PartCols<C::LSE_REGS>, Cols<C>>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
-// MASK (a partial tile): the hidden scores are set to -inf first. The consumer runs partial and whole tiles in
+// A partial tile's hidden scores are set to -inf first. The consumer runs partial and whole tiles in
 // loops of their own (masked_rows_end): tested inside the exp2 loop, ptxas predicated the 64 compares onto every
 // tile (ncu, causal: ~250 instructions a tile); in a branch of one loop, the test and its bounds still ran on all.
-template <class C, bool MASK, class L>
-__device__ __forceinline__ void p_tile(float* s, const L& lse, int key0, int q_pos0, int sk, float scale_log2) {
+// Which tiles a loop of the consumer masks: none, all, or those Keys::partial names (a runtime test, one loop).
+enum class Masking { WHOLE, PARTIAL, TEST };
+
+template <class C, Masking MASK, class L>
+__device__ __forceinline__ void p_tile(float* s, const L& lse, int n0, int key0, int q_pos0, int sk,
+                                       float scale_log2) {
   const int t = threadIdx.x % 4;
-  if constexpr (MASK) {
+  if (MASK == Masking::PARTIAL ||
+      (MASK == Masking::TEST && C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, sk))) {
 #pragma unroll
     for (int nb = 0; nb < C::BM / 8; ++nb)
 #pragma unroll
@@ -146,7 +151,7 @@ __device__ __forceinline__ void store_ds(uint8_t* tile, uint32_t addr, const flo
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;
-      stmatrix_x4_trans(addr + kk * 16 * 128, pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
+      stmatrix_x4_trans(addr + store_ds_offset<C>(warp_wg, lane) + kk * 16 * 128, pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
                         pack2<T>(x[6], x[7]));
     }
   } else if constexpr (C::BM == 64) {
@@ -186,29 +191,50 @@ __device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], u
   for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<C::D>::template rs<C::BF16>(acc, a[kk], desc_advance(dod, kk * 16 * 128), 1);
 }
 
-// The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row).
+// Two floats to shared memory at a shared-window address.
+__device__ __forceinline__ void sts_f2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row). DQ_TILED: dq_index's
+// swizzle, 8-column group nb of row r at nb ^ (r % 8) (r % 8 = g): the byte address of group nb is group 0's XOR
+// 32 nb (rows 256 bytes, the tile 256-aligned), one LOP3 each, no address per store made from the row and column.
 template <class C>
 __device__ __forceinline__ void stage_block(float* stage, const float* acc, int warp_wg, int g, int t) {
+  if constexpr (C::DQ_TILED) {
+    static_assert(C::DQS_STRIDE == 64 && C::OFF_DQS % 256 == 0 && C::DQS_BYTES % 256 == 0, "256-byte rows, aligned");
+    const uint32_t first = smem_u32(stage) + (warp_wg * 16 + g) * 256 + g * 32 + t * 8;
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+    for (int nb = 0; nb < 8; ++nb) {
+      const uint32_t at = first ^ (nb << 5);
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE +
-                                 (C::DQ_TILED ? (nb ^ g) : nb) * 8 + 2 * t) =  // DQ_TILED: dq_index's swizzle (r % 8 = g)
-          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+      for (int h = 0; h < 2; ++h) sts_f2(at + h * 8 * 256, acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+        *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + nb * 8 + 2 * t) =
+            make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+  }
 }
 
 // DQ_T: the thread's dQ^T accumulators (a warpgroup's 64 columns of D x 80 queries) into its staging tile, line d
-// (a column of dQ) of 80 floats, dq_index's swizzle of the 8-query groups ((d / 2) % 2 = (g / 2) % 2).
+// (a column of dQ) of 80 floats, dq_index's swizzle of the 8-query groups ((d / 2) % 2 = (g / 2) % 2): group nb at
+// nb ^ sw, i.e. 8 floats right of nb for an even nb and left for an odd one where sw is 1, so two addresses (even
+// and odd groups) and immediates serve all 40 stores. (Made per store, ptxas hoisted them out of the loop: spilled.)
 template <class C>
 __device__ __forceinline__ void stage_block_t(float* stage, const float* acc, int warp_wg, int g, int t) {
   const int sw = (g / 2) % 2;
+  const uint32_t line = smem_u32(stage) + ((warp_wg * 16 + g) * C::DQS_STRIDE + 2 * t) * 4;
+  const uint32_t even = line + sw * 32, odd = line - sw * 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int nb = 0; nb < C::BM / 8; ++nb)
-      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + (nb ^ sw) * 8 + 2 * t) =
-          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+      sts_f2((nb % 2 ? odd : even) + (h * 8 * C::DQS_STRIDE + nb * 8) * 4, acc[nb * 4 + 2 * h],
+             acc[nb * 4 + 2 * h + 1]);
 }
 
 // DQ_T: the warpgroup's dQ^T block (its 64 columns of D x the tile's 80 queries) = K^T dS^T over the CTA's BN keys,
