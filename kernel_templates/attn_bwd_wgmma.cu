@@ -320,15 +320,19 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   // CTA's keys run past Sk), then the rest, which run no mask code (FlashAttention-3 and -4 split theirs alike; in
   // one loop the mask's test and bounds ran on every tile). The order is the producer's (next_tile).
   const ConsumerLoop<C> loop{sm, a, kb, rb, b, sq_pad, m_first, m_end, n_iters, scale_log2};
-  const int m_masked = masked_rows_end<C>(n0, a, m_first, m_end);
-  int it = 0;
-  for (int h = hk * a.h_per_kv; h < (hk + 1) * a.h_per_kv; ++h) {
-    int m0 = m_first;
-    if constexpr (C::SPLIT_MASK) {
+  if constexpr (C::SPLIT_MASK) {
+    const int m_masked = masked_rows_end<C>(n0, a, m_first, m_end);
+    int it = 0;
+    for (int h = hk * a.h_per_kv; h < (hk + 1) * a.h_per_kv; ++h) {
+      int m0 = m_first;
       for (; m0 < m_masked; m0 += C::BM, ++it) consumer_step<C, Masking::PARTIAL>(loop, {h, m0}, it, dk, dv);
       for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, Masking::WHOLE>(loop, {h, m0}, it, dk, dv);
-    } else {
-      for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, Masking::TEST>(loop, {h, m0}, it, dk, dv);
+    }
+  } else {  // one loop over the tiles in the producer's order, each tested (as nested loops, BLOCK_M 128 spilled)
+    for (int it = 0; it < n_iters; ++it) {
+      const QueryTile next = next_tile<C>(qt, m_first, m_end, a);
+      consumer_step<C, Masking::TEST>(loop, qt, it, dk, dv);
+      qt = next;
     }
   }
   cp_async_wait<0>();

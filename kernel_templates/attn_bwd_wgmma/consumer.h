@@ -23,6 +23,13 @@ __device__ __forceinline__ int tid_x_in_loop() {
   return (int)x;
 }
 
+// A descriptor made once for the loop: through `opaque` where the warpgroup index is warp-uniform (WG_BROADCAST: the
+// pair held in uniform registers); else as made (BLOCK_M 128: per-thread values; held, they spilled).
+template <class C>
+__device__ __forceinline__ uint64_t held(uint64_t d) {
+  return C::WG_BROADCAST ? opaque(d) : d;
+}
+
 struct KeyBlock {
   uint64_t kd, vd;     // its 64 K and V rows, K-major (S^T = K Q^T, dP^T = V dO^T)
   uint64_t kd_mn;      // the whole K tile, MN-major (dQ = dS K)
@@ -34,7 +41,7 @@ template <class C>
 __device__ __forceinline__ KeyBlock key_block(const WgSmem<C>& sm, int n0, int cw) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const uint32_t k_rows = smem_u32(sm.k()) + cw * 64 * 128, v_rows = smem_u32(sm.v()) + cw * 64 * 128;
-  return KeyBlock{opaque(kmajor(k_rows)), opaque(kmajor(v_rows)), opaque(mnmajor(smem_u32(sm.k()), C::BN)), n0,
+  return KeyBlock{held<C>(kmajor(k_rows)), held<C>(kmajor(v_rows)), held<C>(mnmajor(smem_u32(sm.k()), C::BN)), n0,
                   n0 + cw * 64 + warp * 16 + lane / 4, cw};
 }
 
@@ -61,8 +68,8 @@ template <class C>
 __device__ __forceinline__ RingBase<C> ring_base(const WgSmem<C>& sm, int cw) {
   const uint32_t ds = smem_u32(sm.ds(0));
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  return RingBase<C>{opaque(kmajor(smem_u32(sm.q(0)))), opaque(kmajor(smem_u32(sm.dout(0)))),
-                     opaque(C::DQ_T ? kmajor(ds) : mnmajor(ds, 64)),
+  return RingBase<C>{held<C>(kmajor(smem_u32(sm.q(0)))), held<C>(kmajor(smem_u32(sm.dout(0)))),
+                     held<C>(C::DQ_T ? kmajor(ds) : mnmajor(ds, 64)),
                      ds + cw * C::DS_BYTES + (C::DQ_T ? 0u : store_ds_offset<C>(warp, lane))};
 }
 
