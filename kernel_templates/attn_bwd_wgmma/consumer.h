@@ -32,7 +32,8 @@ __device__ __forceinline__ uint64_t held(uint64_t d) {
 
 struct KeyBlock {
   uint64_t kd, vd;     // its 64 K and V rows, K-major (S^T = K Q^T, dP^T = V dO^T)
-  uint64_t kd_mn;      // the whole K tile, MN-major (dQ = dS K)
+  uint64_t kd_mn;      // the K tile, MN-major (dQ = dS K), at this warpgroup's first dQ block's column block
+                       // (dq_first_block)
   int n0, key0;        // the CTA's first key; this thread's first key (and key0 + 8)
   int cw;              // consumer warpgroup
 };
@@ -41,7 +42,7 @@ template <class C>
 __device__ __forceinline__ KeyBlock key_block(const WgSmem<C>& sm, int n0, int cw) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const uint32_t k_rows = smem_u32(sm.k()) + cw * 64 * 128, v_rows = smem_u32(sm.v()) + cw * 64 * 128;
-  return KeyBlock{held<C>(kmajor(k_rows)), held<C>(kmajor(v_rows)), held<C>(mnmajor(smem_u32(sm.k()), C::BN)), n0,
+  return KeyBlock{held<C>(kmajor(k_rows)), held<C>(kmajor(v_rows)), held<C>(mnmajor(smem_u32(sm.k()) + dq_first_block<C>(cw).y * C::BN * 128, C::BN)), n0,
                   n0 + cw * 64 + warp * 16 + lane / 4, cw};
 }
 
@@ -51,7 +52,8 @@ __device__ __forceinline__ KeyBlock key_block(const WgSmem<C>& sm, int n0, int c
 template <class C>
 struct RingBase {
   uint64_t q, dout;  // slot 0's Q and dO tiles, K-major
-  uint64_t ds;       // set 0's dS^T tiles as dQ's operand (DQ_T: B, K-major; else A, MN-major)
+  uint64_t ds;       // set 0's dS^T tiles as dQ's operand (DQ_T: B, K-major; else A, MN-major, at the query rows
+                     // of this warpgroup's first dQ block)
   uint32_t ds_st;    // set 0: this thread's first stmatrix address in its warpgroup's dS^T tile (store_ds; DQ_T:
                      // the tile's, the thread's offset made in the tile)
   // K-major -> MN-major over the tile's BM rows: the leading byte offset field (bits 16-29) from 16 to BM * 128.
@@ -69,7 +71,7 @@ __device__ __forceinline__ RingBase<C> ring_base(const WgSmem<C>& sm, int cw) {
   const uint32_t ds = smem_u32(sm.ds(0));
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   return RingBase<C>{held<C>(kmajor(smem_u32(sm.q(0)))), held<C>(kmajor(smem_u32(sm.dout(0)))),
-                     held<C>(C::DQ_T ? kmajor(ds) : mnmajor(ds, 64)),
+                     held<C>(C::DQ_T ? kmajor(ds) : mnmajor(ds + dq_first_block<C>(cw).x * 64 * 128, 64)),
                      ds + cw * C::DS_BYTES + (C::DQ_T ? 0u : store_ds_offset<C>(warp, lane))};
 }
 

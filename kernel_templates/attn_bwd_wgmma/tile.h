@@ -262,6 +262,15 @@ __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stag
   named_arrive(C::dq_full(wg, half), C::DQ_SYNC);
 }
 
+// Warpgroup wg's first dQ block (block wg): its query half (x) and column block (y), where the descriptors tile_dq
+// takes point already (made once: made from wg, ptxas made the offsets of each wgmma step from the warpgroup index
+// every tile). DQ_T: (0, 0) (tile_dq_t's offsets from wg: pointing at its 64 of D, its loop was 9 longer).
+template <class C>
+__device__ __forceinline__ int2 dq_first_block(int wg) {
+  if constexpr (C::DQ_T) return make_int2(0, 0);
+  return make_int2(wg / (C::D / 64), wg % (C::D / 64));
+}
+
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
 // unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
 // fp32 per row, issued by one lane per warp for its 16 rows. The staging tile is written again only after the
@@ -287,7 +296,7 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
 // warpgroups: block i * NWG + wg is this warpgroup's i-th (DQ_BLOCKS % NWG == 0, the manifest's constraint), so
 // each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
-// MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
+// MN-major (`kd`, column blocks BN rows apart; dsd and kd at block wg's, dq_first_block); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
 // reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile; DQ_WRITER: staged there for the
 // producer's writer warp, which hands the tiles back on dq_free; `buf`: the tile's set of staging tiles). `after_first`: issued right after the first
 // block's wgmmas (dK's), so that they run while that block's reductions go out: the first block waits with one
@@ -299,13 +308,14 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
 #pragma unroll
   for (int i = 0; i < C::DQ_BLOCKS / C::NWG; ++i) {
     const int blk = i * C::NWG + wg, mh = blk / (C::D / 64), c = blk % (C::D / 64);
+    const int2 first = dq_first_block<C>(wg);  // where dsd and kd point (0 for block 0)
     float acc[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk)
       Wgmma<64>::template ss<C::BF16, 1, 1>(
-          acc, desc_advance(dsd, (kk / 4) * C::DS_BYTES + mh * 64 * 128 + (kk % 4) * 16 * 128),
-          desc_advance(kd, c * C::BN * 128 + kk * 16 * 128), kk > 0);
+          acc, desc_advance(dsd, (kk / 4) * C::DS_BYTES + (mh - first.x) * 64 * 128 + (kk % 4) * 16 * 128),
+          desc_advance(kd, (c - first.y) * C::BN * 128 + kk * 16 * 128), kk > 0);
     wgmma_commit();
     if (i == 0) {
       after_first();
