@@ -223,7 +223,8 @@ struct ConsumerLoop {
 // Step `it` of a consumer's loop: query tile qt (MASK: whether a partial one), waited for, consumed, its slot
 // released.
 template <class C, Masking MASK>
-__device__ __forceinline__ void consumer_step(const ConsumerLoop<C>& L, QueryTile qt, int it, float* dk, float* dv) {
+__device__ __forceinline__ void consumer_step(const ConsumerLoop<C>& L, QueryTile qt, int it_, float* dk, float* dv) {
+  const unsigned it = it_;  // unsigned: its slot, phase and parity without a signed division's fix-ups
   if constexpr (C::PRODUCER) {
     // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
     // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.
@@ -246,7 +247,7 @@ __device__ __forceinline__ void consumer_step(const ConsumerLoop<C>& L, QueryTil
     __syncthreads();
     if constexpr (C::STAGES == 2)
       load_query_tile<C>(L.sm, L.a, L.b, next_query_tile(qt, L.m_first, L.m_end, C::BM), (it + 1) % 2, L.sq_pad,
-                         it + 1 < L.n_iters);
+                         it_ + 1 < L.n_iters);
     consume_tile<C, MASK>(L.sm, L.a, L.kb, L.rb, L.b, qt, it % C::STAGES, 0, 0, L.scale_log2, dk, dv);
   }
 }
