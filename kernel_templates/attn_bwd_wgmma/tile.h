@@ -267,6 +267,9 @@ __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stag
 // every tile). DQ_T: (0, 0) (tile_dq_t's offsets from wg: pointing at its 64 of D, its loop was 9 longer).
 template <class C>
 __device__ __forceinline__ int2 dq_first_block(int wg) {
+  // Every block's column block at or right of the first's (desc_advance adds unsigned bytes): c = (i NWG + wg) % (D
+  // / 64) is wg % (D / 64) for each i where D / 64 divides NWG, and wg is 0 where NWG is 1.
+  static_assert(C::NWG == 1 || C::NWG % (C::D / 64) == 0, "dQ blocks' column offsets from the first non-negative");
   if constexpr (C::DQ_T) return make_int2(0, 0);
   return make_int2(wg / (C::D / 64), wg % (C::D / 64));
 }
