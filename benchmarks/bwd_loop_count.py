@@ -95,7 +95,8 @@ def count_build(name: str) -> Count:
 
 
 def counts_of(name: str, cubins: dict[str, Path], this: bool) -> dict[str, Count]:
-    out = {label: count_cubin((folder / f"{name}.cubin").read_bytes(), name) for label, folder in cubins.items()}
+    out = {label: count_cubin((folder / f"{name}.cubin").read_bytes(), name) for label, folder in cubins.items()
+           if (folder / f"{name}.cubin").is_file()}  # a folder without the variant: no row
     if this or not cubins:
         out["this"] = count_build(name)
     return out

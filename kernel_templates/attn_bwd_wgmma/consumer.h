@@ -13,23 +13,16 @@
 
 namespace fc {
 
-// What a consumer warpgroup keeps for its whole loop: its shared-memory descriptors and its keys. Every descriptor
-// here and in RingBase goes through `opaque` (ptx_sm90.h): where ptxas knows a descriptor's low bits clear, it
-// turns the first steps' advances into ORs that split the pair (a UMOV of the high word each).
-// threadIdx.x by a volatile move: ptxas neither hoists it nor what is made from it out of a loop.
-__device__ __forceinline__ int tid_x_in_loop() {
-  unsigned x;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));
-  return (int)x;
-}
-
-// A descriptor made once for the loop: through `opaque` where the warpgroup index is warp-uniform (WG_BROADCAST: the
-// pair held in uniform registers); else as made (BLOCK_M 128: per-thread values; held, they spilled).
+// A descriptor made once for the loop (KeyBlock, RingBase): through `opaque` (ptx_sm90.h) where the warpgroup index
+// is warp-uniform (WG_BROADCAST), so ptxas holds it in uniform registers without knowing its low bits clear (it
+// turned the first steps' advances into ORs that split the pair, a UMOV of the high word each); else as made
+// (BLOCK_M 128: per-thread values, for ptxas to make again; held, they spilled).
 template <class C>
 __device__ __forceinline__ uint64_t held(uint64_t d) {
   return C::WG_BROADCAST ? opaque(d) : d;
 }
 
+// What a consumer warpgroup keeps for its whole loop: its shared-memory descriptors and its keys.
 struct KeyBlock {
   uint64_t kd, vd;     // its 64 K and V rows, K-major (S^T = K Q^T, dP^T = V dO^T)
   uint64_t kd_mn;      // the K tile, MN-major (dQ = dS K), at this warpgroup's first dQ block's column block
@@ -60,9 +53,27 @@ struct RingBase {
   static constexpr uint64_t MN = (uint64_t)(C::BM * 128 / 16 - 1) << 16;
   static constexpr uint32_t SET = C::NWG * C::DS_BYTES;  // bytes from one dS^T set to the next
 
-  __device__ __forceinline__ uint64_t q_at(int st) const { return q + (uint32_t)st * (C::Q_BYTES / 16); }
-  __device__ __forceinline__ uint64_t dout_at(int st) const { return dout + (uint32_t)st * (C::Q_BYTES / 16); }
-  __device__ __forceinline__ uint64_t ds_at(int set) const { return ds + (uint32_t)set * (SET / 16); }
+  // BLOCK_M 128 (no WG_BROADCAST, 255 registers): made from the slot's address in the tile, as before RingBase (from
+  // slot 0's descriptor, 5 of its 18 variants spilled 8-48 bytes).
+  uint32_t q_s, dout_s, ds_s;
+
+  __device__ __forceinline__ uint64_t q_at(int st) const {
+    if constexpr (!C::WG_BROADCAST) return kmajor(q_s + st * C::Q_BYTES);
+    return q + (uint32_t)st * (C::Q_BYTES / 16);
+  }
+  __device__ __forceinline__ uint64_t dout_at(int st) const {
+    if constexpr (!C::WG_BROADCAST) return kmajor(dout_s + st * C::Q_BYTES);
+    return dout + (uint32_t)st * (C::Q_BYTES / 16);
+  }
+  // Q's or dO's descriptor MN-major over the tile's BM rows (`kd`: q_at's or dout_at's of slot st).
+  __device__ __forceinline__ uint64_t mn(uint64_t kd, uint32_t base, int st) const {
+    if constexpr (!C::WG_BROADCAST) return mnmajor(base + st * C::Q_BYTES, C::BM);
+    return kd + MN;
+  }
+  __device__ __forceinline__ uint64_t ds_at(int set) const {
+    if constexpr (!C::WG_BROADCAST) return C::DQ_T ? kmajor(ds_s + set * SET) : mnmajor(ds_s + set * SET, 64);
+    return ds + (uint32_t)set * (SET / 16);
+  }
   __device__ __forceinline__ uint32_t ds_st_at(int set) const { return ds_st + (uint32_t)set * SET; }
 };
 
@@ -72,7 +83,8 @@ __device__ __forceinline__ RingBase<C> ring_base(const WgSmem<C>& sm, int cw) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   return RingBase<C>{held<C>(kmajor(smem_u32(sm.q(0)))), held<C>(kmajor(smem_u32(sm.dout(0)))),
                      held<C>(C::DQ_T ? kmajor(ds) : mnmajor(ds + dq_first_block<C>(cw).x * 64 * 128, 64)),
-                     ds + cw * C::DS_BYTES + (C::DQ_T ? 0u : store_ds_offset<C>(warp, lane))};
+                     ds + cw * C::DS_BYTES + (C::DQ_T ? 0u : store_ds_offset<C>(warp, lane)), smem_u32(sm.q(0)),
+                     smem_u32(sm.dout(0)), ds + dq_first_block<C>(cw).x * 64 * 128};
 }
 
 // Query tile qt (its Q, dO, lse and delta in ring slot st, landed and visible to wgmma) against the warpgroup's keys:
@@ -84,11 +96,7 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
                                              const RingBase<C>& rb, int b, QueryTile qt, int st, int set, int dq_buf,
                                              float scale_log2, float* dk, float* dv) {
   const uint64_t qd = rb.q_at(st), dod = rb.dout_at(st);
-  // DQ_T: the thread's index read again each tile (a volatile move ptxas cannot hoist), so that its per-thread
-  // addresses (stmatrix's, the staging stores') are made in the tile: held across the loop beside 208
-  // accumulators they spilled, and ptxas serialised the wgmmas (C7512).
-  const int tid = threadIdx.x;
-  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   // S^T and dP^T in two groups: P^T's exp2s run while dP^T is computed, dS^T while dV's wgmmas run.
   float s[C::BM / 2], dp[C::BM / 2];
   uint32_t pa[C::BM / 16][4], da[C::BM / 16][4];
@@ -116,13 +124,13 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
     ds_tile<C>(dp, s, delta);
     pack_a<C>(pa, s);
     wgmma_fence();
-    issue_grad<C>(dv, pa, dod + RingBase<C>::MN);
+    issue_grad<C>(dv, pa, rb.mn(dod, rb.dout_s, st));
     wgmma_commit();
   } else {
     pack_a<C>(pa, s);
     const Cols<C> delta = Cols<C>::at(sm.delta(st));  // before dV's wgmmas, for the same reason
     wgmma_fence();
-    issue_grad<C>(dv, pa, dod + RingBase<C>::MN);
+    issue_grad<C>(dv, pa, rb.mn(dod, rb.dout_s, st));
     wgmma_commit();
     wgmma_wait<1>();  // dP^T (dV's wgmmas still in flight)
     fence_regs<C::BM / 2>(dp);
@@ -139,7 +147,7 @@ __device__ __forceinline__ void consume_tile(const WgSmem<C>& sm, const BwdArgs&
   // dQ's first block, then dK's wgmmas, in flight while that block's reductions go out (tile_dq).
   const auto issue_dk = [&] {
     wgmma_fence();
-    issue_grad<C>(dk, da, qd + RingBase<C>::MN);
+    issue_grad<C>(dk, da, rb.mn(qd, rb.q_s, st));
     wgmma_commit();
   };
   if constexpr (C::DQ_T)

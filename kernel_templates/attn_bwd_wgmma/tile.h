@@ -34,7 +34,7 @@ __device__ __forceinline__ void issue_scores(float* s, uint64_t kd, uint64_t qd)
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
     const uint32_t cb = kk / 4, off = (kk % 4) * 32;  // column block, bytes into its 128-byte row
-    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance<false>(kd, cb * C::BN * 128 + off),
+    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance<!C::WG_BROADCAST>(kd, cb * C::BN * 128 + off),
                                           desc_advance(qd, cb * C::BM * 128 + off), kk > 0);
   }
 }
@@ -122,7 +122,8 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
   }
 }
 
-// The thread's dS^T values as A fragments (pack_a's registers) into the warpgroup's dS^T tile (64 key rows of BM queries, swizzled):
+// The thread's dS^T values as A fragments (pack_a's registers) into the warpgroup's dS^T tile (64 key rows of BM
+// queries, swizzled):
 // one stmatrix.x4 per 16 columns, whose four 8 x 8 matrices are the fragment's registers in order (rows 0-7 and
 // 8-15 of the warp's 16, columns 16kk .. 16kk + 7, then 16kk + 8 ..); lane l addresses row l % 8 of matrix l / 8.
 // (A 32-bit store per register pair made 16 stores and their swizzled addresses a tile.) BLOCK_M 128 keeps those
@@ -130,8 +131,9 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
 // DQ_T (BLOCK_M 80): stored transposed (stmatrix.trans), queries x keys: the warpgroup's tile is its 64-key column
 // block of the 80-row dS tile; matrix l / 8 of k-step kk is queries 16kk + 8 ((l / 8) / 2) .. + 7 (its rows in
 // memory) by keys 8 ((l / 8) % 2) .. + 7 of the warp's 16.
-// The thread's first stmatrix address in its warpgroup's dS^T tile, less the tile's (BLOCK_M 64 and DQ_T; 0 at
-// BLOCK_M 128, whose stores make their own): held across the loop, the tile's address added once a tile.
+// store_ds_offset: the thread's first stmatrix address in its warpgroup's dS^T tile less the tile's (BLOCK_M 64 and
+// DQ_T; 0 at BLOCK_M 128, whose stores make their own), held across the loop (RingBase::ds_st); store_ds takes it
+// plus the tile's (`addr`), or the tile itself (`tile`, BLOCK_M 128).
 template <class C>
 __device__ __forceinline__ uint32_t store_ds_offset(int warp_wg, int lane) {
   if constexpr (C::DQ_T) {
