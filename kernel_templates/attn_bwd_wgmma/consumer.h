@@ -35,7 +35,8 @@ template <class C>
 __device__ __forceinline__ KeyBlock key_block(const WgSmem<C>& sm, int n0, int cw) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const uint32_t k_rows = smem_u32(sm.k()) + cw * 64 * 128, v_rows = smem_u32(sm.v()) + cw * 64 * 128;
-  return KeyBlock{held<C>(kmajor(k_rows)), held<C>(kmajor(v_rows)), held<C>(mnmajor(smem_u32(sm.k()) + dq_first_block<C>(cw).y * C::BN * 128, C::BN)), n0,
+  const uint32_t k_dq = smem_u32(sm.k()) + dq_first_block<C>(cw).y * C::BN * 128;
+  return KeyBlock{held<C>(kmajor(k_rows)), held<C>(kmajor(v_rows)), held<C>(mnmajor(k_dq, C::BN)), n0,
                   n0 + cw * 64 + warp * 16 + lane / 4, cw};
 }
 

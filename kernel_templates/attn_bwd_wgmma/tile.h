@@ -153,8 +153,8 @@ __device__ __forceinline__ void store_ds(uint8_t* tile, uint32_t addr, const flo
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;
-      stmatrix_x4_trans(addr + store_ds_offset<C>(warp_wg, lane) + kk * 16 * 128, pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
-                        pack2<T>(x[6], x[7]));
+      stmatrix_x4_trans(addr + store_ds_offset<C>(warp_wg, lane) + kk * 16 * 128, pack2<T>(x[0], x[1]),
+                        pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
     }
   } else if constexpr (C::BM == 64) {
     // k-step kk: chunk 2kk + hi of the row, whose swizzled index is the first's XOR 2kk (the tile 1024-aligned).
@@ -301,11 +301,12 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
 // warpgroups: block i * NWG + wg is this warpgroup's i-th (DQ_BLOCKS % NWG == 0, the manifest's constraint), so
 // each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
-// MN-major (`kd`, column blocks BN rows apart; dsd and kd at block wg's, dq_first_block); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
-// reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile; DQ_WRITER: staged there for the
-// producer's writer warp, which hands the tiles back on dq_free; `buf`: the tile's set of staging tiles). `after_first`: issued right after the first
-// block's wgmmas (dK's), so that they run while that block's reductions go out: the first block waits with one
-// group still in flight, the later ones for all.
+// MN-major (`kd`, column blocks BN rows apart; dsd and kd point at block wg's, dq_first_block); dq_rows: the
+// (batch, head)'s dq_accum rows, added to with vector reductions (DQ_BULK: through `stage`, the warpgroup's first
+// staging tile; DQ_WRITER: staged there for the producer's writer warp, which hands the tiles back on dq_free;
+// `buf`: the tile's set of staging tiles). `after_first`: issued right after the first block's wgmmas (dK's), so
+// that they run while that block's reductions go out: the first block waits with one group still in flight, the
+// later ones for all.
 template <class C, class AfterFirst>
 __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int buf, int m0,
                                         int sq, int wg, int warp_wg, int lane, AfterFirst&& after_first) {
