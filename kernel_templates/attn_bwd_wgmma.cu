@@ -198,6 +198,60 @@ __device__ __forceinline__ void write_dq_halves(const WgSmem<C>& sm, const BwdAr
   bulk_wait<0>();  // the staging tiles stay valid until the reductions are done
 }
 
+// The end of the rows whose query tiles the mask touches (Keys::partial): tiles m_first .. it are partial, those
+// from it to m_end whole (causal: a tile whose first row's position is at or past the CTA's last key). No windows.
+template <class C>
+__device__ __forceinline__ int masked_rows_end(int n0, const BwdArgs& a, int m_first, int m_end) {
+  static_assert(C::Keys::LEFT < 0 && C::Keys::RIGHT < 0, "the template has no sliding windows");
+  if (n0 + C::BN > a.sk) return m_end;  // keys past Sk: every tile
+  if constexpr (!C::CAUSAL) return m_first;
+  const int row = n0 + C::BN - 1 - (a.sk - a.sq);  // partial while m0 + Sk - Sq < n0 + BN - 1
+  return row <= m_first ? m_first : min(m_end, m_first + (row - m_first + C::BM - 1) / C::BM * C::BM);
+}
+
+// What a consumer's loop steps share.
+template <class C>
+struct ConsumerLoop {
+  const WgSmem<C>& sm;
+  const BwdArgs& a;
+  const KeyBlock& kb;
+  const RingBase<C>& rb;
+  int b, sq_pad, m_first, m_end, n_iters;
+  float scale_log2;
+};
+
+// Step `it` of a consumer's loop: query tile qt (MASK: whether a partial one), waited for, consumed, its slot
+// released.
+template <class C, Masking MASK>
+__device__ __forceinline__ void consumer_step(const ConsumerLoop<C>& L, QueryTile qt, int it_, float* dk, float* dv) {
+  const unsigned it = it_;  // unsigned: its slot, phase and parity without a signed division's fix-ups
+  if constexpr (C::PRODUCER) {
+    // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
+    // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.
+    const int st = it % C::STAGES;
+    mbar_wait(L.sm.q_full(st), (it / C::STAGES) & 1);
+    consume_tile<C, MASK>(L.sm, L.a, L.kb, L.rb, L.b, qt, st, it % 2, st % C::DQ_BUFS, L.scale_log2, dk, dv);
+    if (threadIdx.x % 32 == 0) mbar_arrive(L.sm.q_empty(st));
+  } else {
+    // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
+    // every warpgroup is then past the previous tile, so the other ring slot (refilled by the prefetch right
+    // after it) and the dS^T tiles are free.
+    if constexpr (C::STAGES == 2) {
+      cp_async_wait<0>();  // this tile's group (prefetched during the previous one, or before the loop)
+    } else {
+      __syncthreads();  // every warpgroup is past the previous tile: the one slot is free
+      load_query_tile<C>(L.sm, L.a, L.b, qt, 0, L.sq_pad, true);
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+    if constexpr (C::STAGES == 2)
+      load_query_tile<C>(L.sm, L.a, L.b, next_query_tile(qt, L.m_first, L.m_end, C::BM), (it + 1) % 2, L.sq_pad,
+                         it_ + 1 < L.n_iters);
+    consume_tile<C, MASK>(L.sm, L.a, L.kb, L.rb, L.b, qt, it % C::STAGES, 0, 0, L.scale_log2, dk, dv);
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tdo, const BwdArgs& a) {
   using T = typename C::T;
@@ -257,38 +311,30 @@ __device__ __forceinline__ void attn_bwd_wgmma(const TmaDesc& tq, const TmaDesc&
   }
 
   const KeyBlock kb = key_block<C>(sm, n0, cw);
+  const RingBase<C> rb = ring_base<C>(sm, cw);
   float dk[C::D / 2], dv[C::D / 2];
 #pragma unroll
   for (int i = 0; i < C::D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float scale_log2 = a.scale * LOG2E;
 
-  for (int it = 0; it < n_iters; ++it) {
-    const QueryTile next = next_tile<C>(qt, m_first, m_end, a);
-    if constexpr (C::PRODUCER) {
-      // Its slot's loads landed (TMA and bulk copies write through the async proxy: no fence); the dS^T tiles
-      // alternate by tile, so a warpgroup a tile ahead never overwrites those another still reads.
-      const int st = it % C::STAGES;
-      mbar_wait(sm.q_full(st), (it / C::STAGES) & 1);
-      consume_tile<C>(sm, a, kb, b, qt, st, sm.ds(0) + (it % 2) * C::NWG * C::DS_BYTES, st % C::DQ_BUFS, scale_log2,
-                      dk, dv);
-      if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(st));
-    } else {
-      // One CTA barrier per tile, at its start, once its loads landed (and were fenced for wgmma's async proxy):
-      // every warpgroup is then past the previous tile, so the other ring slot (refilled by the prefetch right
-      // after it) and the dS^T tiles are free.
-      if constexpr (C::STAGES == 2) {
-        cp_async_wait<0>();  // this tile's group (prefetched during the previous one, or before the loop)
-      } else {
-        __syncthreads();  // every warpgroup is past the previous tile: the one slot is free
-        load_query_tile<C>(sm, a, b, qt, 0, sq_pad, true);
-        cp_async_wait<0>();
-      }
-      fence_proxy_async();
-      __syncthreads();
-      if constexpr (C::STAGES == 2) load_query_tile<C>(sm, a, b, next, (it + 1) % 2, sq_pad, it + 1 < n_iters);
-      consume_tile<C>(sm, a, kb, b, qt, it % C::STAGES, sm.ds(0), 0, scale_log2, dk, dv);
+  // Each head's tiles in two loops: first those the mask touches (causal: the few at the diagonal; all where the
+  // CTA's keys run past Sk), then the rest, which run no mask code (FlashAttention-3 and -4 split theirs alike; in
+  // one loop the mask's test and bounds ran on every tile). The order is the producer's (next_tile).
+  const ConsumerLoop<C> loop{sm, a, kb, rb, b, sq_pad, m_first, m_end, n_iters, scale_log2};
+  if constexpr (C::SPLIT_MASK) {
+    const int m_masked = masked_rows_end<C>(n0, a, m_first, m_end);
+    int it = 0;
+    for (int h = hk * a.h_per_kv; h < (hk + 1) * a.h_per_kv; ++h) {
+      int m0 = m_first;
+      for (; m0 < m_masked; m0 += C::BM, ++it) consumer_step<C, Masking::PARTIAL>(loop, {h, m0}, it, dk, dv);
+      for (; m0 < m_end; m0 += C::BM, ++it) consumer_step<C, Masking::WHOLE>(loop, {h, m0}, it, dk, dv);
     }
-    qt = next;
+  } else {  // one loop over the tiles in the producer's order, each tested (as nested loops, BLOCK_M 128 spilled)
+    for (int it = 0; it < n_iters; ++it) {
+      const QueryTile next = next_tile<C>(qt, m_first, m_end, a);
+      consumer_step<C, Masking::TEST>(loop, qt, it, dk, dv);
+      qt = next;
+    }
   }
   cp_async_wait<0>();
   if constexpr (C::CONSUMER_BULK) bulk_wait<0>();  // the staging tiles stay valid until the reductions are done

@@ -90,7 +90,7 @@ _BM80 = {"BLOCK_M": 80, "BLOCK_N": 128, "STAGES": 2, "DQ_BULK": True, "PRODUCER"
 
 @pytest.mark.parametrize("change, head_dim, causal, reason", [
     ({}, 128, False, ""),
-    ({}, 128, True, "causal tiles stay at BLOCK_M 64"),
+    ({}, 128, True, ""),  # causal too, since session 27 (its loop compiles without spills)
     ({}, 64, False, "BLOCK_M 80 computes dQ^T"),
     ({"DQ_BULK": False}, 128, False, "BLOCK_M 80 computes dQ^T"),
     ({"STAGES": 3}, 128, False, "BLOCK_M 80 computes dQ^T"),
@@ -141,12 +141,17 @@ def test_every_feasible_point_compiles_without_spills(head_dim: int) -> None:
 @needs_nvcc
 def test_the_sass_has_wgmma_and_dq_reductions(tmp_path: Path) -> None:
     """wgmma compiled to HGMMA (per tile at D128, BM64: S^T, dP^T and dQ 8 64x64 steps each, dV and dK 4 64x128
-    each); atomicAdd whose result is unused compiles to a reduction (REDG on sm_90), never a returning ATOM."""
+    each, in each of the consumer's two loops: a head's partial tiles and its whole ones); atomicAdd whose result is
+    unused compiles to a reduction (REDG on sm_90), never a returning ATOM."""
     from tests.kernel_builds import sass
+    from tuner.kernels.sass_budget import functions, main_loop
 
     res = build_many([parse_variant_name(NAME)], "sm_90a")[0].compiled
     assert res.ok, res.log[-2000:]
     code = sass(res.cubin, tmp_path)
     main = code.split(f"Function : {NAME}\n")[1].split("Function :")[0]
-    assert main.count("HGMMA.64x64x16.F32.BF16") == 24 and main.count("HGMMA.64x128x16.F32.BF16") == 8
+    assert main.count("HGMMA.64x64x16.F32.BF16") == 2 * 24 and main.count("HGMMA.64x128x16.F32.BF16") == 2 * 8
+    loop = main_loop(code, NAME)
+    tile = " ".join(i.text for i in functions(code)[NAME] if loop.start <= i.addr <= loop.end)
+    assert tile.count("HGMMA.64x64x16.F32.BF16") == 24 and tile.count("HGMMA.64x128x16.F32.BF16") == 8
     assert "REDG.E.ADD.F32" in main and "ATOM" not in main

@@ -71,6 +71,9 @@ struct BwdWgmmaConfig {
   // (next_tile), not held across the loop, where it was one register too many (consumers at 240, the producer
   // warpgroup at 24: spilled); elsewhere that branch spilled and the row is held.
   static constexpr bool FIRST_ROW_AT_WRAP = CAUSAL && PRODUCER && BM == 64;
+  // The consumer's partial and whole query tiles in loops of their own (no mask code in the whole tiles'); else one
+  // loop that tests each tile (BLOCK_M 80: two copies of its loop spilled beside 208 accumulators).
+  static constexpr bool SPLIT_MASK = BM == 64;
   using Keys = KeyWindow<NoMask, CAUSAL_>;
   static constexpr int MIN_BLOCKS = 1;
 

@@ -34,7 +34,7 @@ __device__ __forceinline__ void issue_scores(float* s, uint64_t kd, uint64_t qd)
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
     const uint32_t cb = kk / 4, off = (kk % 4) * 32;  // column block, bytes into its 128-byte row
-    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance(kd, cb * C::BN * 128 + off),
+    Wgmma<C::BM>::template ss<C::BF16, 0>(s, desc_advance<!C::WG_BROADCAST>(kd, cb * C::BN * 128 + off),
                                           desc_advance(qd, cb * C::BM * 128 + off), kk > 0);
   }
 }
@@ -84,13 +84,18 @@ using LseCols = std::conditional_t<C::DQ_T, PartCols<C::LSE_REGS>, Cols<C>>;
 
 // S^T -> P^T in place. key0: the thread's first key (row g of its warp's 16); q_pos0: the key-aligned position of
 // query column 0; lse: the thread's columns' lse_log2 (load_cols; +inf past Sq or for a row that sees no key: P = 0).
-// A partial tile's hidden scores are set to -inf first, in a branch of their own: tested inside the exp2 loop,
-// ptxas predicated the 64 compares and executed them on every tile (ncu, causal: ~250 instructions a tile).
-template <class C, class L>
-__device__ __forceinline__ void p_tile(float* s, const L& lse, bool partial, int key0, int q_pos0,
-                                       int sk, float scale_log2) {
+// A partial tile's hidden scores are set to -inf first. The consumer runs partial and whole tiles in
+// loops of their own (masked_rows_end): tested inside the exp2 loop, ptxas predicated the 64 compares onto every
+// tile (ncu, causal: ~250 instructions a tile); in a branch of one loop, the test and its bounds still ran on all.
+// Which tiles a loop of the consumer masks: none, all, or those Keys::partial names (a runtime test, one loop).
+enum class Masking { WHOLE, PARTIAL, TEST };
+
+template <class C, Masking MASK, class L>
+__device__ __forceinline__ void p_tile(float* s, const L& lse, int n0, int key0, int q_pos0, int sk,
+                                       float scale_log2) {
   const int t = threadIdx.x % 4;
-  if (partial) {
+  if (MASK == Masking::PARTIAL ||
+      (MASK == Masking::TEST && C::Keys::partial(n0, C::BN, q_pos0, q_pos0 + C::BM - 1, sk))) {
 #pragma unroll
     for (int nb = 0; nb < C::BM / 8; ++nb)
 #pragma unroll
@@ -117,7 +122,8 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
   }
 }
 
-// The thread's dS^T values as A fragments (pack_a's registers) into the warpgroup's dS^T tile (64 key rows of BM queries, swizzled):
+// The thread's dS^T values as A fragments (pack_a's registers) into the warpgroup's dS^T tile (64 key rows of BM
+// queries, swizzled):
 // one stmatrix.x4 per 16 columns, whose four 8 x 8 matrices are the fragment's registers in order (rows 0-7 and
 // 8-15 of the warp's 16, columns 16kk .. 16kk + 7, then 16kk + 8 ..); lane l addresses row l % 8 of matrix l / 8.
 // (A 32-bit store per register pair made 16 stores and their swizzled addresses a tile.) BLOCK_M 128 keeps those
@@ -125,26 +131,38 @@ __device__ __forceinline__ void ds_tile(float* dp, const float* p, const Cols<C>
 // DQ_T (BLOCK_M 80): stored transposed (stmatrix.trans), queries x keys: the warpgroup's tile is its 64-key column
 // block of the 80-row dS tile; matrix l / 8 of k-step kk is queries 16kk + 8 ((l / 8) / 2) .. + 7 (its rows in
 // memory) by keys 8 ((l / 8) % 2) .. + 7 of the warp's 16.
+// store_ds_offset: the thread's first stmatrix address in its warpgroup's dS^T tile less the tile's (BLOCK_M 64 and
+// DQ_T; 0 at BLOCK_M 128, whose stores make their own), held across the loop (RingBase::ds_st); store_ds takes it
+// plus the tile's (`addr`), or the tile itself (`tile`, BLOCK_M 128).
 template <class C>
-__device__ __forceinline__ void store_ds(uint8_t* tile, const float* ds, int warp_wg, int lane) {
+__device__ __forceinline__ uint32_t store_ds_offset(int warp_wg, int lane) {
+  if constexpr (C::DQ_T) {
+    const int m = lane / 8;
+    return sw128_offset(8 * (m / 2) + lane % 8, 2 * warp_wg + m % 2, C::BM);
+  } else if constexpr (C::BM == 64) {
+    return sw128_offset(warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), lane / 16, 64);
+  }
+  return 0;
+}
+
+template <class C>
+__device__ __forceinline__ void store_ds(uint8_t* tile, uint32_t addr, const float* ds, int warp_wg, int lane) {
   using T = typename C::T;
   if constexpr (C::DQ_T) {
-    const int m = lane / 8, q = 8 * (m / 2) + lane % 8, chunk = 2 * warp_wg + m % 2;
-    const uint32_t base = smem_u32(tile);
+    // k-step kk: queries 16kk on, 16 rows of 128 bytes further (16kk + q keeps q's row within its 8-row swizzle).
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;
-      stmatrix_x4_trans(base + sw128_offset(16 * kk + q, chunk, C::BM), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
-                        pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      stmatrix_x4_trans(addr + store_ds_offset<C>(warp_wg, lane) + kk * 16 * 128, pack2<T>(x[0], x[1]),
+                        pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
     }
   } else if constexpr (C::BM == 64) {
-    const int r = warp_wg * 16 + lane % 8 + 8 * ((lane / 8) % 2), hi = lane / 16;
-    const uint32_t base = smem_u32(tile);
+    // k-step kk: chunk 2kk + hi of the row, whose swizzled index is the first's XOR 2kk (the tile 1024-aligned).
 #pragma unroll
     for (int kk = 0; kk < C::BM / 16; ++kk) {
       const float* x = ds + 8 * kk;  // pack_a's registers of k-step kk
-      stmatrix_x4(base + sw128_offset(r, 2 * kk + hi, 64), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]),
-                  pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      stmatrix_x4(addr ^ (kk << 5), pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]),
+                  pack2<T>(x[6], x[7]));
     }
   } else {
     const int g = lane / 4, t = lane % 4;
@@ -175,29 +193,50 @@ __device__ __forceinline__ void issue_grad(float* acc, const uint32_t (*a)[4], u
   for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<C::D>::template rs<C::BF16>(acc, a[kk], desc_advance(dod, kk * 16 * 128), 1);
 }
 
-// The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row).
+// Two floats to shared memory at a shared-window address.
+__device__ __forceinline__ void sts_f2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// The thread's accumulators of a 64 x 64 dQ block into a staging tile (DQS_STRIDE floats a row). DQ_TILED: dq_index's
+// swizzle, 8-column group nb of row r at nb ^ (r % 8) (r % 8 = g): the byte address of group nb is group 0's XOR
+// 32 nb (rows 256 bytes, the tile 256-aligned), one LOP3 each, no address per store made from the row and column.
 template <class C>
 __device__ __forceinline__ void stage_block(float* stage, const float* acc, int warp_wg, int g, int t) {
+  if constexpr (C::DQ_TILED) {
+    static_assert(C::DQS_STRIDE == 64 && C::OFF_DQS % 256 == 0 && C::DQS_BYTES % 256 == 0, "256-byte rows, aligned");
+    const uint32_t first = smem_u32(stage) + (warp_wg * 16 + g) * 256 + g * 32 + t * 8;
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+    for (int nb = 0; nb < 8; ++nb) {
+      const uint32_t at = first ^ (nb << 5);
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE +
-                                 (C::DQ_TILED ? (nb ^ g) : nb) * 8 + 2 * t) =  // DQ_TILED: dq_index's swizzle (r % 8 = g)
-          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+      for (int h = 0; h < 2; ++h) sts_f2(at + h * 8 * 256, acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+        *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + nb * 8 + 2 * t) =
+            make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+  }
 }
 
 // DQ_T: the thread's dQ^T accumulators (a warpgroup's 64 columns of D x 80 queries) into its staging tile, line d
-// (a column of dQ) of 80 floats, dq_index's swizzle of the 8-query groups ((d / 2) % 2 = (g / 2) % 2).
+// (a column of dQ) of 80 floats, dq_index's swizzle of the 8-query groups ((d / 2) % 2 = (g / 2) % 2): group nb at
+// nb ^ sw, i.e. 8 floats right of nb for an even nb and left for an odd one where sw is 1, so two addresses (even
+// and odd groups) and immediates serve all 40 stores. (Made per store, ptxas hoisted them out of the loop: spilled.)
 template <class C>
 __device__ __forceinline__ void stage_block_t(float* stage, const float* acc, int warp_wg, int g, int t) {
   const int sw = (g / 2) % 2;
+  const uint32_t line = smem_u32(stage) + ((warp_wg * 16 + g) * C::DQS_STRIDE + 2 * t) * 4;
+  const uint32_t even = line + sw * 32, odd = line - sw * 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int nb = 0; nb < C::BM / 8; ++nb)
-      *reinterpret_cast<float2*>(stage + (warp_wg * 16 + g + 8 * h) * C::DQS_STRIDE + (nb ^ sw) * 8 + 2 * t) =
-          make_float2(acc[nb * 4 + 2 * h], acc[nb * 4 + 2 * h + 1]);
+      sts_f2((nb % 2 ? odd : even) + (h * 8 * C::DQS_STRIDE + nb * 8) * 4, acc[nb * 4 + 2 * h],
+             acc[nb * 4 + 2 * h + 1]);
 }
 
 // DQ_T: the warpgroup's dQ^T block (its 64 columns of D x the tile's 80 queries) = K^T dS^T over the CTA's BN keys,
@@ -225,6 +264,18 @@ __device__ __forceinline__ void tile_dq_t(uint64_t dsd, uint64_t kd, float* stag
   named_arrive(C::dq_full(wg, half), C::DQ_SYNC);
 }
 
+// Warpgroup wg's first dQ block (block wg): its query half (x) and column block (y), where the descriptors tile_dq
+// takes point already (made once: made from wg, ptxas made the offsets of each wgmma step from the warpgroup index
+// every tile). DQ_T: (0, 0) (tile_dq_t's offsets from wg: pointing at its 64 of D, its loop was 9 longer).
+template <class C>
+__device__ __forceinline__ int2 dq_first_block(int wg) {
+  // Every block's column block at or right of the first's (desc_advance adds unsigned bytes): c = (i NWG + wg) % (D
+  // / 64) is wg % (D / 64) for each i where D / 64 divides NWG, and wg is 0 where NWG is 1.
+  static_assert(C::NWG == 1 || C::NWG % (C::D / 64) == 0, "dQ blocks' column offsets from the first non-negative");
+  if constexpr (C::DQ_T) return make_int2(0, 0);
+  return make_int2(wg / (C::D / 64), wg % (C::D / 64));
+}
+
 // A 64 x 64 dQ block (`acc`, `rows` of them in the problem) added to dq_accum at `dst` (its first row) by the TMA
 // unit: the accumulators staged in shared memory (`stage`, DQS_STRIDE floats a row), then one bulk reduction of 64
 // fp32 per row, issued by one lane per warp for its 16 rows. The staging tile is written again only after the
@@ -250,11 +301,12 @@ __device__ __forceinline__ void reduce_block_bulk(float* dst, float* stage, cons
 // warpgroups: block i * NWG + wg is this warpgroup's i-th (DQ_BLOCKS % NWG == 0, the manifest's constraint), so
 // each (query row, column) of a tile is reduced into dq_accum once per CTA, not once per warpgroup. A from the
 // warpgroups' dS^T tiles MN-major (`dsd`: warpgroup w's 64 keys DS_BYTES after w - 1's), B from the K tile
-// MN-major (`kd`, column blocks BN rows apart); dq_rows: the (batch, head)'s dq_accum rows, added to with vector
-// reductions (DQ_BULK: through `stage`, the warpgroup's first staging tile; DQ_WRITER: staged there for the
-// producer's writer warp, which hands the tiles back on dq_free; `buf`: the tile's set of staging tiles). `after_first`: issued right after the first
-// block's wgmmas (dK's), so that they run while that block's reductions go out: the first block waits with one
-// group still in flight, the later ones for all.
+// MN-major (`kd`, column blocks BN rows apart; dsd and kd point at block wg's, dq_first_block); dq_rows: the
+// (batch, head)'s dq_accum rows, added to with vector reductions (DQ_BULK: through `stage`, the warpgroup's first
+// staging tile; DQ_WRITER: staged there for the producer's writer warp, which hands the tiles back on dq_free;
+// `buf`: the tile's set of staging tiles). `after_first`: issued right after the first block's wgmmas (dK's), so
+// that they run while that block's reductions go out: the first block waits with one group still in flight, the
+// later ones for all.
 template <class C, class AfterFirst>
 __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_rows, float* stage, int buf, int m0,
                                         int sq, int wg, int warp_wg, int lane, AfterFirst&& after_first) {
@@ -262,13 +314,14 @@ __device__ __forceinline__ void tile_dq(uint64_t dsd, uint64_t kd, float* dq_row
 #pragma unroll
   for (int i = 0; i < C::DQ_BLOCKS / C::NWG; ++i) {
     const int blk = i * C::NWG + wg, mh = blk / (C::D / 64), c = blk % (C::D / 64);
+    const int2 first = dq_first_block<C>(wg);  // where dsd and kd point (0 for block 0)
     float acc[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk)
       Wgmma<64>::template ss<C::BF16, 1, 1>(
-          acc, desc_advance(dsd, (kk / 4) * C::DS_BYTES + mh * 64 * 128 + (kk % 4) * 16 * 128),
-          desc_advance(kd, c * C::BN * 128 + kk * 16 * 128), kk > 0);
+          acc, desc_advance(dsd, (kk / 4) * C::DS_BYTES + (mh - first.x) * 64 * 128 + (kk % 4) * 16 * 128),
+          desc_advance(kd, (c - first.y) * C::BN * 128 + kk * 16 * 128), kk > 0);
     wgmma_commit();
     if (i == 0) {
       after_first();

@@ -5,6 +5,8 @@ Skipped off Hopper (feasibility leaves no variant)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.gpu.reference_checks import DENSE_BACKWARD_PROBLEMS, sample_variants
@@ -39,7 +41,9 @@ def test_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
                                   "attn_bwd_wgmma_d64_bf16_m128n64_s1_p", "attn_bwd_wgmma_d128_bf16_m64n128_s2_pw",
                                   "attn_bwd_wgmma_d128_bf16_m64n128_s2_bulk_pw_causal", "attn_bwd_wgmma_d64_bf16_m64n64_s3_bulk_pw",
                                   "attn_bwd_wgmma_d64_fp16_m64n64_s3_pw_causal",
-                                  "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw", "attn_bwd_wgmma_d128_fp16_m80n128_s2_bulk_pw"])
+                                  "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw", "attn_bwd_wgmma_d128_fp16_m80n128_s2_bulk_pw",
+                                  "attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw_causal",
+                                  "attn_bwd_wgmma_d64_fp16_m64n64_s2_bulk_pw_causal"])
 def test_named_tilings_at_training_shapes(name: str, gpu_profile) -> None:
     """The tilings a training shape would use, on a longer sequence (many query tiles per CTA, both ring slots)."""
     if tuple(gpu_profile.compute_capability) < (9, 0):
@@ -69,5 +73,16 @@ def test_block_m_80_gradients_match_fp32_autograd(problem: Problem, gpu_profile)
     if tuple(gpu_profile.compute_capability) < (9, 0):
         pytest.skip(f"{TEMPLATE} is sm_90a only")
     v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw")
+    checks = check_backward(problem, [v], gpu_profile)
+    assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
+
+
+# BLOCK_M 80 causal (feasible since session 27): the same lengths, the diagonal's partial tiles of 80 rows beside
+# 128-key CTAs (bottom-right aligned, Sq != Sk both ways), GQA and BSHD.
+@pytest.mark.parametrize("problem", [dataclasses.replace(p, causal=True) for p in BM80_PROBLEMS], ids=_id)
+def test_causal_block_m_80_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
+    if tuple(gpu_profile.compute_capability) < (9, 0):
+        pytest.skip(f"{TEMPLATE} is sm_90a only")
+    v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw_causal")
     checks = check_backward(problem, [v], gpu_profile)
     assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
