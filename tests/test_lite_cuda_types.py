@@ -25,7 +25,8 @@ pytestmark = [
 LITE = "-DFC_LITE_CUDA_TYPES"
 # One variant per use of a lite definition: half/bf16 packing (every template), e4m3 packing (FP8 forward),
 # __half22float2 and __bfloat1622float2 with the decode's cluster merge (FP8 KV caches, SPLITS > 1),
-# operator float() of half and bf16 (both backward templates, bf16 also on sm_80's path).
+# operator float() of half and bf16 (both backward templates, bf16 also on sm_80's path), and their float
+# constructors (the backward's dQ conversion, BLOCK_M 80).
 VARIANTS = [
     ("attn_fwd_wgmma_d128_fp16_m128n128_s2_sw128_r24_ov_p", "sm_90a"),
     ("attn_fwd_wgmma_d64_bf16_m128n96_s3_sw128_r40_ov_p_2p_causal", "sm_90a"),
@@ -35,6 +36,8 @@ VARIANTS = [
     ("attn_decode_sm80_d128_bf16_m16n64_w2_sp2_s3", "sm_80"),
     ("attn_fwd_mma_d64_bf16_m64n64_w2_kv2_none_s3_qreg_b2_causal", "sm_80"),
     ("attn_bwd_wgmma_d64_bf16_m64n64_s2_bulk_p_causal", "sm_90a"),
+    ("attn_bwd_wgmma_d128_bf16_m80n128_s2_bulk_pw", "sm_90a"),
+    ("attn_bwd_wgmma_d128_fp16_m80n128_s2_bulk_pw", "sm_90a"),
     ("attn_bwd_mma_d128_bf16_m32n64_w4_none_s1", "sm_80"),
     ("attn_bwd_mma_d64_fp16_m32n64_w4_none_s2_causal", "sm_90a"),
 ]

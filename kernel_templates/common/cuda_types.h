@@ -38,6 +38,8 @@ struct __nv_bfloat162_raw {
 
 struct __align__(2) __half {
   unsigned short __x;
+  __half() = default;
+  __device__ inline __half(const float f);  // __float2half, below
   __device__ inline operator float() const {  // __half2float
     float val;
     asm("{  cvt.f32.f16 %0, %1;}\n" : "=f"(val) : "h"(*reinterpret_cast<const unsigned short*>(this)));
@@ -59,6 +61,8 @@ struct __align__(4) __half2 {
 };
 struct __align__(2) __nv_bfloat16 {
   unsigned short __x;
+  __nv_bfloat16() = default;
+  __device__ inline __nv_bfloat16(const float f);  // __float2bfloat16, below
   __device__ inline operator float() const { return __internal_bfloat162float(__x); }  // __bfloat162float
 };
 struct __align__(4) __nv_bfloat162 {
@@ -88,6 +92,20 @@ enum __nv_saturation_t { __NV_NOSAT, __NV_SATFINITE };
 enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
 
 // The toolkit's device paths for sm_80 and later (the templates' archs), asm strings unchanged.
+static __device__ __inline__ __half __float2half(const float a) {
+  __half val;
+  asm("{  cvt.rn.f16.f32 %0, %1;}\n" : "=h"(*reinterpret_cast<unsigned short*>(&val)) : "f"(a));
+  return val;
+}
+__device__ inline __half::__half(const float f) { __x = __float2half(f).__x; }
+
+static __device__ __inline__ __nv_bfloat16 __float2bfloat16(const float a) {
+  __nv_bfloat16 val;
+  asm("{  cvt.rn.bf16.f32 %0, %1;}\n" : "=h"(*reinterpret_cast<unsigned short*>(&val)) : "f"(a));
+  return val;
+}
+__device__ inline __nv_bfloat16::__nv_bfloat16(const float f) { __x = __float2bfloat16(f).__x; }
+
 static __device__ __inline__ __half2 __floats2half2_rn(const float a, const float b) {
   __half2 val;
   asm("{ cvt.rn.f16x2.f32 %0, %2, %1; }\n" : "=r"(*reinterpret_cast<unsigned int*>(&val)) : "f"(a), "f"(b));
