@@ -42,14 +42,8 @@ def phases(nvcc: list[str], folder: str) -> tuple[float, ...]:
     dry = subprocess.run([*nvcc, "--dryrun", "--keep", "--keep-dir", folder], cwd=folder, capture_output=True,
                          text=True, check=True).stderr
     steps = [line[3:] for line in dry.splitlines() if line.startswith("#$ ") and "=" not in line.split()[1][:20]]
-    env_path = os.pathsep.join([str(Path(nvcc_bin()).parent.parent / "nvvm" / "bin"), os.environ["PATH"]])
-    times = []
-    for step in steps:
-        cmd = shlex.split(step.replace("$CICC_PATH", str(Path(nvcc_bin()).parent.parent / "nvvm" / "bin")))
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(cmd, cwd=folder, check=True, capture_output=True, env={**os.environ, "PATH": env_path})
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    cicc_dir = str(Path(nvcc_bin()).parent.parent / "nvvm" / "bin")
+    times = [cpu(shlex.split(step.replace("$CICC_PATH", cicc_dir)), folder) for step in steps]
     return (*times, cpu(nvcc, folder))
 
 
@@ -72,7 +66,7 @@ def main() -> None:
                 folder = Path(tmp) / side
                 folder.mkdir()
                 src, cmd = render(os.path.abspath(getattr(args, side)), variant, folder)
-                sides[side] = (str(folder), ["nvcc" if c == "nvcc" else c for c in cmd])
+                sides[side] = (str(folder), cmd)
             runs: dict[str, list[tuple[float, ...]]] = {"before": [], "after": []}
             for _ in range(args.n):
                 for side, (folder, cmd) in sides.items():
