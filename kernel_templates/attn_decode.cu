@@ -16,8 +16,6 @@
 // query i sees key j iff j <= i + (Sk - Sq); rows that see no key give 0 and
 // lse = -inf.
 
-#include <cooperative_groups.h>
-
 #include "attn_decode/tile.h"
 #include "common/ptx_sm90.h"
 
@@ -110,7 +108,6 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
   using T = typename C::T;
   using QL = typename C::QLayout;
   using KL = typename C::KVLayout;
-  namespace cg = cooperative_groups;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto* sQ = reinterpret_cast<typename C::Compute*>(smem_raw);
@@ -198,18 +195,18 @@ __device__ __forceinline__ void attn_decode(const TmaDesc& tk, const TmaDesc& tv
 
   // ---- merge the CTAs of the cluster: rank s finishes rows s, s + SPLITS, ... reading the others' partial
   // results in place (distributed shared memory: no workspace, no second kernel)
-  cg::cluster_group cluster = cg::this_cluster();
-  if constexpr (C::SPLITS > 1) cluster.sync();  // every CTA's merge is in its shared memory
+  // The cluster builtins cooperative_groups' cluster_group wraps (its sync() and map_shared_rank()), called
+  // directly: <cooperative_groups.h> alone doubled the compile's CPU time.
+  if constexpr (C::SPLITS > 1) cluster_sync();  // every CTA's merge is in its shared memory
   else __syncthreads();
   // The other CTAs' shared memory, mapped per use (a register array of SPLITS pointers would not fit).
   auto remote = [&](int s) -> CtaPartial<C> {
     if constexpr (C::SPLITS > 1)
-      return CtaPartial<C>{cluster.map_shared_rank(mine.acc, s), cluster.map_shared_rank(mine.m, s),
-                           cluster.map_shared_rank(mine.l, s)};
+      return CtaPartial<C>{map_shared_rank(mine.acc, s), map_shared_rank(mine.m, s), map_shared_rank(mine.l, s)};
     else return mine;
   };
   finish_rows<C, C::SPLITS>(a, b, hk, m0, rows, split, C::SPLITS, (int)gridDim.y * group, remote);
-  if constexpr (C::SPLITS > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
+  if constexpr (C::SPLITS > 1) cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 
 }  // namespace fc

@@ -93,7 +93,8 @@ def test_shipped_templates_list_their_headers() -> None:
 def test_headers_resolve_next_to_the_includer_then_from_the_root(template_path: Path) -> None:
     _tiny_template(template_path)
     manifest = load_manifest("tiny_tpl")
-    assert list(manifest.files) == ["tiny_tpl.cu", "common/utils.h", "tiny_tpl/inner.h", "tiny_tpl/more.h"]
+    assert list(manifest.files) == ["tiny_tpl.cu", "common/cuda_types.h", "common/utils.h", "tiny_tpl/inner.h",
+                                    "tiny_tpl/more.h"]  # utils.h's own include, cuda_types.h, from the root
     assert manifest.files["common/utils.h"] == asset_dir("kernel_templates") / "common" / "utils.h"
     assert manifest.include_dirs == template_folders()
 
@@ -106,7 +107,8 @@ def test_inlining_pastes_each_header_once_where_it_is_first_included(template_pa
     text = inline_headers(manifest.source, manifest.include_dirs)
     begins = re.findall(r"^// ---- begin (\S+) ----$", text, re.MULTILINE)
     # Depth first, as the preprocessor reads them; each header's path in its templates folder.
-    assert begins == ["templates/tiny_tpl/inner.h", "templates/tiny_tpl/more.h", "kernel_templates/common/utils.h"]
+    assert begins == ["templates/tiny_tpl/inner.h", "templates/tiny_tpl/more.h", "kernel_templates/common/utils.h",
+                      "kernel_templates/common/cuda_types.h"]
     assert text.index("constexpr int TINY = 1;") < text.index("// ---- end templates/tiny_tpl/inner.h ----")
     assert text.count("constexpr int TINY = 1;") == 1
     assert '// #include "tiny_tpl/more.h": templates/tiny_tpl/more.h, inlined above' in text

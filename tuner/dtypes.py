@@ -27,7 +27,7 @@ class Element:
 
     name: str  # the dtype of a problem whose q, k, v and output are all of this type
     torch: str  # torch's attribute: torch.float16
-    cxx: str  # the C++ type (cuda_fp16.h, cuda_bf16.h, cuda_fp8.h: the templates include them)
+    cxx: str  # the C++ type (cuda_fp16.h ...; the tuner's compiles declare it in kernel_templates/common/cuda_types.h)
     bytes: int
     tensor_map: int  # the CUtensorMapDataType of a TMA map over it: FLOAT16 6, BFLOAT16 9, UINT8 0 (e4m3 as bytes)
     peak: str  # the GpuProfile field with its dense tensor-core peak

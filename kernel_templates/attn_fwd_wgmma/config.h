@@ -3,9 +3,9 @@
 // things in shared memory.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <stdint.h>
+
+#include "../common/cuda_types.h"
 
 #include "../common/mask.h"
 #include "../common/utils.h"

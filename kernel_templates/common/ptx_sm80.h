@@ -2,11 +2,11 @@
 // ldmatrix and mma.sync.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include <type_traits>
+
+#include "cuda_types.h"
 
 #include "utils.h"
 

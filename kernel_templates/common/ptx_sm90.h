@@ -179,4 +179,15 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The cluster barrier and distributed shared memory: the builtins cooperative_groups' cluster_group::sync()
+// and map_shared_rank() call (cuda_runtime.h declares them), without <cooperative_groups.h>'s parse time.
+__device__ __forceinline__ void cluster_sync() {
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();
+}
+template <class T>
+__device__ __forceinline__ T* map_shared_rank(T* addr, int rank) {
+  return static_cast<T*>(__cluster_map_shared_rank(addr, rank));
+}
+
 }  // namespace fc

@@ -2,10 +2,9 @@
 // exp2 on the SFU, fp32 -> 16-bit packing, and constants.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <stdint.h>
+
+#include "cuda_types.h"
 
 namespace fc {
 
