@@ -621,7 +621,7 @@ def test_the_package_runs_on_two_cards(package) -> None:
 
 FP8 = Problem(2, 16, 2048, 2048, 128, dtype="e4m3", causal=True, heads_kv=4)
 FP8_PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=False, PINGPONG=False, PRODUCER_REGS=24,
-                  PERSISTENT=False)
+                  PERSISTENT=False, TWO_P=False)
 FP8_CASES = [
     FP8,                                                                        # tuned
     Problem(1, 32, 3000, 3000, 128, dtype="e4m3", causal=True, heads_kv=16),    # another group, between buckets

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 PACKED = Problem(8, 16, 2048, 2048, 128, "bf16", causal=True, heads_kv=4, layout="packed", lengths="uniform:64")
 PARAMS = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, SWIZZLE=128, OVERLAP=True, PINGPONG=True, PRODUCER_REGS=24,
-              PERSISTENT=False)
+              PERSISTENT=False, TWO_P=False)
 
 
 @pytest.fixture(scope="module")
