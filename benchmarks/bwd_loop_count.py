@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.kernels.compiler import compile_source
 from tuner.kernels.render import render
-from tuner.kernels.sass_budget import TENSOR_OPS, LoopBudget, cubin_sass, functions, loops, main_loop
+from tuner.kernels.sass_budget import TENSOR_OPS, LoopBudget, cubin_sass, cuobjdump, functions, loops, main_loop
 from tuner.kernels.variant import parse_variant_name
 
 SERIALIZED = "wgmma.mma_async instructions are serialized"  # ptxas's note (C75xx) when it gives up overlap
@@ -50,14 +47,7 @@ _RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOC
 
 def _resources(cubin: bytes, function: str) -> tuple[int, int]:
     """(registers, stack + local bytes) of `function`, from cuobjdump -res-usage."""
-    tool = shutil.which("cuobjdump")
-    if tool is None:
-        raise FileNotFoundError("cuobjdump is not on PATH")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        out = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
-    for m in _RES.finditer(out):
+    for m in _RES.finditer(cuobjdump(cubin, "-res-usage")):
         if m.group(1) == function:
             return int(m.group(2)), int(m.group(3)) + int(m.group(4))
     raise ValueError(f"{function} not in cuobjdump -res-usage's output")

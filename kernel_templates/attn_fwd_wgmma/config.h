@@ -140,7 +140,7 @@ struct SmemLayout {
       mbar_init(q_full(c), 1);
       // After its epilogue: lane 0 of each warp of consumer c; in packed persistent kernels every thread, each
       // releasing its own read of the item mailbox (item_mail.h) before the loader writes the next item.
-      mbar_init(q_empty(c), C::PACKED && C::PERSISTENT ? 128 : 4);
+      mbar_init(q_empty(c), C::MAIL_BYTES > 0 ? 128 : 4);
     }
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(k_full(s), 1);

@@ -68,21 +68,14 @@ BM80_PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", BM80_PROBLEMS, ids=_id)
+# Causal too (feasible since session 27): the diagonal's partial tiles of 80 rows beside 128-key CTAs (bottom-right
+# aligned, Sq != Sk both ways), GQA and BSHD.
+@pytest.mark.parametrize("problem", BM80_PROBLEMS + [dataclasses.replace(p, causal=True) for p in BM80_PROBLEMS],
+                         ids=_id)
 def test_block_m_80_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
     if tuple(gpu_profile.compute_capability) < (9, 0):
         pytest.skip(f"{TEMPLATE} is sm_90a only")
-    v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw")
-    checks = check_backward(problem, [v], gpu_profile)
-    assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)
-
-
-# BLOCK_M 80 causal (feasible since session 27): the same lengths, the diagonal's partial tiles of 80 rows beside
-# 128-key CTAs (bottom-right aligned, Sq != Sk both ways), GQA and BSHD.
-@pytest.mark.parametrize("problem", [dataclasses.replace(p, causal=True) for p in BM80_PROBLEMS], ids=_id)
-def test_causal_block_m_80_gradients_match_fp32_autograd(problem: Problem, gpu_profile) -> None:
-    if tuple(gpu_profile.compute_capability) < (9, 0):
-        pytest.skip(f"{TEMPLATE} is sm_90a only")
-    v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw_causal")
+    mask = "_causal" if problem.causal else ""
+    v = parse_variant_name(f"{TEMPLATE}_d128_{problem.dtype}_m80n128_s2_bulk_pw{mask}")
     checks = check_backward(problem, [v], gpu_profile)
     assert all(c.ok for c in checks), "\n".join(c.line(problem.label) for c in checks)

@@ -167,15 +167,21 @@ def f2fp_after_full_wait(sass: str, function: str | None = None) -> int:
     return found
 
 
-def cubin_sass(cubin: bytes) -> str:
-    """cuobjdump's SASS of a cubin (cuobjdump from the CUDA toolkit or the nvidia-cuda-cuobjdump wheel)."""
+def cuobjdump(cubin: bytes, option: str) -> str:
+    """cuobjdump's output for a cubin given as bytes, e.g. option "-sass" or "-res-usage" (cuobjdump from the CUDA
+    toolkit or the nvidia-cuda-cuobjdump wheel)."""
     tool = shutil.which("cuobjdump")
     if tool is None:
         raise FileNotFoundError("cuobjdump is not on PATH (CUDA toolkit, or pip install nvidia-cuda-cuobjdump)")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
-        return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, option, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """cuobjdump's SASS of a cubin."""
+    return cuobjdump(cubin, "-sass")
 
 
 def forward_branches(instrs: list[Instr], first: int, last: int) -> list[tuple[int, int]]:
